@@ -1,0 +1,98 @@
+"""Golden vectors: small committed inputs and outputs of the reference ops.
+
+Each golden case is a function registered with `@golden("name")` in a module of `harness.goldens`; it builds
+its inputs from fixed seeds on the CPU and returns a dict of named tensors (inputs and outputs). The dicts
+are committed under `golden/<name>.pt`. `tests/test_golden.py` recomputes every case and requires it to be
+bitwise equal to the stored file, so any change of the oracle's numbers (ours or a new torch's) is caught and
+must be regenerated on purpose with `python -m harness golden --regenerate [NAME ...]`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+
+GoldenFn = Callable[[], dict[str, torch.Tensor]]
+_REGISTRY: dict[str, GoldenFn] = {}
+
+
+def golden(name: str) -> Callable[[GoldenFn], GoldenFn]:
+    """Register a golden case under `name` (also the file stem)."""
+
+    def register(fn: GoldenFn) -> GoldenFn:
+        if name in _REGISTRY:
+            raise ValueError(f"golden case {name!r} registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def cases() -> dict[str, GoldenFn]:
+    """All registered golden cases (imports every module of `harness.goldens`)."""
+    import harness.goldens as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    return dict(sorted(_REGISTRY.items()))
+
+
+def path_of(name: str) -> Path:
+    return GOLDEN_DIR / f"{name}.pt"
+
+
+def compute(name: str) -> dict[str, torch.Tensor]:
+    all_cases = cases()
+    if name not in all_cases:
+        raise KeyError(f"unknown golden case {name!r}; known: {', '.join(all_cases)}")
+    out = all_cases[name]()
+    for key, value in out.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"golden case {name!r}: entry {key!r} is {type(value).__name__}, not a tensor")
+    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+
+
+def write(name: str) -> Path:
+    p = path_of(name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(compute(name), p)
+    return p
+
+
+def load(name: str) -> dict[str, torch.Tensor]:
+    p = path_of(name)
+    if not p.exists():
+        raise FileNotFoundError(f"{p} is missing: run `python -m harness golden --regenerate {name}`")
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    if t.dtype == torch.bool:
+        return t.to(torch.uint8)
+    return t.view(torch.uint8) if t.numel() else t.reshape(-1).to(torch.uint8)
+
+
+def mismatches(name: str) -> list[str]:
+    """Differences between the stored golden file and a fresh computation (empty when bitwise equal)."""
+    stored, fresh = load(name), compute(name)
+    problems = []
+    for key in sorted(set(stored) | set(fresh)):
+        if key not in fresh:
+            problems.append(f"{key}: stored but no longer computed")
+        elif key not in stored:
+            problems.append(f"{key}: computed but not stored")
+        else:
+            a, b = stored[key], fresh[key]
+            if a.dtype != b.dtype or a.shape != b.shape:
+                problems.append(f"{key}: stored {a.dtype}{list(a.shape)} vs computed {b.dtype}{list(b.shape)}")
+            elif not torch.equal(_bits(a), _bits(b)):
+                n = int((_bits(a) != _bits(b)).sum())
+                problems.append(f"{key}: {n} differing bytes")
+    return problems

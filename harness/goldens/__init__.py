@@ -1,0 +1,1 @@
+"""Golden case definitions, one module per op family (see harness.golden)."""
