@@ -1,0 +1,90 @@
+"""The OpSpec interface and the `Check` record an op's oracle produces for each output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from harness.compare import Comparison
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import DrawFn
+
+    from harness.adapters import Adapter
+    from harness.case import Case
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A feature axis of an op (a column of its matrix table) and every value it can take."""
+
+    name: str
+    title: str
+    values: tuple[str, ...]
+
+
+@dataclass
+class Check:
+    """How one output is judged.
+
+    mode: "exact" | "set" | "codes" | "bounded" | "custom". For "custom", `judge(actual) -> Comparison` decides
+    (used for contracts that are not a single expected tensor, e.g. "any valid top-k set under ties").
+    mask: elements that are part of the contract (None: all). Elements outside it are neither compared nor required
+    to be written.
+    """
+
+    name: str
+    mode: str
+    expected: torch.Tensor | None = None
+    bound: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    k: int = 1
+    step_of: Callable[[torch.Tensor], torch.Tensor] | None = None
+    judge: Callable[[torch.Tensor], Comparison] | None = None
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A pre-allocated output: shape, dtype and (contractual) strides."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stride: tuple[int, ...] | None = None  # None: contiguous
+
+
+@dataclass
+class OpSpec:
+    """Everything op-specific the runner, the strategies and the matrix need."""
+
+    name: str
+    title: str
+    axes: tuple[Axis, ...]
+    #: build the inputs of a case on a device (deterministic from case.seed)
+    make_inputs: Callable[[Case, str], dict[str, torch.Tensor]]
+    #: the outputs the kernel writes (destination-passing)
+    outputs: Callable[[Case, Mapping[str, torch.Tensor]], dict[str, OutputSpec]]
+    #: the oracle: one Check per output
+    expected: Callable[[Case, Mapping[str, torch.Tensor], Mapping[str, Any]], list[Check]]
+    #: hypothesis: draw shapes/params for a cell within an adapter's limits -> Case fields
+    draw: Callable[[DrawFn, Adapter, Mapping[str, str]], dict[str, Any]]
+    #: deterministic boundary cases of a cell (for the matrix sweep) -> list of Case-field dicts
+    boundary: Callable[[Adapter, Mapping[str, str]], list[dict[str, Any]]]
+    #: rows of the token dimension, to check batch invariance: (inputs, rows) -> sub-inputs, output row slicer
+    token_subset: (
+        Callable[[Case, Mapping[str, torch.Tensor], slice], tuple[Case, dict[str, torch.Tensor]]] | None
+    ) = None
+    #: which output tensors hold one row per token (batch-invariance compares those rows)
+    token_outputs: tuple[str, ...] = ()
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def axis_names(self) -> list[str]:
+        return [a.name for a in self.axes]
+
+    def all_cells(self) -> list[dict[str, str]]:
+        from itertools import product
+
+        names = self.axis_names()
+        return [dict(zip(names, combo)) for combo in product(*(a.values for a in self.axes))]

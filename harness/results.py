@@ -1,0 +1,138 @@
+"""Append-only JSONL results store.
+
+One file per run and per process (pytest-xdist workers write their own). Each line is one `Result`, written and
+flushed as soon as it is judged, so a crash loses nothing already judged. The loader merges files and tolerates a
+truncated last line (the mark of a process killed mid-write).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from harness.case import Case
+
+VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "unsupported", "not-verifiable")
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Result:
+    """One judged case."""
+
+    case: Case
+    verdict: str
+    reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    checks: list[dict[str, Any]] = field(default_factory=list)  # per-check outcomes (name, passed, reason)
+    declared: bool = True  # whether the adapter declares support for the case's cell on this device
+    duration_s: float = 0.0
+    generation: str = ""
+    device: dict[str, Any] = field(default_factory=dict)  # DeviceInfo.to_dict()
+    run_id: str = ""
+    timestamp: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
+
+    @property
+    def adapter(self) -> str:
+        return self.case.adapter
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["case"] = self.case.to_dict()
+        d["schema"] = SCHEMA_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Result:
+        d = dict(d)
+        d.pop("schema", None)
+        d["case"] = Case.from_dict(d["case"])
+        return cls(**d)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+class ResultStore:
+    """Writes results of one run (one process) to `<dir>/<run_id>[-<worker>].jsonl`, one flushed line each."""
+
+    def __init__(self, directory: str | os.PathLike, run_id: str | None = None, worker: str | None = None):
+        self.directory = Path(directory)
+        self.run_id = run_id or new_run_id()
+        stem = self.run_id + (f"-{worker}" if worker else "")
+        self.path = self.directory / f"{stem}.jsonl"
+        self._fh: IO[str] | None = None
+        self.count = 0
+
+    def append(self, result: Result) -> None:
+        if self._fh is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        result.run_id = result.run_id or self.run_id
+        self._fh.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
+        self._fh.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ResultsFileError(ValueError):
+    """A results file that cannot be read (not a truncated last line: real corruption)."""
+
+
+def _result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(sorted(p.rglob("*.jsonl")))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise ResultsFileError(f"results path {str(p)!r} does not exist")
+    return files
+
+
+def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> Iterator[Result]:
+    """Results from files and directories (searched recursively for *.jsonl).
+
+    A truncated final line (a process killed mid-write) is skipped. A bad line elsewhere raises
+    `ResultsFileError` naming file and line, unless `strict` is False (then it is skipped).
+    """
+    for path in _result_files(paths):
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        for lineno, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                yield Result.from_dict(json.loads(line))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                truncated = lineno == last and not line.endswith("}")
+                if truncated or not strict:
+                    continue
+                raise ResultsFileError(f"{path}:{lineno + 1}: not a valid result record ({e})") from None
+
+
+def load_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[Result]:
+    return list(iter_results(paths, strict=strict))
