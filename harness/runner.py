@@ -123,7 +123,7 @@ def _unwritten(name: str, first: torch.Tensor, second: torch.Tensor | None, mask
                   f"(poison survived; first at {idx[0]})", unwritten=n, first_indices=idx)
 
 
-def _compare(check: Check, actual: torch.Tensor) -> Comparison:
+def _compare(check: Check, actual: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> Comparison:
     if check.mode == "exact":
         return compare_exact(check.name, actual, check.expected, mask=check.mask)
     if check.mode == "set":
@@ -133,7 +133,7 @@ def _compare(check: Check, actual: torch.Tensor) -> Comparison:
     if check.mode == "bounded":
         return compare_bounded(check.name, actual, check.expected, check.bound, mask=check.mask)
     if check.mode == "custom":
-        return check.judge(actual)
+        return check.judge(actual, outputs)
     raise ValueError(f"unknown comparison mode {check.mode!r} for output {check.name!r}")
 
 
@@ -227,7 +227,7 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
                 continue
             if (fin := _finite(chk, first[name])) is not None:
                 checks.append(fin)
-            checks.append(_compare(chk, first[name]))
+            checks.append(_compare(chk, first[name], first))
         if second is not None and "deterministic" in adapter.properties:
             for name in specs:
                 same = torch.equal(bits(first[name].detach().cpu()), bits(second[name].detach().cpu()))

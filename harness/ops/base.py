@@ -31,7 +31,8 @@ class Check:
     """How one output is judged.
 
     mode: "exact" | "set" | "codes" | "bounded" | "custom". For "custom", `judge(actual) -> Comparison` decides
-    (used for contracts that are not a single expected tensor, e.g. "any valid top-k set under ties").
+    (used for contracts that are not a single expected tensor, e.g. "any valid top-k set under ties"); it is
+    called as judge(actual, all_outputs) so one output can be judged given another (weights given chosen ids).
     mask: elements that are part of the contract (None: all). Elements outside it are neither compared nor required
     to be written.
     """
@@ -43,7 +44,7 @@ class Check:
     mask: torch.Tensor | None = None
     k: int = 1
     step_of: Callable[[torch.Tensor], torch.Tensor] | None = None
-    judge: Callable[[torch.Tensor], Comparison] | None = None
+    judge: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Comparison] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,89 @@
+"""Op spec `activation`: gated activations and the no-mul variants (SEMANTICS.md 4).
+
+Judged `bounded` against the oracle's unrounded fp32 result computed with the adapter's conventions: the bound is
+one rounding of the output format plus a few dozen fp32 ulps (the GPU's exp/erf/tanh are approximations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from harness import inputs as gen
+from harness.adapters import Adapter
+from harness.case import Case
+from harness.errors import elementwise_bound
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.common import lim
+from harness.strategies import boundary_sizes
+from reference import activations as ref
+
+DTYPES = ("bfloat16", "float16", "float32")
+AXES = (
+    Axis("activation", "Activation", tuple(a.value for a in ref.Activation)),
+    Axis("dtype", "Dtype", DTYPES),
+)
+#: conventions the oracle takes from an adapter (strings are converted to the reference enums)
+_CONVENTION_KEYS = ("gate_order", "layout", "clamp_limit", "rounding", "alpha", "beta", "limit")
+#: the activation parameters each activation accepts (reference.activations.apply_activation rejects others)
+_PARAMS_OF = {"swigluoai": ("alpha", "beta", "limit"), "swigluoai_uninterleave": ("alpha", "beta", "limit"),
+              "swiglustep": ("limit",)}
+
+
+def oracle_kwargs(conventions: Mapping[str, Any], activation: str) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    gated = ref.is_gated(activation)
+    for key in _CONVENTION_KEYS:
+        if key not in conventions or conventions[key] is None:
+            continue
+        if not gated and key in ("gate_order", "layout", "clamp_limit", "rounding"):
+            continue
+        if key in ("alpha", "beta", "limit") and key not in _PARAMS_OF.get(activation, ()):
+            continue
+        v = conventions[key]
+        kw[key] = {"gate_order": ref.GateOrder, "layout": ref.GateLayout, "rounding": ref.Rounding}.get(
+            key, lambda x: x)(v)
+    return kw
+
+
+def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
+    t, n = case.shape("T"), case.shape("N")
+    width = 2 * n if ref.is_gated(case.features["activation"]) else n
+    # scale 3: exercise the saturating and clamped regions (swigluoai limit 7) as well as the middle
+    return {"x": gen.randn(case, "x", (t, width), case.dtype("x"), device, scale=3.0)}
+
+
+def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
+    return {"out": OutputSpec((case.shape("T"), case.shape("N")), case.dtype("x"))}
+
+
+def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
+    act = case.features["activation"]
+    x = inputs["x"].detach().cpu()
+    want = ref.apply_activation(act, x, out_dtype=torch.float32, **oracle_kwargs(conventions, act))
+    return [Check("out", "bounded", expected=want, bound=elementwise_bound(want, x.dtype))]
+
+
+def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    n = draw(boundary_sizes(lim(adapter, "block_N") if "block_N" in adapter.limits else 64, lim(adapter, "max_N"),
+                            minimum=1))
+    return {"shapes": {"T": t, "N": n}, "dtypes": {"x": cell["dtype"]}}
+
+
+def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [{"shapes": {"T": t, "N": n}, "dtypes": {"x": cell["dtype"]}}
+            for t, n in ((0, 8), (1, 1), (7, 63), (17, 64), (33, 129))]
+
+
+def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
+    x = inputs["x"][rows]
+    return case.replace(shapes={**case.shapes, "T": x.shape[0]}), {"x": x}
+
+
+SPECS = {"activation": OpSpec(name="activation", title="Gated activations", axes=AXES, make_inputs=make_inputs,
+                              outputs=outputs, expected=expected, draw=draw, boundary=boundary,
+                              token_subset=token_subset, token_outputs=("out",))}

@@ -1,0 +1,100 @@
+"""Op spec `align`: the sorted-token layout of a tiled MoE GEMM (`moe_align_block_size`, SEMANTICS.md 3).
+
+The order of entries within an expert is free (CUDA kernels use atomics), so `sorted_token_ids` is judged by the
+layout's invariants (reference.permute.layout_invariant_violations); `expert_ids` and `num_tokens_post_padded` are
+fully determined by the counts and compared exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from harness import inputs as gen
+from harness.adapters import Adapter
+from harness.case import Case
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.common import custom, lim
+from harness.strategies import boundary_sizes, num_experts, top_k
+from reference import permute as ref
+
+AXES = (
+    Axis("block_size", "Block size", ("16", "32", "64", "128")),
+    Axis("expert_map", "Expert map", ("none", "keep_invalid_blocks", "exclude")),
+    Axis("ids_dtype", "Ids dtype", ("int32", "int64")),
+)
+
+
+def _conv(case: Case) -> ref.ExpertMapConvention:
+    em = case.features["expert_map"]
+    return ref.ExpertMapConvention(em if em != "none" else "keep_invalid_blocks")
+
+
+def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
+    m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
+    ids = gen.topk_ids(case, m, e, k, device).to(case.dtype("topk_ids", "int32"))
+    found = {"topk_ids": ids}
+    if case.features["expert_map"] != "none":
+        found["expert_map"] = gen.expert_map(case, e, device)
+    return found
+
+
+def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
+    m, e, k, bs = case.shape("M"), case.shape("E"), case.shape("k"), int(case.features["block_size"])
+    cap = ref.sorted_layout_capacity(m * k, e, bs)
+    return {"sorted_token_ids": OutputSpec((cap,), torch.int32),
+            "expert_ids": OutputSpec((-(-cap // bs),), torch.int32),
+            "num_tokens_post_padded": OutputSpec((1,), torch.int32)}
+
+
+def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
+    ids = inputs["topk_ids"].detach().cpu()
+    emap = inputs.get("expert_map")
+    emap = None if emap is None else emap.detach().cpu()
+    bs, e = int(case.features["block_size"]), case.shape("E")
+    want = ref.align_block_size(ids, bs, e, expert_map=emap, ep_convention=_conv(case))
+
+    def judge(sorted_ids: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Any:
+        got = (sorted_ids.detach().cpu(), outs["expert_ids"].detach().cpu(),
+               outs["num_tokens_post_padded"].detach().cpu())
+        problems = ref.layout_invariant_violations(got, ids, bs, e, expert_map=emap, ep_convention=_conv(case))
+        if problems:
+            return custom("sorted_token_ids", False, f"sorted_token_ids: {len(problems)} contract violation(s): "
+                          + "; ".join(problems[:3]), violations=len(problems))
+        return custom("sorted_token_ids", True)
+
+    return [Check("sorted_token_ids", "custom", judge=judge),
+            Check("expert_ids", "exact", expected=want.expert_ids),
+            Check("num_tokens_post_padded", "exact", expected=want.num_tokens_post_padded)]
+
+
+def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    e = draw(num_experts(lim(adapter, "max_E")))
+    k = draw(top_k(e, lim(adapter, "max_k")))
+    m = draw(boundary_sizes(int(cell["block_size"]), lim(adapter, "max_M") * 4))
+    params = {}
+    if cell["expert_map"] != "none":
+        params["local_experts"] = draw(st.integers(min_value=0, max_value=e))
+    routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
+    return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"topk_ids": cell["ids_dtype"]}, "routing": routing,
+            "params": params}
+
+
+def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
+    bs = int(cell["block_size"])
+    found = []
+    for m, e, k, rout in ((0, 8, 2, "random"), (1, 8, 1, "random"), (bs - 1, 16, 4, "some_empty"),
+                          (bs + 1, 257, 8, "skewed"), (3 * bs, 33, 33, "random"), (50, 64, 6, "one_expert")):
+        if e > lim(adapter, "max_E"):
+            continue
+        params = {"local_experts": e // 3} if cell["expert_map"] != "none" else {}
+        found.append({"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"topk_ids": cell["ids_dtype"]},
+                      "routing": rout, "params": params})
+    return found
+
+
+SPECS = {"align": OpSpec(name="align", title="Align (sorted-token layout)", axes=AXES, make_inputs=make_inputs,
+                         outputs=outputs, expected=expected, draw=draw, boundary=boundary)}

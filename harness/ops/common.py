@@ -1,0 +1,33 @@
+"""Helpers shared by the op specs: size limits per scale, and small judging utilities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.adapters import Adapter
+from harness.compare import Comparison
+from harness.strategies import limit, scale
+
+#: Default size limits per scale (an adapter's `limits` override them).
+DEFAULT_LIMITS: dict[str, dict[str, int]] = {
+    "small": {"max_M": 40, "max_E": 64, "max_K": 160, "max_N": 96, "max_k": 8, "block_M": 16},
+    "large": {"max_M": 600, "max_E": 300, "max_K": 2304, "max_N": 1024, "max_k": 10, "block_M": 64},
+}
+
+
+def lim(adapter: Adapter, name: str) -> Any:
+    return limit(adapter, name, DEFAULT_LIMITS[scale()][name])
+
+
+def yes(value: str) -> bool:
+    return value == "Y"
+
+
+def custom(name: str, passed: bool, reason: str = "", **metrics: Any) -> Comparison:
+    return Comparison(name, "custom", passed, reason, metrics)
+
+
+def rows_where(mask: torch.Tensor) -> list[int]:
+    return mask.nonzero().flatten()[:5].tolist()

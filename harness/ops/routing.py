@@ -1,0 +1,196 @@
+"""Op specs `routing` (plain top-k, Llama-4 top-1) and `grouped_routing` (DeepSeek grouped top-k).
+
+Contract (SEMANTICS.md 1): ids are judged as a set - any id set whose selection scores are the k largest is valid
+(ties), and every row, NaN rows included, must hold k distinct ids in [0, E). Weights are judged against the
+oracle's unbiased scores gathered at the *kernel's* ids, in the kernel's order, renormalized and scaled as the
+contract says, within a few fp32 ulps (softmax sums over E terms).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from harness import inputs as gen
+from harness.adapters import Adapter
+from harness.case import Case
+from harness.compare import compare_bounded
+from harness.errors import UNIT_ROUNDOFF
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.common import custom, lim, rows_where, yes
+from harness.strategies import boundary_sizes, num_experts, top_k
+from reference import routing as ref
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+# Near-tie tolerance of the selection check: kernels compute exp/sigmoid with other instructions than torch.
+SELECTION_ATOL = 1e-6
+
+ROUTING_AXES = (
+    Axis("scoring", "Scoring", ("softmax", "sigmoid", "llama4_top1")),
+    Axis("renormalize", "Renormalize", ("Y", "N")),
+    Axis("correction_bias", "Correction bias", ("N", "Y")),
+    Axis("logits_dtype", "Logits dtype", FLOAT_DTYPES),
+    Axis("nonfinite_rows", "NaN/Inf rows", ("N", "Y")),
+)
+GROUPED_AXES = (
+    Axis("scoring", "Scoring", ("softmax", "sigmoid")),
+    Axis("correction_bias", "Correction bias", ("N", "Y")),
+    Axis("renormalize", "Renormalize", ("Y", "N")),
+    Axis("scaling_placement", "Scaling factor in", ("weights", "reduce")),
+    Axis("logits_dtype", "Logits dtype", FLOAT_DTYPES),
+    Axis("nonfinite_rows", "NaN/Inf rows", ("N", "Y")),
+)
+
+
+def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
+    m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
+    out = {"router_logits": gen.router_logits(case, m, e, case.dtype("router_logits"), device, k=k)}
+    if yes(case.features.get("correction_bias", "N")):
+        out["correction_bias"] = gen.randn(case, "bias", (e,), torch.float32, device, scale=0.5)
+    return out
+
+
+def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
+    m, k = case.shape("M"), case.shape("k")
+    return {"topk_weights": OutputSpec((m, k), torch.float32), "topk_ids": OutputSpec((m, k), torch.int32)}
+
+
+def _route_kwargs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    f, p = case.features, case.params
+    kw: dict[str, Any] = {"correction_bias": inputs.get("correction_bias")}
+    if case.op == "grouped_routing":
+        kw.update(num_groups=p["num_groups"], topk_group=p["topk_group"], scoring=ref.Scoring(f["scoring"]),
+                  renormalize=yes(f["renormalize"]), routed_scaling_factor=p.get("routed_scaling_factor", 1.0),
+                  scaling_placement=ref.ScalingPlacement(f["scaling_placement"]))
+    else:
+        kw.update(scoring=ref.Scoring(f["scoring"]), renormalize=yes(f["renormalize"]))
+    return kw
+
+
+def selection_scores(case: Case, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    logits, k = inputs["router_logits"], case.shape("k")
+    if case.features["scoring"] == "llama4_top1":
+        return ref.llama4_top1_selection_scores(logits)
+    kw = _route_kwargs(case, inputs)
+    if case.op == "grouped_routing":
+        return ref.grouped_topk_selection_scores(logits, k, **kw)
+    return ref.topk_selection_scores(logits, k, **kw)
+
+
+def unbiased_scores(case: Case, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """[M, E] unbiased scores (softmax over all E, or sigmoid), non-finite ones zeroed as the oracle does."""
+    scoring = "sigmoid" if case.features["scoring"] == "llama4_top1" else case.features["scoring"]
+    return ref.topk_selection_scores(inputs["router_logits"], 1, scoring=ref.Scoring(scoring))
+
+
+def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
+    logits = inputs["router_logits"].detach().cpu()
+    cpu_inputs = {n: t.detach().cpu() for n, t in inputs.items()}
+    m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
+    finite_rows = logits.float().isfinite().all(dim=1)
+    # Non-finite rows follow the oracle's rule only where the adapter declares that rule (SEMANTICS.md 1).
+    judged_rows = finite_rows | torch.tensor(conventions.get("nonfinite") == "zero")
+    sel = selection_scores(case, cpu_inputs)
+    scores = unbiased_scores(case, cpu_inputs).to(torch.float64)
+    renorm = case.features.get("renormalize") == "Y" and case.features["scoring"] != "llama4_top1"
+    placed = case.features.get("scaling_placement") == "weights"
+    scale = case.params.get("routed_scaling_factor", 1.0) if placed else 1.0
+
+    def judge_ids(ids: torch.Tensor, _: Mapping[str, torch.Tensor]) -> Any:
+        ids = ids.detach().cpu()
+        ok = ref.routing_ids_well_formed(ids, e)
+        if not ok.all():
+            bad = rows_where(~ok)
+            return custom("topk_ids", False, f"topk_ids: {int((~ok).sum())} rows hold duplicate or out-of-range ids "
+                          f"(E={e}); first row {bad[0]}: {ids[bad[0]].tolist()}", bad_rows=int((~ok).sum()))
+        valid = ref.valid_topk_selection(sel, ids, atol=SELECTION_ATOL) | ~judged_rows
+        if not valid.all():
+            r = rows_where(~valid)[0]
+            best = sel[r].topk(k).indices.tolist()
+            return custom("topk_ids", False, f"topk_ids: {int((~valid).sum())} of {m} rows select experts that are "
+                          f"not the top-{k}; first row {r}: got {sorted(ids[r].tolist())}, a valid choice is "
+                          f"{sorted(best)}", bad_rows=int((~valid).sum()))
+        return custom("topk_ids", True)
+
+    def judge_weights(w: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Any:
+        ids = outs["topk_ids"].detach().cpu().to(torch.int64).clamp(0, max(e - 1, 0))
+        want = scores.gather(1, ids) if m else torch.zeros((0, k), dtype=torch.float64)
+        if renorm:
+            total = want.sum(dim=1, keepdim=True)
+            want = torch.where(total > 0, want / torch.where(total > 0, total, 1.0), torch.zeros_like(want))
+        want = want * scale
+        # exp/sigmoid in a few fp32 ulps, softmax sums E terms, renormalize sums k: a random-walk bound.
+        ulps = 16 + 4 * math.sqrt(e) + 4 * math.sqrt(k)
+        bound = ulps * UNIT_ROUNDOFF["float32"] * want.abs() + 1e-30
+        return compare_bounded("topk_weights", w, want, bound, mask=judged_rows[:, None].expand(m, k))
+
+    return [Check("topk_ids", "custom", judge=judge_ids), Check("topk_weights", "custom", judge=judge_weights)]
+
+
+def _grouping(draw: st.DrawFn, e: int, biased: bool) -> tuple[int, int]:
+    divisors = [g for g in range(1, e + 1) if e % g == 0 and (not biased or e // g >= 2)]
+    g = draw(st.sampled_from(divisors))
+    return g, draw(st.integers(min_value=1, max_value=g))
+
+
+def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    grouped = "scaling_placement" in cell
+    biased = yes(cell.get("correction_bias", "N"))
+    llama4 = cell["scoring"] == "llama4_top1"
+    large = draw(st.booleans()) and grouped and lim(adapter, "max_E") >= 256
+    params: dict[str, Any] = {}
+    if large:  # the DeepSeek-V3 shape the kernels are built for
+        e, g, tg, k = 256, 8, 4, 8
+    else:
+        e = draw(num_experts(lim(adapter, "max_E"), multiple=2 if biased and grouped else 1))
+        g, tg = _grouping(draw, e, biased) if grouped else (1, 1)
+        k = 1 if llama4 else draw(top_k(tg * (e // g), lim(adapter, "max_k")))
+    if grouped:
+        params.update(num_groups=g, topk_group=tg,
+                      routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
+    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    patterns = ["random", "skewed", "one_expert", "some_empty"] + ([] if grouped else ["ties"])
+    routing = "nonfinite" if yes(cell["nonfinite_rows"]) else draw(st.sampled_from(patterns))
+    return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"router_logits": cell["logits_dtype"]},
+            "routing": routing, "params": params}
+
+
+def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
+    grouped = "scaling_placement" in cell
+    llama4 = cell["scoring"] == "llama4_top1"
+    rout = "nonfinite" if yes(cell["nonfinite_rows"]) else "random"
+    dt = {"router_logits": cell["logits_dtype"]}
+    found = []
+    block = lim(adapter, "block_M")
+    for m, e, k, g, tg in ((1, 8, 2, 4, 2), (block + 1, 16, 4, 4, 2), (0, 8, 1, 2, 1), (block - 1, 64, 8, 8, 4),
+                           (33, 256, 8, 8, 4)):
+        if e > lim(adapter, "max_E"):
+            continue
+        k = 1 if llama4 else k
+        params = {"num_groups": g, "topk_group": tg, "routed_scaling_factor": 2.5} if grouped else {}
+        found.append({"shapes": {"M": m, "E": e, "k": k}, "dtypes": dt, "routing": rout, "params": params})
+    if not grouped and not yes(cell["nonfinite_rows"]):
+        found.append({"shapes": {"M": 9, "E": 12, "k": 1 if llama4 else 3}, "dtypes": dt, "routing": "ties"})
+    return found
+
+
+def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
+    sub = dict(inputs)
+    sub["router_logits"] = inputs["router_logits"][rows]
+    n = sub["router_logits"].shape[0]
+    return case.replace(shapes={**case.shapes, "M": n}), sub
+
+
+def _spec(name: str, title: str, axes: tuple[Axis, ...]) -> OpSpec:
+    return OpSpec(name=name, title=title, axes=axes, make_inputs=make_inputs, outputs=outputs, expected=expected,
+                  draw=draw, boundary=boundary, token_subset=token_subset, token_outputs=("topk_weights", "topk_ids"))
+
+
+SPECS = {
+    "routing": _spec("routing", "Top-k routing", ROUTING_AXES),
+    "grouped_routing": _spec("grouped_routing", "Grouped top-k routing", GROUPED_AXES),
+}

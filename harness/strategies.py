@@ -1,0 +1,80 @@
+"""Hypothesis strategies that draw cases *within an adapter's declared support*.
+
+Sizes are boundary-biased: M in {0, 1, block-1, block, block+1, large}, K and N off the tile multiples where the
+adapter allows, E in {1, not divisible by 4 or 16, 257}, k in {1, E}. How large "large" is depends on the scale:
+`small` for the CPU interpreter (CI), `large` on a GPU; set by `HARNESS_SCALE` or chosen from the device.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from harness import ops
+from harness.adapters import Adapter
+from harness.case import Case
+from harness.device import DeviceInfo
+
+SCALES = ("small", "large")
+
+
+def scale() -> str:
+    """`small` (interpreter / CI) or `large` (GPU), from HARNESS_SCALE or the device."""
+    s = os.environ.get("HARNESS_SCALE")
+    if s:
+        if s not in SCALES:
+            raise ValueError(f"HARNESS_SCALE must be one of {SCALES}, got {s!r}")
+        return s
+    return "large" if torch.cuda.is_available() else "small"
+
+
+def limit(adapter: Adapter, name: str, default: Any) -> Any:
+    """An adapter's shape limit, else the scale's default."""
+    return adapter.limits.get(name, default)
+
+
+def boundary_sizes(block: int, large: int, *, minimum: int = 0) -> st.SearchStrategy[int]:
+    """Sizes biased to the edges of a tile of `block`: 0, 1, block-1, block, block+1, and up to `large`."""
+    edges = sorted({v for v in (0, 1, 2, block - 1, block, block + 1, large) if minimum <= v <= large})
+    return st.one_of(st.sampled_from(edges), st.integers(min_value=max(minimum, 0), max_value=max(large, minimum)))
+
+
+def multiple_of(m: int, lo: int, hi: int) -> st.SearchStrategy[int]:
+    lo_q, hi_q = -(-lo // m), hi // m
+    return st.integers(min_value=max(lo_q, 1), max_value=max(hi_q, max(lo_q, 1))).map(lambda q: q * m)
+
+
+def num_experts(max_e: int, *, multiple: int = 1) -> st.SearchStrategy[int]:
+    specials = [e for e in (1, 3, 7, 8, 13, 16, 33, 64, 257) if e <= max_e and e % multiple == 0]
+    return st.one_of(st.sampled_from(specials or [multiple]), multiple_of(multiple, multiple, max_e))
+
+
+def top_k(e: int, max_k: int = 16) -> st.SearchStrategy[int]:
+    hi = min(e, max_k)
+    return st.one_of(st.sampled_from(sorted({1, hi})), st.integers(min_value=1, max_value=max(hi, 1)))
+
+
+def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
+    spec = ops.get(adapter.op)
+    cells = adapter.declared_cells({a.name: a.values for a in spec.axes})
+    return [c for c in cells if adapter.declares(c, device)[0]]
+
+
+def undeclared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
+    spec = ops.get(adapter.op)
+    return [c for c in spec.all_cells() if not adapter.declares(c, device)[0]]
+
+
+@st.composite
+def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> Case:
+    """A case of `adapter` for one of `cells` (sizes and parameters drawn by the op's spec)."""
+    if not cells:
+        raise ValueError(f"adapter {adapter.name} has no cell to draw from")
+    cell = dict(draw(st.sampled_from(list(cells))))
+    fields = ops.get(adapter.op).draw(draw, adapter, cell)
+    seed = draw(st.integers(min_value=0, max_value=2**31 - 1))
+    return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
