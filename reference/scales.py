@@ -1,0 +1,334 @@
+"""Scale rules, scale application and scale layouts of quantized MoE kernels (SEMANTICS.md section 2).
+
+Scale rules (`ScaleRule`), all computed in float32 from amax = max |x| over a quantization unit:
+- `float`: scale = max(amax, eps) / qmax (`EpsPlacement.AMAX`, vLLM/SGLang kernels with eps 1e-10, DeepGEMM's
+  helpers with amax clamped at 1e-4) or max(amax / qmax, eps) (`EpsPlacement.SCALE`); the division is either a
+  true division `amax / qmax` or `amax * fp32(1/qmax)` (`ScaleFormula`), which differ by one ulp for many inputs.
+- `ue8m0`: the `float` scale rounded *up* to a power of two by its bits: biased exponent + 1 when any mantissa
+  bit is set (optionally clamped to [1, 254] as DeepGEMM does). torch's cast to float8_e8m0fnu rounds to nearest
+  and cannot produce these.
+- `ocp_floor`: OCP Microscaling: 2^(floor(log2 amax) - emax_elem), clamped to the e8m0 range [2^-127, 2^127];
+  amax == 0 gives 2^-127. Elements that then exceed qmax are clamped by the quantizer.
+
+Application (`ScaleApplication`): `divide` x / s, or `multiply_reciprocal` x * fp32(1/s), both in float32.
+
+Layouts (`ScaleLayout`) of a logical float32 scale matrix [M, G] (M rows/tokens, G groups along K):
+- `row_major`: contiguous [M, G].
+- `column_major`: storage [G, M], returned as its transposed [M, G] view (strides (1, M)).
+- `column_major_tma`: storage [G, M_pad] with M_pad = M rounded up to 4 (16 bytes of fp32, TMA alignment),
+  padding 0, returned as an [M, G] view with strides (1, M_pad).
+- `packed_ue8m0` (DeepGEMM on Blackwell): int32 [MN, ceil(G/4)] with strides (1, MN_pad), MN_pad = MN rounded up
+  to 4; byte j (little-endian) of int32 p holds the e8m0 code (biased exponent) of group 4p + j; missing groups
+  are 0. The scales must be powers of two.
+- `swizzle_128x4` (NVFP4 / MX block scales, cuBLASLt/CUTLASS): rows padded to 128 and columns to 4 (padding 0),
+  element (m, k) stored at flat offset ((m//128) * ceil(G/4) + k//4) * 512 + (m%32)*16 + ((m//32)%4)*4 + k%4 of a
+  contiguous [M_pad, G_pad] tensor of the input's dtype (uint8 codes in practice).
+Each layout has an inverse (`from_layout`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from reference import formats
+from reference._checks import check_choice, check_int, check_tensor
+
+__all__ = [
+    "EpsPlacement",
+    "ScaleApplication",
+    "ScaleFormula",
+    "ScaleLayout",
+    "ScaleRule",
+    "apply_scale",
+    "compute_scale",
+    "float_scale",
+    "from_layout",
+    "ocp_floor_scale",
+    "pack_ue8m0",
+    "swizzle_128x4",
+    "to_column_major",
+    "to_column_major_tma",
+    "to_layout",
+    "ue8m0_round_up",
+    "unpack_ue8m0",
+    "unswizzle_128x4",
+]
+
+
+class ScaleRule(str, enum.Enum):
+    """How a unit's scale is derived from its amax (module docstring)."""
+
+    FLOAT = "float"
+    UE8M0 = "ue8m0"
+    OCP_FLOOR = "ocp_floor"
+
+
+class EpsPlacement(str, enum.Enum):
+    """Where eps guards the `float` rule: `amax` -> max(amax, eps) / qmax; `scale` -> max(amax / qmax, eps)."""
+
+    AMAX = "amax"
+    SCALE = "scale"
+
+
+class ScaleFormula(str, enum.Enum):
+    """`divide`: amax / qmax (correctly rounded); `multiply_reciprocal`: amax * fp32(1 / qmax)."""
+
+    DIVIDE = "divide"
+    MULTIPLY_RECIPROCAL = "multiply_reciprocal"
+
+
+class ScaleApplication(str, enum.Enum):
+    """How elements are scaled before rounding: `divide` x / s; `multiply_reciprocal` x * fp32(1 / s)."""
+
+    DIVIDE = "divide"
+    MULTIPLY_RECIPROCAL = "multiply_reciprocal"
+
+
+class ScaleLayout(str, enum.Enum):
+    """Memory layout of a scale matrix [M, G] (module docstring)."""
+
+    ROW_MAJOR = "row_major"
+    COLUMN_MAJOR = "column_major"
+    COLUMN_MAJOR_TMA = "column_major_tma"
+    PACKED_UE8M0 = "packed_ue8m0"
+    SWIZZLE_128X4 = "swizzle_128x4"
+
+
+def _enum(name: str, v: object, cls: type[enum.Enum]) -> enum.Enum:
+    if isinstance(v, str) and not isinstance(v, cls):
+        check_choice(name, v, [m.value for m in cls])
+        return cls(v)
+    return check_choice(name, v, list(cls))  # type: ignore[return-value]
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def _materialize(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    # A real (non-broadcast) operand, so that no kernel takes a scalar fast path (e.g. multiply by reciprocal).
+    return t.to(torch.float32).expand(like.shape).contiguous()
+
+
+def float_scale(
+    amax: torch.Tensor,
+    qmax: float,
+    *,
+    eps: float = 1e-10,
+    eps_placement: EpsPlacement | str = EpsPlacement.AMAX,
+    formula: ScaleFormula | str = ScaleFormula.DIVIDE,
+) -> torch.Tensor:
+    """The `float` rule in float32: max(amax, eps) / qmax (or max(amax / qmax, eps), or with * fp32(1/qmax)).
+
+    amax: float32, any shape, >= 0. qmax: the format's largest value (448, 57344, 127, 6, ...). eps >= 0.
+    Returns float32 of amax's shape.
+    """
+    check_tensor("amax", amax, dtypes=(torch.float32,))
+    eps_placement = _enum("eps_placement", eps_placement, EpsPlacement)
+    formula = _enum("formula", formula, ScaleFormula)
+    if not (isinstance(qmax, (int, float)) and qmax > 0):
+        raise ValueError(f"qmax must be a positive number, got {qmax!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    eps_t = torch.full_like(amax, float(eps))
+    q = torch.full_like(amax, float(qmax))
+    a = torch.maximum(amax, eps_t) if eps_placement == EpsPlacement.AMAX else amax
+    s = a / q if formula == ScaleFormula.DIVIDE else a * (1.0 / q)
+    if eps_placement == EpsPlacement.SCALE:
+        s = torch.maximum(s, eps_t)
+    return s
+
+
+def ue8m0_round_up(s: torch.Tensor, *, clamp_exponent: bool = False) -> torch.Tensor:
+    """Round float32 scales up to powers of two by their bits: biased exponent + 1 if any mantissa bit is set.
+
+    s: float32, finite, >= 0. A subnormal s becomes 2^-126; s == 0 stays 0 (exponent field 0), unless
+    clamp_exponent (DeepGEMM): the resulting biased exponent is clamped to [1, 254], i.e. [2^-126, 2^127].
+    Values above 2^127 round to inf without the clamp. Returns float32 powers of two.
+    """
+    check_tensor("s", s, dtypes=(torch.float32,))
+    if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
+        raise ValueError("s must be finite and >= 0 to round up to a power of two")
+    bits = s.view(torch.int32).to(torch.int64)
+    exp = (bits >> 23) & 0xFF
+    man = bits & 0x7FFFFF
+    exp = exp + (man != 0).to(torch.int64)
+    if clamp_exponent:
+        exp = exp.clamp(1, 254)
+    return (exp << 23).to(torch.int32).view(torch.float32)
+
+
+def ocp_floor_scale(amax: torch.Tensor, emax_elem: int) -> torch.Tensor:
+    """OCP MX scale 2^(floor(log2 amax) - emax_elem) in float32, exponent clamped to [-127, 127].
+
+    amax: float32, finite, >= 0; amax == 0 gives 2^-127 (the smallest e8m0 value).
+    emax_elem: floor(log2 qmax) of the element format (8 e4m3fn, 15 e5m2, 2 e2m1).
+    """
+    check_tensor("amax", amax, dtypes=(torch.float32,))
+    check_int("emax_elem", emax_elem, min_value=0)
+    if not bool(torch.isfinite(amax).all()) or bool((amax < 0).any()):
+        raise ValueError("amax must be finite and >= 0 for the ocp_floor rule")
+    _, fexp = torch.frexp(amax.to(torch.float64))
+    e = fexp.to(torch.int64) - 1 - emax_elem
+    e = torch.where(amax == 0, torch.full_like(e, -127), e).clamp(-127, 127)
+    return torch.ldexp(torch.ones_like(amax, dtype=torch.float64), e).to(torch.float32)
+
+
+def compute_scale(
+    amax: torch.Tensor,
+    qmax: float,
+    rule: ScaleRule | str = ScaleRule.FLOAT,
+    *,
+    eps: float = 1e-10,
+    eps_placement: EpsPlacement | str = EpsPlacement.AMAX,
+    formula: ScaleFormula | str = ScaleFormula.DIVIDE,
+    ue8m0_clamp: bool = False,
+    emax_elem: int | None = None,
+) -> torch.Tensor:
+    """Scale of each unit from its float32 amax by `rule` (default `float`); float32 of amax's shape.
+
+    `float` and `ue8m0` use qmax, eps, eps_placement, formula (and ue8m0_clamp: DeepGEMM's exponent clamp);
+    `ocp_floor` uses emax_elem (required) and ignores the others.
+    """
+    rule = _enum("rule", rule, ScaleRule)
+    if rule == ScaleRule.OCP_FLOOR:
+        if emax_elem is None:
+            raise ValueError("emax_elem is required for the ocp_floor rule")
+        return ocp_floor_scale(amax, emax_elem)
+    s = float_scale(amax, qmax, eps=eps, eps_placement=eps_placement, formula=formula)
+    if rule == ScaleRule.UE8M0:
+        s = ue8m0_round_up(s, clamp_exponent=ue8m0_clamp)
+    return s
+
+
+def apply_scale(
+    x: torch.Tensor, s: torch.Tensor, application: ScaleApplication | str = ScaleApplication.DIVIDE
+) -> torch.Tensor:
+    """x / s (`divide`, default) or x * fp32(1 / s) (`multiply_reciprocal`), in float32.
+
+    x: float tensor (converted to float32 first); s: float32 broadcastable to x. Where s == 0 the result is 0
+    (a zero scale quantizes its whole unit to zero codes, as production kernels guard it).
+    """
+    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    check_tensor("s", s, dtypes=(torch.float32,))
+    application = _enum("application", application, ScaleApplication)
+    x32 = x.to(torch.float32)
+    s32 = _materialize(s, x32)
+    safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
+    y = x32 / safe if application == ScaleApplication.DIVIDE else x32 * (1.0 / safe)
+    return torch.where(s32 == 0, torch.zeros_like(y), y)
+
+
+# ----------------------------------------------------------------------------------------------- layouts
+
+
+def _check_2d(name: str, s: torch.Tensor) -> torch.Tensor:
+    return check_tensor(name, s, ndim=2)
+
+
+def to_column_major(s: torch.Tensor) -> torch.Tensor:
+    """[M, G] -> the same values as an [M, G] view of a contiguous [G, M] storage (strides (1, M))."""
+    _check_2d("scales", s)
+    m, g = s.shape
+    return s.t().contiguous().as_strided((m, g), (1, m))
+
+
+def to_column_major_tma(s: torch.Tensor, align: int = 4) -> torch.Tensor:
+    """[M, G] -> [M, G] view (strides (1, M_pad)) of a zero-padded [G, M_pad] storage, M_pad = M rounded up to align."""
+    _check_2d("scales", s)
+    m, g = s.shape
+    storage = torch.zeros(g, _round_up(m, align), dtype=s.dtype)
+    storage[:, :m] = s.t()
+    return storage.as_strided((m, g), (1, storage.shape[1]))
+
+
+def _is_pow2(s: torch.Tensor) -> torch.Tensor:
+    f, _ = torch.frexp(s.to(torch.float64))
+    return torch.isfinite(s) & (s > 0) & (f == 0.5)
+
+
+def pack_ue8m0(s: torch.Tensor) -> torch.Tensor:
+    """DeepGEMM packed UE8M0: float32 powers of two [MN, G] -> int32 [MN, ceil(G/4)], strides (1, MN_pad).
+
+    Byte j (little-endian) of int32 column p is the e8m0 code of group 4p + j; groups past G are 0;
+    MN_pad = MN rounded up to 4 (padding rows 0). Raises ValueError if a scale is not a power of two in
+    [2^-127, 2^127].
+    """
+    check_tensor("scales", s, ndim=2, dtypes=(torch.float32,))
+    if not bool(_is_pow2(s).all()) or bool((s > 2.0**127).any()):
+        raise ValueError("scales must be powers of two (ue8m0 or ocp_floor rule) to pack into the ue8m0 layout")
+    mn, g = s.shape
+    gp = (g + 3) // 4
+    codes = torch.zeros(mn, gp * 4, dtype=torch.int64)
+    codes[:, :g] = formats.encode(s, formats.FloatFormat.E8M0).to(torch.int64)
+    c = codes.view(mn, gp, 4)
+    word = c[..., 0] | (c[..., 1] << 8) | (c[..., 2] << 16) | (c[..., 3] << 24)  # unsigned 32-bit value
+    word = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    storage = torch.zeros(gp, _round_up(mn, 4), dtype=torch.int32)
+    storage[:, :mn] = word.t()
+    return storage.as_strided((mn, gp), (1, storage.shape[1]))
+
+
+def unpack_ue8m0(packed: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Inverse of `pack_ue8m0`: int32 [MN, ceil(G/4)] (any strides) -> float32 powers of two [MN, num_groups]."""
+    check_tensor("packed", packed, ndim=2, dtypes=(torch.int32,))
+    check_int("num_groups", num_groups, min_value=1)
+    if packed.shape[1] != (num_groups + 3) // 4:
+        raise ValueError(f"packed must have {(num_groups + 3) // 4} columns for {num_groups} groups, "
+                         f"got {packed.shape[1]}")
+    w = packed.to(torch.int64) & 0xFFFFFFFF
+    codes = torch.stack([(w >> (8 * j)) & 0xFF for j in range(4)], dim=-1).flatten(1)[:, :num_groups]
+    return formats.decode(codes.to(torch.uint8), formats.FloatFormat.E8M0)
+
+
+def swizzle_128x4(s: torch.Tensor) -> torch.Tensor:
+    """[M, G] block scales (any dtype) -> contiguous [M_pad, G_pad] in the 128x4 swizzled order (module docstring)."""
+    _check_2d("scales", s)
+    m, g = s.shape
+    mp, gp = _round_up(m, 128), _round_up(g, 4)
+    padded = torch.zeros(mp, gp, dtype=s.dtype)
+    padded[:m, :g] = s
+    # padded[mt*128 + m4*32 + m32, kt*4 + k4] goes to flat ((mt*Kt + kt)*32 + m32)*16 + m4*4 + k4
+    t = padded.view(mp // 128, 4, 32, gp // 4, 4).permute(0, 3, 2, 1, 4)
+    return t.contiguous().view(mp, gp)
+
+
+def unswizzle_128x4(swizzled: torch.Tensor, m: int, num_groups: int) -> torch.Tensor:
+    """Inverse of `swizzle_128x4`: back to the logical [m, num_groups] (contiguous)."""
+    check_int("m", m, min_value=1)
+    check_int("num_groups", num_groups, min_value=1)
+    mp, gp = _round_up(m, 128), _round_up(num_groups, 4)
+    check_tensor("swizzled", swizzled, shape=(mp, gp))
+    t = swizzled.contiguous().view(mp // 128, gp // 4, 32, 4, 4).permute(0, 3, 2, 1, 4)
+    return t.reshape(mp, gp)[:m, :num_groups].contiguous()
+
+
+def to_layout(s: torch.Tensor, layout: ScaleLayout | str) -> torch.Tensor:
+    """Store a logical [M, G] scale matrix in `layout` (see the module docstring for each layout)."""
+    layout = _enum("layout", layout, ScaleLayout)
+    _check_2d("scales", s)
+    if layout == ScaleLayout.ROW_MAJOR:
+        return s.contiguous()
+    if layout == ScaleLayout.COLUMN_MAJOR:
+        return to_column_major(s)
+    if layout == ScaleLayout.COLUMN_MAJOR_TMA:
+        return to_column_major_tma(s)
+    if layout == ScaleLayout.PACKED_UE8M0:
+        return pack_ue8m0(s)
+    return swizzle_128x4(s)
+
+
+def from_layout(stored: torch.Tensor, layout: ScaleLayout | str, m: int, num_groups: int) -> torch.Tensor:
+    """Inverse of `to_layout`: the logical contiguous [m, num_groups] matrix (float32 for packed_ue8m0)."""
+    layout = _enum("layout", layout, ScaleLayout)
+    check_int("m", m, min_value=1)
+    check_int("num_groups", num_groups, min_value=1)
+    if layout == ScaleLayout.PACKED_UE8M0:
+        check_tensor("scales", stored, shape=(m, (num_groups + 3) // 4))
+        return unpack_ue8m0(stored, num_groups)
+    if layout == ScaleLayout.SWIZZLE_128X4:
+        return unswizzle_128x4(stored, m, num_groups)
+    check_tensor("scales", stored, shape=(m, num_groups))
+    return stored.contiguous()
