@@ -1,18 +1,122 @@
-"""`python -m harness`: the command-line interface."""
+"""`python -m harness`: verify MoE kernels against the reference oracle.
+
+Commands:
+  matrix   run the deterministic sweep on this device and record every verdict
+  replay   re-run one case file and print its verdict (exit 0 pass, 1 fail, 125 cannot test here)
+  bench    time the oracle (and, as they land, the kernels) on this device
+  golden   check or regenerate the committed golden vectors
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from harness import __version__
 
 
+def _prepare_device(device: str) -> None:
+    """Choose the Triton interpreter before any kernel module imports triton, when no GPU will be used."""
+    if os.environ.get("TRITON_INTERPRET") is not None:
+        return
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _unverifiable() -> set[str]:
+    from harness.device import interpreter_enabled
+
+    if not interpreter_enabled():
+        return set()
+    from harness import interpreter
+
+    return set(interpreter.unverifiable_features(interpreter.install()))
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    _prepare_device(args.device)
+    from harness import adapters
+    from harness.device import detect
+    from harness.results import ResultStore
+    from harness.sweep import sweep
+
+    try:
+        dev = detect(args.device)
+        names = [adapters.resolve(a).name for a in args.adapter] or [a.name for a in adapters.all_adapters()]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"moe-harness {__version__}: sweeping {len(names)} adapter(s) on {dev.generation} ({dev.device_name}), "
+          f"profile {args.profile}", file=sys.stderr)
+    with ResultStore(args.results_dir, run_id=f"matrix-{dev.generation}") as store:
+        totals = sweep(names, dev, store, profile=args.profile, unverifiable=_unverifiable())
+    bad = sum(c["fail"] + c["error"] for c in totals.values())
+    print(f"results: {store.path} ({store.count} verdicts)")
+    print("not built yet: rendering these results into docs/SUPPORT_MATRIX.md (the support-matrix renderer, "
+          "issue 7); no table is written until it exists.")
+    if bad:
+        print(f"{bad} case(s) failed or errored: see the reasons in {store.path}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from harness.case import Case
+
+    try:
+        with open(args.case, encoding="utf-8") as fh:
+            text = fh.read()
+        import json
+
+        data = json.loads(text)
+        case = Case.from_dict(data.get("case", data) if isinstance(data, dict) else data)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read case file {args.case!r}: {e}", file=sys.stderr)
+        return 2
+    _prepare_device(args.device)
+    from harness import adapters, runner
+    from harness.device import detect
+
+    try:
+        adapter = adapters.resolve(args.adapter or case.adapter)
+        dev = detect(args.device)
+    except ValueError as e:
+        print(f"cannot test here: {e}", file=sys.stderr)
+        return 125
+    r = runner.judge(case, adapter, dev, unverifiable=_unverifiable())
+    print(f"{r.verdict}: {adapter.name} on {dev.generation}" + (f": {r.reason}" if r.reason else ""))
+    for key in ("margin", "max_error"):
+        if key in r.metrics:
+            print(f"  {key}: {r.metrics[key]:.4g}")
+    return {"pass": 0, "fail": 1, "error": 1}.get(r.verdict, 125)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from harness.bench import SHAPES, main_bench
+
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    unknown = [s for s in args.shape if s not in SHAPES]
+    if unknown:
+        print(f"error: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)
+        return 2
+    return main_bench(args.op, device, args.shape or ["deepseek-v3"])
+
+
 def _cmd_golden(args: argparse.Namespace) -> int:
     from harness import golden
 
-    names = args.names or list(golden.cases())
-    unknown = [n for n in names if n not in golden.cases()]
+    known = golden.cases()
+    names = args.names or list(known)
+    unknown = [n for n in names if n not in known]
     if unknown:
         print(f"error: unknown golden case(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
@@ -31,9 +135,29 @@ def _cmd_golden(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"moe-harness {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    m = sub.add_parser("matrix", help="run the sweep on this device and record every verdict")
+    m.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    m.add_argument("--profile", default="quick", choices=["quick", "full"], help="cases per cell")
+    m.add_argument("--adapter", action="append", default=[], help="only this adapter (repeatable; module:object ok)")
+    m.add_argument("--results-dir", default="results/local", help="where the JSONL results are written")
+    m.set_defaults(func=_cmd_matrix)
+
+    r = sub.add_parser("replay", help="re-run one case file; exit 0 pass, 1 fail, 125 cannot test here")
+    r.add_argument("case", help="a case JSON file (a Case, or a result record holding one)")
+    r.add_argument("--adapter", help="run this adapter instead of the one named in the case")
+    r.add_argument("--device", default="auto")
+    r.set_defaults(func=_cmd_replay)
+
+    b = sub.add_parser("bench", help="time kernels (or the oracle) on this device")
+    b.add_argument("--op", required=True, help="what to time: reference-experts")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--shape", action="append", default=[], help="model shape(s): deepseek-v3, mixtral-tp2, ...")
+    b.set_defaults(func=_cmd_bench)
 
     g = sub.add_parser("golden", help="check or regenerate the committed golden vectors")
     g.add_argument("names", nargs="*", help="golden case names (default: all)")

@@ -59,8 +59,10 @@ def rounding_bound(expected: torch.Tensor, u_out: float, *, c: float = C_OUT) ->
 def elementwise_bound(expected: torch.Tensor, out_dtype: torch.dtype, *, ulps_fp32: float = 64.0) -> torch.Tensor:
     """Bound for an elementwise op computed in fp32 and rounded to `out_dtype` (transcendentals: a few fp32 ulps;
     the hardware's fast exp/erf approximations: a few dozen)."""
+    # c = 1: one correct rounding is within u * |value|; a kernel that truncates or rounds twice is not.
     u_out = unit_roundoff(out_dtype)
-    return rounding_bound(expected, u_out) + ulps_fp32 * UNIT_ROUNDOFF["float32"] * expected.abs() + _tiny(out_dtype)
+    slack = ulps_fp32 * UNIT_ROUNDOFF["float32"] * expected.abs()
+    return rounding_bound(expected, u_out, c=1.0) + slack + _tiny(out_dtype)
 
 
 def _tiny(dtype: torch.dtype) -> float:

@@ -202,7 +202,7 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
         if not declared:
-            return result("unsupported", f"rejected undeclared cell ({why_not}): {msg}")
+            return result("unsupported", f"rejected undeclared cell ({why_not}): {msg}", exception=msg)
         tb = traceback.extract_tb(e.__traceback__)[-1]
         kind = "rejected a declared cell" if isinstance(e, Unsupported) else "raised"
         return result("error", f"kernel {kind}: {msg} (at {tb.filename}:{tb.lineno})")

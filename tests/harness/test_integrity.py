@@ -1,0 +1,152 @@
+"""Deliberately wrong adapters: each integrity check and comparison must catch its bug with a readable reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from harness import adapters, ops, runner
+from harness.adapters import Adapter
+from harness.case import Case
+from harness.device import detect
+
+DEV = detect("cpu")
+
+
+def _case(op: str, name: str, features: dict[str, str], fields: dict) -> Case:
+    return Case(op=op, adapter=name, features=features, seed=3, **fields)
+
+
+def _wrong(base: str, name: str, run: Callable, **kw) -> Adapter:  # type: ignore[type-arg]
+    ref = adapters.resolve(base)
+    return Adapter(name=name, op=ref.op, source="tests", run=run, support=ref.support,
+                   requires=ref.requires, conventions=kw.pop("conventions", ref.conventions), **kw)
+
+
+ACT_CELL = {"activation": "silu_and_mul", "dtype": "bfloat16"}
+ACT_FIELDS = {"shapes": {"T": 33, "N": 129}, "dtypes": {"x": "bfloat16"}}
+EXP_CELL = {"format": "standard", "quant_type": "none", "quant_format": "-", "activation": "silu",
+            "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
+EXP_FIELDS = {"shapes": {"M": 17, "E": 8, "k": 2, "K": 65, "N": 33}, "dtypes": {"x": "bfloat16"}}
+RED_CELL = {"accumulation": "fp32", "weights_applied": "N", "apply_weight_on_input": "N", "expert_map": "N",
+            "dtype": "bfloat16"}
+RED_FIELDS = {"shapes": {"M": 17, "E": 8, "k": 4, "K": 64}, "dtypes": {"expert_out": "bfloat16"}}
+
+
+def _reference_run(base: str) -> Callable:  # type: ignore[type-arg]
+    return adapters.resolve(base).run
+
+
+def _judge(adapter: Adapter, cell: dict, fields: dict):  # type: ignore[no-untyped-def]
+    return runner.judge(_case(adapter.op, adapter.name, cell, fields), adapter, DEV)
+
+
+def off_by_one_mask(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    full = {"out": torch.empty_like(outputs["out"])}
+    _reference_run("reference-activation")(case, inputs, full)
+    outputs["out"][:, :-1] = full["out"][:, :-1]  # the last column of the tile is masked off
+
+
+def unwritten_rows(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    full = {"out": torch.empty_like(outputs["out"])}
+    _reference_run("reference-experts")(case, inputs, full)
+    outputs["out"][:-3] = full["out"][:-3]
+
+
+def truncating_round(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    from reference.activations import apply_activation
+
+    exact = apply_activation("silu_and_mul", inputs["x"], out_dtype=torch.float32)
+    truncated = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32)  # round toward zero instead of RNE
+    outputs["out"].copy_(truncated.to(torch.bfloat16))
+
+
+def modifies_input(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    _reference_run("reference-reduce")(case, inputs, outputs)
+    inputs["expert_out"].mul_(0.5)  # scratch use of an input buffer
+
+
+def writes_nan(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    _reference_run("reference-activation")(case, inputs, outputs)
+    outputs["out"][0, 0] = float("nan")
+
+
+def wrong_dtype(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    out = {"out": torch.empty(outputs["out"].shape, dtype=torch.float32)}
+    _reference_run("reference-activation")(case, inputs, out)
+    return out
+
+
+def raises(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+
+
+def nondeterministic(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    _reference_run("reference-activation")(case, inputs, outputs)
+    flat = outputs["out"].view(-1).view(torch.int32)
+    flat[torch.randint(0, flat.numel(), (1,))] ^= 1  # one last-bit flip at a random place: a race
+
+
+def duplicate_ids(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    _reference_run("reference-routing")(case, inputs, outputs)
+    outputs["topk_ids"][:, -1] = outputs["topk_ids"][:, 0]
+
+
+@pytest.mark.parametrize(("run", "base", "cell", "fields", "check", "words"), [
+    (off_by_one_mask, "reference-activation", ACT_CELL, ACT_FIELDS, "written:out", "never written"),
+    (unwritten_rows, "reference-experts", EXP_CELL, EXP_FIELDS, "written:out", "never written"),
+    (truncating_round, "reference-activation", ACT_CELL, ACT_FIELDS, "out", "outside the error bound"),
+    (modifies_input, "reference-reduce", RED_CELL, RED_FIELDS, "unchanged:expert_out", "was modified"),
+    (writes_nan, "reference-activation", ACT_CELL, ACT_FIELDS, "finite:out", "NaN/Inf"),
+    (wrong_dtype, "reference-activation", ACT_CELL, ACT_FIELDS, "output:out", "dtype torch.float32"),
+    (duplicate_ids, "reference-routing",
+     {"scoring": "softmax", "renormalize": "Y", "correction_bias": "N", "logits_dtype": "float32",
+      "nonfinite_rows": "N"}, {"shapes": {"M": 9, "E": 16, "k": 4}, "dtypes": {"router_logits": "float32"}},
+     "topk_ids", "duplicate or out-of-range"),
+])
+def test_wrong_adapter_is_caught(run, base, cell, fields, check, words) -> None:  # type: ignore[no-untyped-def]
+    r = _judge(_wrong(base, f"wrong-{run.__name__}", run), cell, fields)
+    assert r.verdict == "fail", r.reason
+    assert check in r.metrics["failed_checks"], (r.metrics, r.reason)
+    assert words in r.reason
+
+
+def test_nondeterminism_caught_when_declared() -> None:
+    cell = dict(ACT_CELL, dtype="float32")
+    fields = {"shapes": {"T": 33, "N": 129}, "dtypes": {"x": "float32"}}
+    bad = _wrong("reference-activation", "wrong-race", nondeterministic, properties=frozenset({"deterministic"}))
+    r = _judge(bad, cell, fields)
+    assert r.verdict == "fail" and "deterministic:out" in r.metrics["failed_checks"], r.reason
+    assert "differ bitwise" in r.reason
+
+
+def test_exception_in_declared_cell_is_an_error_with_the_message() -> None:
+    r = _judge(_wrong("reference-activation", "wrong-raises", raises), ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "error" and "illegal memory access" in r.reason
+
+
+def test_exception_in_undeclared_cell_is_unsupported() -> None:
+    ref = adapters.resolve("reference-activation")
+    narrow = Adapter(name="narrow", op="activation", source="tests", run=raises,
+                     support={**ref.support, "dtype": ("float32",)})
+    r = _judge(narrow, ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "unsupported" and not r.declared and "dtype=bfloat16" in r.reason
+
+
+def test_correct_reference_passes_the_same_cases() -> None:
+    for base, cell, fields in (("reference-activation", ACT_CELL, ACT_FIELDS),
+                               ("reference-experts", EXP_CELL, EXP_FIELDS),
+                               ("reference-reduce", RED_CELL, RED_FIELDS)):
+        r = _judge(adapters.resolve(base), cell, fields)
+        assert r.verdict == "pass", r.reason
+
+
+def test_every_op_spec_has_axes_and_boundary_cases() -> None:
+    for op in ops.available():
+        spec = ops.get(op)
+        assert spec.axes and all(a.values for a in spec.axes)
+        for a in adapters.all_adapters(op):
+            for cell in spec.all_cells()[:3]:
+                assert spec.boundary(a, cell), f"{op}: no boundary case for {cell}"

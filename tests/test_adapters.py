@@ -1,0 +1,67 @@
+"""The generic property test, instantiated for every registered adapter (like PyTorch's OpInfo tests).
+
+test_declared_cases_pass: hypothesis draws cases inside the adapter's declared support on this device; every
+verdict is recorded in the results store; a fail or error fails the test with the case JSON and the command
+that replays it.
+test_undeclared_cells_rejected_cleanly: cells the adapter does not declare must be rejected with an exception
+whose message names the feature (or pass: "works but not claimed"), never crash or return wrong results.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+
+from harness import adapters, ops, runner
+from harness import strategies as hs
+from harness.results import Result
+
+
+def _explain(r: Result) -> str:
+    return (f"{r.verdict}: {r.reason}\n  case: {r.case.to_json()}\n"
+            f"  replay: save the case JSON to case.json and run `python -m harness replay case.json`")
+
+
+def test_declared_cases_pass(adapter_name, device_info, result_store, unverifiable) -> None:  # type: ignore[no-untyped-def]
+    adapter = adapters.resolve(adapter_name)
+    cells = hs.declared_cells(adapter, device_info)
+    if not cells:
+        pytest.skip(f"{adapter_name} declares no cell on {device_info.generation} (reported as unsupported)")
+
+    @given(case=hs.cases(adapter, cells))
+    def prop(case):  # type: ignore[no-untyped-def]
+        r = runner.judge(case, adapter, device_info, unverifiable=unverifiable)
+        result_store.append(r)
+        assert r.verdict in ("pass", "not-verifiable"), _explain(r)
+
+    prop()
+
+
+def _normalized(text: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", text.lower())
+
+
+def test_undeclared_cells_rejected_cleanly(adapter_name, device_info, result_store) -> None:  # type: ignore[no-untyped-def]
+    adapter = adapters.resolve(adapter_name)
+    spec = ops.get(adapter.op)
+    cells = hs.undeclared_cells(adapter, device_info)
+    if device_info.generation not in adapter.generations:
+        pytest.skip(f"{adapter_name} does not run on {device_info.generation} (reported as unsupported)")
+    problems = []
+    for cell in cells[:12]:
+        fields = spec.boundary(adapter, cell)[1]
+        case = runner.Case(op=adapter.op, adapter=adapter.name, features=cell, **fields)
+        r = runner.judge(case, adapter, device_info)
+        result_store.append(r)
+        if r.verdict == "pass":
+            continue  # works but not claimed: reported by the matrix
+        if r.verdict != "unsupported":
+            problems.append(f"undeclared cell {cell}: {_explain(r)}")
+            continue
+        msg = _normalized(r.metrics.get("exception", ""))
+        words = [_normalized(w) for w in list(cell) + list(cell.values()) if len(w) > 1]
+        if not any(w in msg for w in words):
+            problems.append(f"undeclared cell {cell} rejected with a message naming no feature: {r.reason}")
+    assert not problems, "\n".join(problems)
