@@ -93,7 +93,7 @@ def _oracle_kwargs(case: Case, conventions: Mapping[str, Any]) -> dict[str, Any]
 
 def _per_slot_matmul(rows: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """rows [R, in] times w[ids[r]]^T -> [R, out] (a loop over experts; ids < 0 give zero rows)."""
-    out = torch.zeros(rows.shape[0], w.shape[1], dtype=rows.dtype)
+    out = torch.zeros(rows.shape[0], w.shape[1], dtype=rows.dtype, device=rows.device)
     for e in ids.unique().tolist():
         if e < 0:
             continue
@@ -142,7 +142,9 @@ def _bound(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Mapping[str
 
 
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
-    cpu = {n: t.detach().cpu() for n, t in inputs.items()}
+    # The oracle runs where the inputs are (fp64 on a GPU is fast; real shapes on a CPU are not).
+    cpu = {n: t.detach() for n, t in inputs.items()}
+    dev = cpu["x"].device
     kw = _oracle_kwargs(case, conventions)
     dt = cpu["x"].dtype
     u_out = unit_roundoff(dt)
@@ -153,8 +155,9 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
                                    compute_dtype=torch.float64, out_dtype=torch.float64)
         e_loc, t, hidden = cpu["x"].shape
         rows = cpu["x"].reshape(e_loc * t, hidden)
-        ids = torch.arange(e_loc).repeat_interleave(t)
-        mask = (torch.arange(t)[None, :] < cpu["expert_num_tokens"][:, None].long())[..., None].expand_as(want)
+        ids = torch.arange(e_loc, device=dev).repeat_interleave(t)
+        mask = (torch.arange(t, device=dev)[None, :] < cpu["expert_num_tokens"][:, None].long())[..., None]
+        mask = mask.expand_as(want)
         bound = _bound(case, cpu, conventions, rows, ids, kw).reshape(want.shape)
         bound = bound + C_OUT * u_out * want.abs() + tiny
         return [Check("out", "bounded", expected=want, bound=bound, mask=mask)]
