@@ -73,10 +73,10 @@ def load(name: str) -> dict[str, torch.Tensor]:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
+    t = t.contiguous().reshape(-1)  # 1-D first: a 0-d tensor cannot be viewed as bytes
     if t.dtype == torch.bool:
         return t.to(torch.uint8)
-    return t.view(torch.uint8) if t.numel() else t.reshape(-1).to(torch.uint8)
+    return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
 
 
 def mismatches(name: str) -> list[str]:
