@@ -24,7 +24,8 @@ class ReduceAccumulation(str, enum.Enum):
     """How the k terms of a token are summed.
 
     FP32: every term in fp32, summed in fp32 in slot order, rounded once to the output dtype
-        (SGLang moe_sum_reduce, DeepGEMM, FlashInfer).
+        (SGLang moe_sum_reduce, DeepGEMM, FlashInfer). When expert_out or the output is fp64 the same is done
+        in fp64 (so the oracle can produce a high-precision expected value).
     OUTPUT_DTYPE_SEQUENTIAL: each term is rounded to the output dtype, then added in slot order with a
         rounding to the output dtype after every add (each add computed in fp32, or fp64 for an fp64
         output) (vLLM `moe_sum`).
@@ -113,9 +114,10 @@ def unpermute_reduce(
             )
         local = expert_map.to(device)[topk_ids.to(device).long()] >= 0
 
-    # The terms: in fp32 (fp64 when the sequential sum runs in fp64 because out_dtype is fp64).
+    # The terms, in fp32; in fp64 where fp32 would lose digits: an fp64 output, or (FP32 mode) an fp64 input.
     sequential = accumulation == ReduceAccumulation.OUTPUT_DTYPE_SEQUENTIAL
-    compute = torch.float64 if sequential and out_dtype == torch.float64 else torch.float32
+    wide = out_dtype == torch.float64 or (not sequential and expert_out.dtype == torch.float64)
+    compute = torch.float64 if wide else torch.float32
     y = expert_out.to(compute)
     if weights_applied or apply_router_weight_on_input:
         terms = y

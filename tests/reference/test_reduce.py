@@ -192,6 +192,14 @@ def test_out_dtype_fp32_from_bf16_is_the_unrounded_fp32_sum() -> None:
     assert torch.equal(out.double(), exact_sum(y, w, ids))
 
 
+def test_fp64_input_is_summed_in_fp64() -> None:
+    y, w, ids = make_inputs(4, 5, 6, 8, torch.float64, 10)
+    out = unpermute_reduce(y, w, ids)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out, exact_sum(y, w, ids), rtol=1e-14, atol=1e-14)
+    assert not torch.equal(out, unpermute_reduce(y.float(), w, ids).double())
+
+
 def test_empty_batch() -> None:
     out = unpermute_reduce(torch.zeros(0, 2, 5, dtype=torch.bfloat16), torch.zeros(0, 2),
                            torch.zeros(0, 2, dtype=torch.int32))
