@@ -56,12 +56,18 @@ def rounding_bound(expected: torch.Tensor, u_out: float, *, c: float = C_OUT) ->
     return c * u_out * expected.abs()
 
 
-def elementwise_bound(expected: torch.Tensor, out_dtype: torch.dtype, *, ulps_fp32: float = 64.0) -> torch.Tensor:
+def elementwise_bound(expected: torch.Tensor, out_dtype: torch.dtype, *, ulps_fp32: float = 64.0,
+                      magnitude: torch.Tensor | None = None) -> torch.Tensor:
     """Bound for an elementwise op computed in fp32 and rounded to `out_dtype` (transcendentals: a few fp32 ulps;
-    the hardware's fast exp/erf approximations: a few dozen)."""
+    the hardware's fast exp/erf approximations: a few dozen).
+
+    `magnitude`: the size of the operands the fp32 evaluation works with, when it exceeds the result's (gelu's
+    0.5 * x * (1 + erf(x / sqrt 2)) cancels in the negative tail: its fp32 error is relative to |x|, not to the
+    tiny result)."""
     # c = 1: one correct rounding is within u * |value|; a kernel that truncates or rounds twice is not.
     u_out = unit_roundoff(out_dtype)
-    slack = ulps_fp32 * UNIT_ROUNDOFF["float32"] * expected.abs()
+    scale = expected.abs() if magnitude is None else torch.maximum(expected.abs(), magnitude.abs())
+    slack = ulps_fp32 * UNIT_ROUNDOFF["float32"] * scale
     return rounding_bound(expected, u_out, c=1.0) + slack + _tiny(out_dtype)
 
 

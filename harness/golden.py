@@ -20,15 +20,22 @@ GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 
 GoldenFn = Callable[[], dict[str, torch.Tensor]]
 _REGISTRY: dict[str, GoldenFn] = {}
+_ULPS: dict[str, int] = {}
 
 
-def golden(name: str) -> Callable[[GoldenFn], GoldenFn]:
-    """Register a golden case under `name` (also the file stem)."""
+def golden(name: str, *, ulps: int = 0) -> Callable[[GoldenFn], GoldenFn]:
+    """Register a golden case under `name` (also the file stem).
+
+    `ulps`: float entries may differ from the stored ones by this many units in the last place. Only for cases
+    whose numbers come from fp32 transcendentals (exp, erf), whose last bits differ between CPUs (vector units);
+    everything else is compared bitwise (ulps=0).
+    """
 
     def register(fn: GoldenFn) -> GoldenFn:
         if name in _REGISTRY:
             raise ValueError(f"golden case {name!r} registered twice")
         _REGISTRY[name] = fn
+        _ULPS[name] = ulps
         return fn
 
     return register
@@ -79,9 +86,25 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
 
 
+def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in units in the last place between two float tensors (same dtype); NaN vs NaN is 0."""
+    width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    bits = a.element_size() * 8
+
+    def ordinal(t: torch.Tensor) -> torch.Tensor:
+        i = t.contiguous().view(width).to(torch.int64)
+        return torch.where(i < 0, -(i & ((1 << (bits - 1)) - 1)), i)  # monotone in the float value
+
+    d = (ordinal(a) - ordinal(b)).abs()
+    return torch.where(a.isnan() & b.isnan(), torch.zeros_like(d), d)
+
+
 def mismatches(name: str) -> list[str]:
-    """Differences between the stored golden file and a fresh computation (empty when bitwise equal)."""
+    """Differences between the stored golden file and a fresh computation (empty when equal: bitwise, or within
+    the case's declared ulps for float entries)."""
+    cases()
     stored, fresh = load(name), compute(name)
+    ulps = _ULPS.get(name, 0)
     problems = []
     for key in sorted(set(stored) | set(fresh)):
         if key not in fresh:
@@ -92,6 +115,11 @@ def mismatches(name: str) -> list[str]:
             a, b = stored[key], fresh[key]
             if a.dtype != b.dtype or a.shape != b.shape:
                 problems.append(f"{key}: stored {a.dtype}{list(a.shape)} vs computed {b.dtype}{list(b.shape)}")
+            elif ulps and a.dtype.is_floating_point and a.element_size() > 1:
+                d = _ulp_distance(a, b)
+                if (d > ulps).any():
+                    problems.append(f"{key}: {int((d > ulps).sum())} elements more than {ulps} ulps apart "
+                                    f"(max {int(d.max())})")
             elif not torch.equal(_bits(a), _bits(b)):
                 n = int((_bits(a) != _bits(b)).sum())
                 problems.append(f"{key}: {n} differing bytes")

@@ -314,7 +314,7 @@ def _grouped(
         top2 = torch.sort(by_group, dim=-1, descending=True).values
         group_scores = top2[..., 0] + top2[..., 1]
     kept_groups = _topk_lower_index(group_scores, topk_group)
-    group_kept = torch.zeros(m, num_groups, dtype=torch.bool).scatter(1, kept_groups, True)
+    group_kept = torch.zeros(m, num_groups, dtype=torch.bool, device=x.device).scatter(1, kept_groups, True)
     expert_kept = group_kept.repeat_interleave(per_group, dim=1)
     # -inf, not 0: biased scores may be negative, and a 0 could then beat an allowed expert.
     selection = biased.masked_fill(~expert_kept, -math.inf)

@@ -64,7 +64,21 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     act = case.features["activation"]
     x = inputs["x"].detach().cpu()
     want = ref.apply_activation(act, x, out_dtype=torch.float32, **oracle_kwargs(conventions, act))
-    return [Check("out", "bounded", expected=want, bound=elementwise_bound(want, x.dtype))]
+    mag = operand_magnitude(x.float(), act, conventions)
+    return [Check("out", "bounded", expected=want, bound=elementwise_bound(want, x.dtype, ulps_fp32=16, magnitude=mag))]
+
+
+def operand_magnitude(x: torch.Tensor, act: str, conventions: Mapping[str, Any]) -> torch.Tensor:
+    """Per output element, the size of what the fp32 evaluation multiplies: (|gate| + 1) * (|up| + 1) for a gated
+    activation (which part is the gate does not matter), |x| * (|x| + 1) for the no-mul ones (relu2 squares)."""
+    if not ref.is_gated(act):
+        return x.abs() * (x.abs() + 1)
+    layout = conventions.get("layout") or ("interleaved" if act == "swigluoai" else "halves")
+    if layout == "interleaved":
+        p0, p1 = x[..., 0::2], x[..., 1::2]
+    else:
+        p0, p1 = x.chunk(2, dim=-1)
+    return (p0.abs() + 1) * (p1.abs() + 1)
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:

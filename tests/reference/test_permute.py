@@ -156,7 +156,8 @@ def _kept_mask(topk_ids, expert_map, conv) -> torch.Tensor:
     """Which (token, slot) pairs a layout holds."""
     if expert_map is None or conv == KEEP:
         return torch.ones(topk_ids.shape, dtype=torch.bool)
-    return torch.tensor([[expert_map[v] >= 0 for v in row] for row in topk_ids.tolist()], dtype=torch.bool)
+    rows = [[expert_map[v] >= 0 for v in row] for row in topk_ids.tolist()]
+    return torch.tensor(rows, dtype=torch.bool).reshape(topk_ids.shape)  # reshape: M = 0 gives a 1-D tensor
 
 
 def _check_sorted_round_trip(x, topk_ids, layout, e, expert_map, conv) -> None:
