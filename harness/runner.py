@@ -244,7 +244,7 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
 
 def _batch_invariance(case: Case, adapter: Adapter, spec: ops.OpSpec, inputs: Mapping[str, torch.Tensor],
                       full: Mapping[str, torch.Tensor], device: DeviceInfo) -> list[Comparison]:
-    m = case.shapes.get("M", 0)
+    m = case.shapes.get("M", case.shapes.get("T", 0))  # the token dimension (activations call it T)
     if m < 2:
         return []
     rows = slice(0, (m + 1) // 2)

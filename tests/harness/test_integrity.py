@@ -122,6 +122,18 @@ def test_nondeterminism_caught_when_declared() -> None:
     assert "differ bitwise" in r.reason
 
 
+def batch_dependent(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    _reference_run("reference-activation")(case, inputs, outputs)
+    outputs["out"] += inputs["x"].float().mean() * 1e-6  # within the bound, but depends on the other rows
+
+
+def test_batch_dependence_caught_when_invariance_declared() -> None:
+    bad = _wrong("reference-activation", "wrong-batch", batch_dependent, properties=frozenset({"batch_invariant"}))
+    r = _judge(bad, dict(ACT_CELL, dtype="float32"), {"shapes": {"T": 33, "N": 129}, "dtypes": {"x": "float32"}})
+    assert r.verdict == "fail" and "batch_invariant:out" in r.metrics["failed_checks"], r.reason
+    assert "rows change" in r.reason
+
+
 def test_exception_in_declared_cell_is_an_error_with_the_message() -> None:
     r = _judge(_wrong("reference-activation", "wrong-raises", raises), ACT_CELL, ACT_FIELDS)
     assert r.verdict == "error" and "illegal memory access" in r.reason
