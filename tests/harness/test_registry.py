@@ -1,0 +1,42 @@
+"""Adapter registry: resolution by name and by module:object, declared cells, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import adapters
+from harness.device import detect
+
+# a module-level adapter, resolvable as "tests.harness.test_registry:EXTERNAL"
+EXTERNAL = adapters.Adapter(name="external-example", op="activation", source="tests",
+                            run=adapters.resolve("reference-activation").run,
+                            support={"activation": ("silu_and_mul",), "dtype": ("float32",)})
+
+
+def test_resolve_module_object_registers_the_adapter() -> None:
+    a = adapters.resolve("tests.harness.test_registry:EXTERNAL")
+    assert a is EXTERNAL and adapters.resolve("external-example") is EXTERNAL
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("no-such-adapter", "unknown adapter 'no-such-adapter'"),
+    ("no_such_module_xyz:thing", "cannot import module"),
+    ("tests.harness.test_registry:MISSING", "has no attribute"),
+    ("tests.harness.test_registry:pytest", "is not an Adapter"),
+])
+def test_bad_adapter_specs_get_clear_errors(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        adapters.resolve(spec)
+
+
+def test_declares_names_the_undeclared_feature() -> None:
+    ok, why = EXTERNAL.declares({"activation": "silu_and_mul", "dtype": "bfloat16"}, detect("cpu"))
+    assert not ok and "dtype=bfloat16" in why
+    assert EXTERNAL.declares({"activation": "silu_and_mul", "dtype": "float32"}, detect("cpu"))[0]
+
+
+def test_adapter_validates_its_declaration() -> None:
+    with pytest.raises(ValueError, match="op must be one of"):
+        adapters.Adapter(name="x", op="gemm", source="", run=EXTERNAL.run, support={})
+    with pytest.raises(ValueError, match="unknown generation"):
+        adapters.Adapter(name="x", op="reduce", source="", run=EXTERNAL.run, support={}, generations=("sm75x",))
