@@ -51,13 +51,9 @@ def device_info(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def unverifiable() -> set[str]:
     """Interpreter features that could not be made faithful (cells depending on them are not-verifiable)."""
-    from harness.device import interpreter_enabled
+    from harness.interpreter import unverifiable_here
 
-    if not interpreter_enabled():
-        return set()
-    from harness import interpreter
-
-    return set(interpreter.unverifiable_features(interpreter.install()))
+    return unverifiable_here()
 
 
 @pytest.fixture(scope="session")

@@ -30,13 +30,9 @@ def _prepare_device(device: str) -> None:
 
 
 def _unverifiable() -> set[str]:
-    from harness.device import interpreter_enabled
+    from harness.interpreter import unverifiable_here
 
-    if not interpreter_enabled():
-        return set()
-    from harness import interpreter
-
-    return set(interpreter.unverifiable_features(interpreter.install()))
+    return unverifiable_here()
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from harness.compare import bits
+
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 
 GoldenFn = Callable[[], dict[str, torch.Tensor]]
@@ -79,13 +81,6 @@ def load(name: str) -> dict[str, torch.Tensor]:
     return torch.load(p, map_location="cpu", weights_only=True)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous().reshape(-1)  # 1-D first: a 0-d tensor cannot be viewed as bytes
-    if t.dtype == torch.bool:
-        return t.to(torch.uint8)
-    return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
-
-
 def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Distance in units in the last place between two float tensors (same dtype); NaN vs NaN is 0."""
     width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
@@ -120,7 +115,7 @@ def mismatches(name: str) -> list[str]:
                 if (d > ulps).any():
                     problems.append(f"{key}: {int((d > ulps).sum())} elements more than {ulps} ulps apart "
                                     f"(max {int(d.max())})")
-            elif not torch.equal(_bits(a), _bits(b)):
-                n = int((_bits(a) != _bits(b)).sum())
-                problems.append(f"{key}: {n} differing bytes")
+            elif not torch.equal(bits(a), bits(b)):
+                n = int((bits(a) != bits(b)).sum())
+                problems.append(f"{key}: {n} elements differ bitwise")
     return problems

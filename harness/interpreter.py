@@ -217,6 +217,14 @@ def unverifiable_features(report: FidelityReport) -> set[str]:
     return out
 
 
+def unverifiable_here() -> set[str]:
+    """What this process cannot verify: empty unless the Triton interpreter is in use (then the fixes are
+    installed first). The one entry point for the CLI and the test session."""
+    if not _interpreting():
+        return set()
+    return unverifiable_features(install())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Exact float codecs (numpy has no bf16/fp8). Values travel as float64, which holds every bf16/fp16/fp8/fp32
 # value exactly, so a cast is a single rounding from the exact source value.
