@@ -1,4 +1,9 @@
-"""`python -m harness bench`: timings on the GPU (never asserted in tests).
+"""`python -m harness bench --op OP`: timings on the GPU (never asserted in tests).
+
+Each op's benchmarks live in `harness/benchmarks/<op>.py`, which defines `cases(device, shapes) -> list[BenchCase]`.
+A `BenchCase` holds closures over pre-made inputs: our kernel, and the torch reference beside it. Times are the
+median of `triton.testing.do_bench` (warm-up, L2 flushed between repetitions); memory-bound stages are reported in
+GB/s against the copy bandwidth measured on the same device in the same run, compute-bound ones in TFLOP/s.
 
 `--op reference-experts` times the reference experts oracle at model shapes: it must be fast enough to be the oracle
 for real shapes (DeepSeek-V3-like M=4096, E=256, k=8, K=7168, N=512 in well under a second on one GPU).
@@ -6,7 +11,12 @@ for real shapes (DeepSeek-V3-like M=4096, E=256, k=8, K=7168, N=512 in well unde
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -17,7 +27,42 @@ SHAPES = {
 }
 
 
-def _time(fn, device: str, reps: int = 3) -> float:  # type: ignore[no-untyped-def]
+@dataclass
+class BenchCase:
+    """One timed configuration: `kernel()` and `reference()` run once each on inputs made beforehand.
+
+    bytes_moved: the minimum HBM traffic of the op (inputs read once + outputs written once), for GB/s.
+    flops: for compute-bound ops (0: not reported).
+    verified: whether the same process verified this kernel configuration (set by `verify`, if given).
+    """
+
+    name: str
+    adapter: str
+    kernel: Callable[[], Any]
+    reference: Callable[[], Any] | None = None
+    bytes_moved: int = 0
+    flops: int = 0
+    verify: Callable[[], str | None] | None = None  # None -> ok, else the reason it failed
+
+
+def do_bench(fn: Callable[[], Any], device: str) -> float:
+    """Median seconds of `fn` (triton's do_bench on CUDA; perf_counter loop elsewhere)."""
+    if device.startswith("cuda"):
+        from triton.testing import do_bench as _tb
+
+        return float(_tb(fn, warmup=25, rep=100, return_mode="median")) / 1e3
+    return _time(fn, device)
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (read + write counted), on a buffer far beyond L2."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    t = do_bench(lambda: dst.copy_(src), device)
+    return 2 * nbytes / t
+
+
+def _time(fn: Callable[[], Any], device: str, reps: int = 3) -> float:
     fn()  # warm-up
     times = []
     for _ in range(reps):
@@ -52,12 +97,63 @@ def bench_reference_experts(device: str, shapes: list[str], dtype: torch.dtype =
     return rows
 
 
+def bench_ops() -> list[str]:
+    """Ops that have benchmarks (modules of harness/benchmarks)."""
+    import harness.benchmarks as pkg
+
+    return sorted(i.name for i in pkgutil.iter_modules(pkg.__path__))
+
+
+def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict]:
+    """Time every case; a case whose kernel raises is reported with its error, the others still run."""
+    bw = copy_bandwidth(device) if device.startswith("cuda") else 0.0
+    rows = []
+    for c in cases:
+        row: dict[str, Any] = {"case": c.name, "adapter": c.adapter}
+        try:
+            why = c.verify() if c.verify is not None else None
+            row["verified"] = "yes" if c.verify is not None and why is None else ("no: " + why if why else "not run")
+            t = do_bench(c.kernel, device)
+            row["kernel_us"] = t * 1e6
+            if c.bytes_moved:
+                row["GB/s"] = c.bytes_moved / t / 1e9
+                if bw:
+                    row["% of copy"] = 100 * c.bytes_moved / t / bw
+            if c.flops:
+                row["TFLOP/s"] = c.flops / t / 1e12
+            if c.reference is not None:
+                tr = do_bench(c.reference, device)
+                row["torch_ref_us"] = tr * 1e6
+                row["speedup"] = tr / t
+        except Exception as e:  # one failing kernel must not hide the rest
+            row["error"] = f"{type(e).__name__}: {e}"[:200]
+        rows.append(row)
+        if out is not None:
+            print(f"  {c.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in row.items() if k not in ("case",)), file=out, flush=True)
+    if bw:
+        rows.append({"case": "device copy bandwidth (measured)", "adapter": "-", "GB/s": bw / 1e9})
+    return rows
+
+
 def main_bench(op: str, device: str, shapes: list[str]) -> int:
+    import sys
+
     from tabulate import tabulate
 
-    if op != "reference-experts":
-        print(f"error: unknown bench op {op!r}; available: reference-experts (stage kernels arrive with issue 5)")
+    if op == "reference-experts":
+        rows = bench_reference_experts(device, shapes)
+        print(tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="github"))
+        return 0
+    known = bench_ops()
+    if op not in known:
+        print(f"error: unknown bench op {op!r}; available: reference-experts, {', '.join(known)}", file=sys.stderr)
         return 2
-    rows = bench_reference_experts(device, shapes)
+    if not device.startswith("cuda"):
+        print(f"note: timing on {device}: Triton kernels run in the interpreter here, numbers are not meaningful",
+              file=sys.stderr)
+    module = importlib.import_module(f"harness.benchmarks.{op}")
+    cases = module.cases(device, shapes)
+    rows = run_cases(cases, device, out=sys.stderr)
     print(tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="github"))
-    return 0
+    return 1 if any("error" in r or str(r.get("verified", "")).startswith("no") for r in rows) else 0

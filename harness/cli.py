@@ -93,6 +93,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    _prepare_device(args.device)
     from harness.bench import SHAPES, main_bench
 
     device = args.device
@@ -100,6 +101,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.op not in ("reference-experts",) and args.shape == []:
+        return main_bench(args.op, device, [])
     unknown = [s for s in args.shape if s not in SHAPES]
     if unknown:
         print(f"error: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)
@@ -150,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_replay)
 
     b = sub.add_parser("bench", help="time kernels (or the oracle) on this device")
-    b.add_argument("--op", required=True, help="what to time: reference-experts")
+    b.add_argument("--op", required=True, help="what to time: an op (routing, group_quant, ...) or reference-experts")
     b.add_argument("--device", default="auto")
     b.add_argument("--shape", action="append", default=[], help="model shape(s): deepseek-v3, mixtral-tp2, ...")
     b.set_defaults(func=_cmd_bench)

@@ -18,7 +18,7 @@ _MODULES = {
     "reduce": "harness.ops.reduce",
     "experts": "harness.ops.experts",
     "group_quant": "harness.ops.group_quant",
-    "act_quant": "harness.ops.group_quant",
+    "act_quant": "harness.ops.act_quant",
     "permute": "harness.ops.permute",
 }
 

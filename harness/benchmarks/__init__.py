@@ -1,0 +1,1 @@
+"""Benchmarks per op: each module `<op>.py` defines `cases(device, shapes) -> list[harness.bench.BenchCase]`."""
