@@ -116,4 +116,22 @@ def _register() -> None:
                      requires=_experts_consistent, description="reference.experts", **common), replace=True)
 
 
+    # Ops whose spec modules define their own reference adapters (REFERENCE_ADAPTERS), so adding an op touches one
+    # module only.
+    import importlib
+
+    from harness import ops
+
+    for op in ("group_quant", "act_quant", "permute"):
+        module_name = ops._MODULES[op]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+            continue
+        for a in getattr(module, "REFERENCE_ADAPTERS", ()):
+            register(a, replace=True)
+
+
 _register()
