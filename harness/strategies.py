@@ -61,7 +61,8 @@ def top_k(e: int, max_k: int = 16) -> st.SearchStrategy[int]:
 def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
     spec = ops.get(adapter.op)
     cells = adapter.declared_cells({a.name: a.values for a in spec.axes})
-    return [c for c in cells if adapter.declares(c, device)[0]]
+    return [c for c in cells if adapter.declares(c, device)[0]
+            and (spec.inapplicable is None or spec.inapplicable(c) is None)]
 
 
 def undeclared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:

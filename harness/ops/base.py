@@ -79,6 +79,9 @@ class OpSpec:
     ) = None
     #: which output tensors hold one row per token (batch-invariance compares those rows)
     token_outputs: tuple[str, ...] = ()
+    #: combinations of axis values that are not a cell at all (e.g. quant_type=none with quant_format=T): a reason
+    #: string for those, None for real cells. Not-applicable combinations are never swept, declared or rendered.
+    inapplicable: Callable[[Mapping[str, str]], str | None] | None = None
     notes: dict[str, str] = field(default_factory=dict)
 
     def axis_names(self) -> list[str]:
@@ -88,4 +91,7 @@ class OpSpec:
         from itertools import product
 
         names = self.axis_names()
-        return [dict(zip(names, combo)) for combo in product(*(a.values for a in self.axes))]
+        cells = [dict(zip(names, combo)) for combo in product(*(a.values for a in self.axes))]
+        if self.inapplicable is None:
+            return cells
+        return [c for c in cells if self.inapplicable(c) is None]
