@@ -1,0 +1,338 @@
+"""Op spec `group_quant`: dynamic 8-bit quantization of activations per token group, per token or per tensor
+(SEMANTICS.md 2).
+
+Input: x [M, K] (bfloat16/float16/float32; rows possibly non-contiguous), finite (inputs with NaN/Inf are outside
+the contract: the oracle raises on them, so they are never generated). Outputs:
+- `codes` [M, K]: torch.float8_e4m3fn or int8, contiguous.
+- `scales`: group unit: float32 [M, G] (G = K / group_size) as `row_major` (contiguous), `column_major` (strides
+  (1, M)) or `column_major_tma` (strides (1, M_pad), M_pad = M rounded up to 4), or int32 [M, ceil(G/4)] with
+  strides (1, M_pad) for `packed_ue8m0` (DeepGEMM: byte j of a word = e8m0 code of group 4p + j); token unit:
+  float32 [M, 1]; tensor unit: float32 [1].
+
+Padding contract: the rows M..M_pad-1 of the TMA-aligned and packed storages lie outside the [M, *] views the
+kernel writes through, so they are not part of the contract (vLLM allocates them with empty_strided and never
+writes them; a GEMM reading them only produces rows that are discarded). Inside a packed word, the bytes of
+groups past G *are* part of the contract and must be 0 (compared exactly with the rest of the word).
+M = 0 is a valid call: nothing is written except the per-tensor scale, which is the scale of amax = 0.
+
+Judging (the oracle is reference.quant.quantize with a QuantRecipe built from the cell and the adapter's
+`conventions`: eps, eps_placement, scale_formula, application, int8_rounding, ue8m0_clamp):
+- codes: `exact` (bitwise; fp8 codes as bytes - the oracle never produces NaN codes from finite inputs, so any
+  NaN code, whatever its pattern, is a mismatch).
+- scales: `exact` (bitwise) for power-of-two (ue8m0) scales, packed words, and float scales whenever the adapter
+  states its `scale_formula` (the oracle then computes the same correctly rounded formula). An adapter that does
+  not state it (or states `scale_ulps` > 0: approximate division, e.g. Triton's fp32 `/` on GPU) gets its float
+  scales judged within `scale_ulps` ulps (default 1: `amax / qmax` and `amax * (1/qmax)` differ by at most one)
+  of the oracle's - ue8m0 scales within the round-up of that interval - and its codes judged exactly against the
+  oracle's quantization of x with the kernel's *own* scales, so the codes stay bit-exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from harness import inputs as gen
+from harness.adapters import Adapter, Unsupported
+from harness.case import Case
+from harness.compare import compare_exact
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.common import custom, lim
+from harness.strategies import boundary_sizes
+from reference import formats
+from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize
+from reference.scales import ScaleLayout, from_layout, ue8m0_round_up
+
+QUANT_DTYPES = ("fp8_e4m3fn", "int8")
+UNITS = ("group", "token", "tensor")
+GROUP_SIZES = ("128", "64", "32", "16", "-")
+SCALE_RULES = ("float", "ue8m0")
+LAYOUTS = ("row_major", "column_major", "column_major_tma", "packed_ue8m0")
+INPUT_DTYPES = ("bfloat16", "float16", "float32")
+AXES = (
+    Axis("quant_dtype", "Quant dtype", QUANT_DTYPES),
+    Axis("unit", "Unit", UNITS),
+    Axis("group_size", "Group size", GROUP_SIZES),
+    Axis("scale_rule", "Scale rule", SCALE_RULES),
+    Axis("scale_layout", "Scale layout", LAYOUTS),
+    Axis("input_dtype", "Input dtype", INPUT_DTYPES),
+)
+#: adapter conventions mapped onto QuantRecipe fields (the rest of the recipe comes from the cell)
+CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "int8_rounding", "ue8m0_clamp")
+_CODE_DTYPES = {"fp8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8}
+_QMAX = {"fp8_e4m3fn": 448.0, "int8": 127.0}
+_UNIT = {"group": QuantUnit.GROUP, "token": QuantUnit.ROW, "tensor": QuantUnit.TENSOR}
+#: kinds of segments (a unit's elements within a row) in the `special` input pattern
+KINDS = ("random", "zero", "tiny", "at_qmax", "ties", "large")
+
+
+def inapplicable(cell: Mapping[str, str]) -> str | None:
+    unit, gs = cell["unit"], cell["group_size"]
+    if unit == "group" and gs == "-":
+        return "the group unit needs a group size"
+    if unit != "group" and gs != "-":
+        return f"the {unit} unit has no group size"
+    if unit != "group" and cell["scale_layout"] != "row_major":
+        return f"one scale per {unit}: the column-major and packed layouts are layouts of group scales"
+    packed = cell["scale_layout"] == "packed_ue8m0"
+    if packed and (cell["scale_rule"] != "ue8m0" or cell["quant_dtype"] != "fp8_e4m3fn"):
+        return "packed_ue8m0 holds e8m0 exponents of fp8 scales: it needs fp8 and the ue8m0 rule"
+    return None
+
+
+def recipe(features: Mapping[str, str], conventions: Mapping[str, Any] | None = None) -> QuantRecipe:
+    """The oracle's QuantRecipe for a cell under an adapter's conventions."""
+    conventions = conventions or {}
+    unit = features["unit"]
+    kw = {k: conventions[k] for k in CONVENTION_KEYS if conventions.get(k) is not None}
+    return QuantRecipe(dtype=features["quant_dtype"], unit=_UNIT[unit],
+                       group_size=int(features["group_size"]) if unit == "group" else 128,
+                       scale_rule=features["scale_rule"],
+                       layout=features["scale_layout"] if unit == "group" else ScaleLayout.ROW_MAJOR, **kw)
+
+
+def num_groups(case: Case) -> int:
+    f = case.features
+    return case.shape("K") // int(f["group_size"]) if f["unit"] == "group" else 1
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def scale_output(features: Mapping[str, str], m: int, g: int) -> OutputSpec:
+    """The scales' shape, dtype and contractual strides for a cell (module docstring)."""
+    unit, layout = features["unit"], features["scale_layout"]
+    if unit == "tensor":
+        return OutputSpec((1,), torch.float32)
+    if unit == "token":
+        return OutputSpec((m, 1), torch.float32)
+    if layout == "row_major":
+        return OutputSpec((m, g), torch.float32)
+    if layout == "column_major":
+        return OutputSpec((m, g), torch.float32, (1, m))
+    if layout == "column_major_tma":
+        return OutputSpec((m, g), torch.float32, (1, _round_up(m, 4)))
+    return OutputSpec((m, (g + 3) // 4), torch.int32, (1, _round_up(m, 4)))
+
+
+def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
+    m, k = case.shape("M"), case.shape("K")
+    return {"codes": OutputSpec((m, k), _CODE_DTYPES[case.features["quant_dtype"]]),
+            "scales": scale_output(case.features, m, num_groups(case))}
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def _segments(case: Case) -> tuple[int, int]:
+    """(number of segments per row, segment length): the unit's extent along K (a whole row for token/tensor)."""
+    k = case.shape("K")
+    if case.features["unit"] == "group":
+        gs = int(case.features["group_size"])
+        return k // gs, gs
+    return 1, k
+
+
+def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """|values| exactly halfway between two adjacent codes below qmax (ties of the rounding)."""
+    if quant_dtype == "int8":
+        return torch.randint(0, 127, shape, generator=g).to(torch.float32) + 0.5
+    table = formats.code_table(formats.FloatFormat.E4M3FN)
+    c = torch.randint(0, 0x7E, shape, generator=g)  # codes 0..125: c + 1 <= 0x7E (448), all finite
+    return (table[c] + table[c + 1]) / 2
+
+
+def make_x(case: Case, m: int, k: int) -> torch.Tensor:
+    """x in float32 holding values exact in the input dtype, following params['pattern'] (random | special)."""
+    dtype = case.dtype("x")
+    g = gen.generator(case, "x")
+    qd = case.features["quant_dtype"]
+    qmax = _QMAX[qd]
+    nseg, seg = _segments(case)
+    x = torch.randn((m, nseg, seg), generator=g) * 2.0 ** case.params.get("exponent", 0)
+    if case.params.get("pattern", "random") != "special" or m == 0:
+        return x.reshape(m, k)
+    tensor_unit = case.features["unit"] == "tensor"
+    shape = (1, 1) if tensor_unit else (m, nseg)  # per-tensor: one kind and exponent for the whole tensor
+    kind = torch.randint(0, len(KINDS), shape, generator=g).expand(m, nseg)
+    e = torch.randint(-4, 5, shape, generator=g).to(torch.float32).expand(m, nseg)[..., None]
+    tiny = 2.0**-20 if dtype == torch.float16 else 2.0**-130  # subnormal in the input dtype
+    large = 2.0**4 if dtype == torch.float16 else 2.0**60  # fp16: |x| stays far below 65504 (exponent <= 8)
+    sign = torch.where(torch.rand((m, nseg, seg), generator=g) < 0.5, -1.0, 1.0)
+    ties = sign * _midpoints(qd, (m, nseg, seg), g) * torch.exp2(e)
+    below = x.clamp(-2.0, 2.0) / 2.0 * (qmax * 0.99) * torch.exp2(e)  # |.| < qmax * 2^e
+    peak = torch.randint(0, seg, (m, nseg, 1), generator=g)
+    at_peak = torch.zeros((m, nseg, seg), dtype=torch.bool).scatter_(2, peak, True)
+    amax_val = sign * qmax * torch.exp2(e)  # the unit's amax is exactly qmax * 2^e: scale 2^e
+    k_ = kind[..., None]
+    x = torch.where(k_ == 1, x * 0.0, x)  # zeros keep the sign: -0.0 codes
+    x = torch.where(k_ == 2, x * tiny, x)
+    x = torch.where(k_ == 3, torch.where(at_peak, amax_val, below), x)
+    x = torch.where(k_ == 4, torch.where(at_peak, amax_val, ties), x)
+    x = torch.where(k_ == 5, x * large, x)
+    return x.reshape(m, k)
+
+
+def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
+    m, k = case.shape("M"), case.shape("K")
+    x = make_x(case, m, k).to(case.dtype("x"))
+    return {"x": gen.maybe_strided(case, x.to(device))}
+
+
+# ---------------------------------------------------------------------------------------------------- oracle
+
+
+def oracle(x: torch.Tensor, features: Mapping[str, str], conventions: Mapping[str, Any] | None = None,
+           scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expected (codes, scales) of x for a cell, in the op's output dtypes and layouts (CPU tensors).
+
+    scales: optional logical float32 scales to quantize with (static), as reference.quant.quantize takes them.
+    """
+    r = recipe(features, conventions)
+    x = x.detach().cpu()
+    m, k = x.shape
+    code_dtype = _CODE_DTYPES[features["quant_dtype"]]
+    if m == 0:
+        g = k // r.group_size if r.unit == QuantUnit.GROUP else 1
+        spec = scale_output(features, 0, g)
+        s = torch.empty(spec.shape, dtype=spec.dtype)
+        if r.unit == QuantUnit.TENSOR:  # the scale of amax = 0
+            s = quantize(torch.zeros((1, k)), r).scales.reshape(1)
+        return torch.empty((0, k), dtype=code_dtype), s
+    if scales is not None and r.unit == QuantUnit.TENSOR:
+        scales = scales.reshape(())
+    qt = quantize(x, r, scales=scales)
+    codes = qt.codes.view(code_dtype) if code_dtype == torch.float8_e4m3fn else qt.codes
+    s = qt.scales.reshape(1) if r.unit == QuantUnit.TENSOR else qt.scales
+    return codes, s
+
+
+def _ulp_interval(s: torch.Tensor, ulps: int, rule: str, clamp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    lo, hi = s.clone(), s.clone()
+    for _ in range(ulps):
+        lo = torch.nextafter(lo, torch.zeros_like(lo)).clamp_min(0.0)
+        hi = torch.nextafter(hi, torch.full_like(hi, math.inf))
+    if rule == "ue8m0":
+        lo, hi = ue8m0_round_up(lo, clamp_exponent=clamp), ue8m0_round_up(hi, clamp_exponent=clamp)
+    return lo, hi
+
+
+def _logical(actual: torch.Tensor, features: Mapping[str, str], m: int, g: int) -> torch.Tensor:
+    if features["unit"] == "tensor":
+        return actual.reshape(()).float()
+    if features["unit"] == "token":
+        return actual.float()
+    return from_layout(actual.detach().cpu(), features["scale_layout"], m, g)
+
+
+def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
+    x = inputs["x"].detach().cpu()
+    f = case.features
+    codes, scales = oracle(x, f, conventions)
+    stated = conventions.get("scale_formula") is not None
+    ulps = int(conventions.get("scale_ulps", 0 if stated else 1))
+    if ulps == 0 or x.shape[0] == 0:
+        return [Check("codes", "exact", expected=codes), Check("scales", "exact", expected=scales)]
+
+    m, g = x.shape[0], num_groups(case)
+    r = recipe(f, conventions)
+    want = logical_scales(quantize(x, dataclasses.replace(r, layout=ScaleLayout.ROW_MAJOR)))
+    want = want.reshape(()) if f["unit"] == "tensor" else want
+    lo, hi = _ulp_interval(want, ulps, f["scale_rule"], r.ue8m0_clamp)
+
+    def judge_scales(actual: torch.Tensor, _: Mapping[str, torch.Tensor]) -> Any:
+        if f["scale_layout"] == "packed_ue8m0":
+            return compare_exact("scales", actual, scales)  # words of powers of two: no ulp slack to give
+        got = _logical(actual.detach().cpu(), f, m, g)
+        bad = ~((got >= lo) & (got <= hi))
+        n = int(bad.sum())
+        if n:
+            i = tuple(bad.nonzero()[0].tolist())
+            return custom("scales", False, f"scales: {n} of {bad.numel()} scales outside {ulps} ulp of the oracle's; "
+                          f"first at {list(i)}: got {got[i].item()!r}, allowed [{lo[i].item()!r}, {hi[i].item()!r}]",
+                          mismatches=n)
+        return custom("scales", True, ulps=ulps)
+
+    def judge_codes(actual: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Any:
+        got_s = _logical(outs["scales"].detach().cpu(), f, m, g)
+        if not bool(torch.isfinite(got_s).all()) or bool((got_s < 0).any()):
+            return custom("codes", False, "codes: cannot be judged against the kernel's own scales, which are "
+                          "not finite and >= 0")
+        own, _ = oracle(x, f, conventions, scales=got_s.contiguous())
+        return compare_exact("codes", actual, own)
+
+    return [Check("codes", "custom", judge=judge_codes), Check("scales", "custom", judge=judge_scales)]
+
+
+# ------------------------------------------------------------------------------------------------- strategies
+
+
+def _fields(cell: Mapping[str, str], m: int, k: int, pattern: str, *, exponent: int = 0,
+            non_contiguous: bool = False) -> dict[str, Any]:
+    return {"shapes": {"M": m, "K": k}, "dtypes": {"x": cell["input_dtype"]},
+            "params": {"pattern": pattern, "exponent": exponent},
+            "layout": {"non_contiguous": True} if non_contiguous else {}}
+
+
+def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    max_k = lim(adapter, "max_K")
+    if cell["unit"] == "group":
+        gs = int(cell["group_size"])
+        n = draw(st.one_of(st.sampled_from([1, 2, 3, 4, 5, 9]), st.integers(1, max(1, max_k // gs))))
+        k = gs * n
+    else:
+        k = draw(boundary_sizes(64, max_k, minimum=1))
+    pattern = draw(st.sampled_from(["random", "special", "special"]))
+    return _fields(cell, m, k, pattern, exponent=draw(st.integers(-8, 8)), non_contiguous=draw(st.booleans()))
+
+
+def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
+    """M = 1, 0, 17 (off the row tile), 33; K = one group, several (odd number of groups: a partial packed word),
+    and DeepSeek-V3's 7168; per-token rows wider than one register tile (9000)."""
+    if cell["unit"] == "group":
+        gs = int(cell["group_size"])
+        ks = (gs, 3 * gs, 2 * gs, 5 * gs, 7168, 9 * gs)
+    else:
+        ks = (100, 1, 64, 257, 7168, 9000)
+    ms = (1, 5, 0, 17, 2, 33)
+    pats = ("special", "special", "random", "random", "random", "special")
+    return [_fields(cell, m, k, p, exponent=i % 3 - 1, non_contiguous=i == 1)
+            for i, (m, k, p) in enumerate(zip(ms, ks, pats))]
+
+
+def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
+    # Per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance.
+    x = inputs["x"][rows]
+    return case.replace(shapes={**case.shapes, "M": x.shape[0]}), {"x": x}
+
+
+SPECS = {"group_quant": OpSpec(name="group_quant", title="Dynamic quantization (group / token / tensor)", axes=AXES,
+                               make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
+                               boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
+                               inapplicable=inapplicable)}
+
+
+# --------------------------------------------------------------------------------------------- reference adapter
+
+
+def _run_reference(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+    for axis in AXES:
+        if case.features.get(axis.name) not in axis.values:
+            raise Unsupported(f"reference-group-quant: unknown {axis.name}={case.features.get(axis.name)!r}")
+    codes, scales = oracle(inputs["x"], case.features)
+    outputs["codes"].copy_(codes)
+    outputs["scales"].copy_(scales)
+
+
+REFERENCE_ADAPTERS = [Adapter(
+    name="reference-group-quant", op="group_quant", source="reference", run=_run_reference,
+    support={a.name: a.values for a in AXES}, properties=frozenset({"deterministic"}),
+    description="reference.quant.quantize (QuantRecipe defaults: eps 1e-10 on amax, divide, half_even int8)",
+)]

@@ -1,0 +1,63 @@
+"""Adapter of kernels/group_quant.py (op `group_quant`).
+
+Declares every cell of the op: fp8 e4m3fn and int8; group (16/32/64/128), token and tensor units; float and ue8m0
+scales; all four scale layouts; bf16/fp16/fp32 inputs. Conventions (what the oracle uses to judge it bit-exactly):
+scale = max(amax, 1e-10) / qmax, correctly rounded (vLLM's and SGLang's per-token-group kernels: eps on amax,
+`amax / qmax`); elements x / scale, correctly rounded (vLLM's CUDA kernel divides; its power-of-two path multiplies
+by the exact reciprocal, which is the same); ue8m0 by the bit-form round-up without DeepGEMM's exponent clamp (with
+eps 1e-10 the exponent never leaves [1, 254], so the clamp cannot be observed); int8 rounds half to even then
+saturates (vLLM `scaled_int8_quant`; vLLM's `per_token_group_quant_int8` truncates instead - the launcher's
+`int8_rounding="truncate"`, tested in tests/kernels/test_group_quant.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from harness.adapters import Adapter, Unsupported, register
+from harness.case import Case
+from harness.device import DeviceInfo
+from harness.ops.group_quant import AXES
+from kernels.group_quant import group_quant
+
+SUPPORT: dict[str, tuple[str, ...]] = {a.name: a.values for a in AXES}
+CONVENTIONS = {"eps": 1e-10, "eps_placement": "amax", "scale_formula": "divide", "application": "divide",
+               "int8_rounding": "half_even", "ue8m0_clamp": False}
+
+
+def _check_declared(features: Mapping[str, str]) -> None:
+    for axis, values in SUPPORT.items():
+        if features.get(axis) not in values:
+            raise Unsupported(f"triton-group-quant does not support {axis}={features.get(axis)!r}")
+
+
+def requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    if features.get("quant_dtype") == "fp8_e4m3fn" and device.generation == "sm80":
+        return "fp8 e4m3 casts need sm89 or newer"
+    return None
+
+
+def _interp_features(features: Mapping[str, str]) -> set[str]:
+    # in-kernel fp8 casts (fp8_cast fix); int8 casts of clamped values (fp_to_int fix)
+    return {"fp8_cast"} if features.get("quant_dtype") == "fp8_e4m3fn" else {"fp_to_int_overflow"}
+
+
+def run(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+    f = case.features
+    _check_declared(f)
+    unit = f["unit"]
+    group_quant(inputs["x"], dtype=f["quant_dtype"], unit=unit,
+                group_size=int(f["group_size"]) if unit == "group" else 128, scale_rule=f["scale_rule"],
+                layout=f["scale_layout"], eps=CONVENTIONS["eps"], int8_rounding=CONVENTIONS["int8_rounding"],
+                out=outputs["codes"], scales=outputs["scales"])
+
+
+ADAPTER = register(Adapter(
+    name="triton-group-quant", op="group_quant", source="kernels.group_quant", run=run, support=SUPPORT,
+    conventions=CONVENTIONS, properties=frozenset({"deterministic"}),
+    generations=("interp", "sm80", "sm89", "sm90", "sm100", "sm120"), requires=requires,
+    interp_features=_interp_features,
+    description="Triton dynamic 8-bit quant: per-token-group (any group size dividing K), per-token, per-tensor",
+))
