@@ -35,29 +35,72 @@ def _unverifiable() -> set[str]:
     return unverifiable_here()
 
 
+def _matrix_command(args: argparse.Namespace) -> str:
+    """The command line that regenerates the output (shown in the rendered header)."""
+    import shlex
+
+    words = ["python", "-m", "harness", "matrix"]
+    if args.sources:
+        words += ["--from", *args.sources]
+    else:
+        if args.device != "auto":
+            words += ["--device", args.device]
+        words += ["--profile", args.profile]
+        for a in args.adapter:
+            words += ["--adapter", a]
+    if args.out != "docs/SUPPORT_MATRIX.md":
+        words += ["--out", args.out]
+    return shlex.join(words)
+
+
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    command = _matrix_command(args)
+    if args.sources:
+        from harness.render import render_files
+        from harness.results import ResultsFileError
+
+        try:
+            md_path, json_path, n = render_files(args.sources, args.out, command=command)
+        except (ResultsFileError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"rendered {n} verdicts from {len(args.sources)} source(s) into {md_path} and {json_path}")
+        return 0
+
     _prepare_device(args.device)
     from harness import adapters
     from harness.device import detect
-    from harness.results import ResultStore
-    from harness.sweep import sweep
+    from harness.sweep import run_sweep
 
     try:
         dev = detect(args.device)
-        names = [adapters.resolve(a).name for a in args.adapter] or [a.name for a in adapters.all_adapters()]
+        specs = list(args.adapter) or [a.name for a in adapters.all_adapters()]
+        for spec in specs:
+            adapters.resolve(spec)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"moe-harness {__version__}: sweeping {len(names)} adapter(s) on {dev.generation} ({dev.device_name}), "
+    from harness.results import new_run_id
+
+    run_id = f"matrix-{dev.generation}-{new_run_id()}"
+    print(f"moe-harness {__version__}: sweeping {len(specs)} adapter(s) on {dev.generation} ({dev.device_name}), "
           f"profile {args.profile}", file=sys.stderr)
-    with ResultStore(args.results_dir, run_id=f"matrix-{dev.generation}") as store:
-        totals = sweep(names, dev, store, profile=args.profile, unverifiable=_unverifiable())
+    totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
+                       case_timeout=args.case_timeout, command=command)
     bad = sum(c["fail"] + c["error"] for c in totals.values())
-    print(f"results: {store.path} ({store.count} verdicts)")
-    print("not built yet: rendering these results into docs/SUPPORT_MATRIX.md (the support-matrix renderer, "
-          "issue 7); no table is written until it exists.")
+    from pathlib import Path
+
+    from harness.render import render_files
+
+    run_files = sorted(Path(args.results_dir).glob(f"{run_id}-*.jsonl"))
+    print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl "
+          f"({sum(sum(c.values()) for c in totals.values())} verdicts)")
+    if args.out and run_files:
+        md_path, json_path, _ = render_files(run_files, args.out, command=command,
+                                             shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl"])
+        print(f"matrix: {md_path} and {json_path}")
     if bad:
-        print(f"{bad} case(s) failed or errored: see the reasons in {store.path}", file=sys.stderr)
+        print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
     return 1 if bad else 0
 
 
@@ -139,11 +182,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"moe-harness {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    m = sub.add_parser("matrix", help="run the sweep on this device and record every verdict")
+    m = sub.add_parser("matrix", help="run the sweep on this device, record every verdict, render the matrix",
+                       description="Sweep every adapter over its feature cells on this device (worker processes, "
+                       "a per-case timeout), record every verdict, and render the support matrix (markdown and "
+                       "JSON). With --from, render from existing result files without running anything.")
     m.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    m.add_argument("--profile", default="quick", choices=["quick", "full"], help="cases per cell")
+    m.add_argument("--profile", default="quick", choices=["quick", "full"],
+                   help="quick: all cells of small ops, a pairwise covering set of large ones, 2 cases per cell; "
+                   "full: every cell, up to 6 cases per cell")
     m.add_argument("--adapter", action="append", default=[], help="only this adapter (repeatable; module:object ok)")
+    m.add_argument("--from", dest="sources", nargs="+", metavar="RESULTS",
+                   help="render from these result files/folders (several generations merge); runs nothing")
+    m.add_argument("--out", default="docs/SUPPORT_MATRIX.md",
+                   help="markdown output (the JSON goes next to it, .json); '' to skip rendering")
     m.add_argument("--results-dir", default="results/local", help="where the JSONL results are written")
+    m.add_argument("--jobs", type=int, default=None,
+                   help="worker processes (default: the CPU count; on CUDA two per GPU)")
+    m.add_argument("--case-timeout", type=float, default=300.0,
+                   help="seconds one case may run before its worker is killed and the case marked (default 300)")
     m.set_defaults(func=_cmd_matrix)
 
     r = sub.add_parser("replay", help="re-run one case file; exit 0 pass, 1 fail, 125 cannot test here")

@@ -3,6 +3,11 @@
 One file per run and per process (pytest-xdist workers write their own). Each line is one `Result`, written and
 flushed as soon as it is judged, so a crash loses nothing already judged. The loader merges files and tolerates a
 truncated last line (the mark of a process killed mid-write).
+
+A line may also be a metadata record (a JSON object with a "kind" key, no "case"): the matrix sweep writes one
+per run ("run", "run_end") and per adapter ("adapter": source, declared support, cell selection), so a matrix can
+be rendered from the files alone. `iter_results` skips those lines; `load_meta` returns them. Files written before
+metadata records existed are read unchanged.
 """
 
 from __future__ import annotations
@@ -84,6 +89,15 @@ class ResultStore:
         self._fh.flush()
         self.count += 1
 
+    def append_meta(self, kind: str, record: dict[str, Any]) -> None:
+        """Write one metadata record (not a verdict; not counted)."""
+        if self._fh is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        line = {"kind": kind, "schema": SCHEMA_VERSION, "run_id": self.run_id, **record}
+        self._fh.write(json.dumps(line, sort_keys=True) + "\n")
+        self._fh.flush()
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
@@ -112,12 +126,7 @@ def _result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> Iterator[Result]:
-    """Results from files and directories (searched recursively for *.jsonl).
-
-    A truncated final line (a process killed mid-write) is skipped. A bad line elsewhere raises
-    `ResultsFileError` naming file and line, unless `strict` is False (then it is skipped).
-    """
+def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[Result | dict[str, Any]]:
     for path in _result_files(paths):
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().split("\n")
@@ -126,12 +135,32 @@ def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> 
             if not line.strip():
                 continue
             try:
-                yield Result.from_dict(json.loads(line))
+                d = json.loads(line)
+                if isinstance(d, dict) and "kind" in d and "case" not in d:
+                    yield d
+                else:
+                    yield Result.from_dict(d)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 truncated = lineno == last and not line.endswith("}")
                 if truncated or not strict:
                     continue
                 raise ResultsFileError(f"{path}:{lineno + 1}: not a valid result record ({e})") from None
+
+
+def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> Iterator[Result]:
+    """Results from files and directories (searched recursively for *.jsonl); metadata records are skipped.
+
+    A truncated final line (a process killed mid-write) is skipped. A bad line elsewhere raises
+    `ResultsFileError` naming file and line, unless `strict` is False (then it is skipped).
+    """
+    for rec in _iter_records(paths, strict):
+        if isinstance(rec, Result):
+            yield rec
+
+
+def load_meta(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[dict[str, Any]]:
+    """The metadata records (see the module docstring) of the given files, in file order."""
+    return [rec for rec in _iter_records(paths, strict) if not isinstance(rec, Result)]
 
 
 def load_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[Result]:
