@@ -1,0 +1,174 @@
+"""Adapters of the fused-experts kernels for the `experts` op.
+
+- `triton-experts`: kernels.fused_experts (standard sorted-token format), Triton.
+- `triton-batched-experts`: kernels.batched_experts (batched format), the same Triton GEMM kernel.
+- `naive-batched-experts`: kernels.naive_batched, plain torch, a test aid (the seed table's "naive batched").
+- `torch-grouped-mm-experts`: kernels.torch_grouped_mm over torch._grouped_mm (CUTLASS, bf16, sm90/sm100).
+
+Each declares exactly the cells it implements; any other cell raises `Unsupported` naming the axis and value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from harness.adapters import Adapter, Unsupported, register
+from harness.case import Case
+from harness.device import DeviceInfo
+from kernels import batched_experts as bk
+from kernels import fused_experts as fk
+from kernels import naive_batched as nk
+from kernels import torch_grouped_mm as gk
+
+Tensors = dict[str, torch.Tensor]
+
+ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "swigluoai": "swigluoai",
+               "silu_no_mul": "silu_no_mul", "gelu_no_mul": "gelu_no_mul"}
+_UNQUANTIZED = {"quant_type": ("none",), "quant_format": ("-",)}
+_ALL_DTYPES = ("bfloat16", "float16", "float32")
+
+#: activation conventions shared by every adapter here: gate first, each activation's own layout (halves;
+#: interleaved for swigluoai), its default parameters, fp32 evaluation rounded once
+_ACT_CONVENTIONS = {"gate_order": "gate_first", "rounding": "round_once", **fk.SWIGLUOAI_PARAMS}
+
+TRITON_STANDARD = {"format": ("standard",), **_UNQUANTIZED, "activation": tuple(ACTIVATIONS),
+                   "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"), "dtype": _ALL_DTYPES,
+                   "bias": ("N", "Y")}
+TRITON_BATCHED = {**TRITON_STANDARD, "format": ("batched",), "apply_weight_on_input": ("N",), "expert_map": ("N",)}
+NAIVE_BATCHED = dict(TRITON_BATCHED)
+GROUPED_MM = {"format": ("standard", "batched"), **_UNQUANTIZED, "activation": tuple(ACTIVATIONS),
+              "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"), "dtype": ("bfloat16",),
+              "bias": ("N",)}
+
+#: Triton paths: h stays fp32, a is rounded to x.dtype, GEMM2 and reduce fp32 with one rounding, the router
+#: weight on the fp32 accumulator, fp32 inputs multiplied in IEEE fp32 (input_precision="ieee", never TF32),
+#: slots of non-local experts left out of the layout (and of the sum).
+TRITON_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "activation_output",
+                      "weight_placement": "accumulator", "accumulation": "fp32", "matmul_precision": "ieee",
+                      "expert_map_convention": "exclude"}
+NAIVE_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_activation_output",
+                     "matmul_precision": "ieee"}
+GROUPED_MM_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_activation_output",
+                          "weight_placement": "rounded_expert_output", "accumulation": "fp32",
+                          "matmul_precision": "ieee"}
+
+
+def _check(name: str, support: Mapping[str, tuple[str, ...]], features: Mapping[str, str]) -> None:
+    for axis, value in features.items():
+        if value not in support.get(axis, ()):
+            raise Unsupported(f"{name} does not support {axis}={value}")
+
+
+def _biases(inputs: Tensors) -> dict[str, torch.Tensor]:
+    return {b: inputs[b] for b in ("w13_bias", "w2_bias") if b in inputs}
+
+
+def _interp_features(features: Mapping[str, str]) -> set[str]:
+    """Interpreter fixes the Triton kernels depend on: loads/stores, histogram/cumsum (reduce_fp32 covers the
+    checked reductions), and per dtype the dot and the casts to the narrow type."""
+    need = {"load_store", "reduce_fp32"}
+    dt = features.get("dtype")
+    if dt == "bfloat16":
+        need |= {"bf16_dot", "bf16_cast"}
+    elif dt == "float16":
+        need.add("fp16_dot")
+    return need
+
+
+def _run_triton(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    _check("triton-experts", TRITON_STANDARD, case.features)
+    f = case.features
+    fk.fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
+                     activation=ACTIVATIONS[f["activation"]], expert_map=inputs.get("expert_map"),
+                     apply_router_weight_on_input=f["apply_weight_on_input"] == "Y", out=outputs["out"],
+                     **_biases(inputs))
+
+
+def _clear_tail(outputs: Tensors) -> None:
+    """Rows past a batched expert's count are outside the contract and the kernels leave them alone; the runner's
+    determinism check compares whole outputs bitwise, so clear them to compare defined memory only."""
+    outputs["out"].zero_()
+
+
+def _run_triton_batched(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    _check("triton-batched-experts", TRITON_BATCHED, case.features)
+    _clear_tail(outputs)
+    bk.batched_experts(inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"],
+                       activation=ACTIVATIONS[case.features["activation"]], out=outputs["out"], **_biases(inputs))
+
+
+def _run_naive(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    _check("naive-batched-experts", NAIVE_BATCHED, case.features)
+    _clear_tail(outputs)
+    nk.naive_batched_experts(inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"],
+                             activation=ACTIVATIONS[case.features["activation"]], out=outputs["out"],
+                             **_biases(inputs))
+
+
+def run_grouped_mm(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    _check("torch-grouped-mm-experts", GROUPED_MM, case.features)
+    f = case.features
+    act = ACTIVATIONS[f["activation"]]
+    if f["format"] == "batched":
+        gk.grouped_mm_batched_experts(inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"],
+                                      activation=act, out=outputs["out"])
+    else:
+        gk.grouped_mm_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
+                              activation=act, expert_map=inputs.get("expert_map"),
+                              apply_router_weight_on_input=f["apply_weight_on_input"] == "Y", out=outputs["out"])
+
+
+def _grouped_mm_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    if not gk.available():
+        return f"torch {torch.__version__} has no torch._grouped_mm"
+    if device.capability is None or device.capability[0] not in (9, 10):
+        return ("torch._grouped_mm runs its CUTLASS kernel only on sm90/sm100 (elsewhere torch falls back to a "
+                "loop of mm, which is not the kernel under test)")
+    return None
+
+
+def _consistent_batched(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    if features.get("format") == "batched" and (features.get("apply_weight_on_input") == "Y"
+                                                or features.get("expert_map") == "Y"):
+        return "the batched format carries no router weights or expert map (they belong to the prepare step)"
+    return None
+
+
+def _grouped_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    return _consistent_batched(device, features) or _grouped_mm_requires(device, features)
+
+
+_TRITON_GENERATIONS = ("interp", "sm80", "sm89", "sm90", "sm100", "sm120")
+#: strategies: block_M is the smallest tile (shape edges around it); E up to 512 so the boundary cases include E=257
+_TRITON_LIMITS = {"block_M": 16, "max_E": 512}
+
+TRITON = register(Adapter(
+    name="triton-experts", op="experts", source="kernels.fused_experts", run=_run_triton, support=TRITON_STANDARD,
+    generations=_TRITON_GENERATIONS, conventions=TRITON_CONVENTIONS, properties=frozenset({"deterministic"}),
+    limits=_TRITON_LIMITS, interp_features=_interp_features,
+    description="Triton fused experts, sorted-token format: align kernel, GEMM1 + activation, GEMM2 with the "
+                "router weight on the fp32 accumulator, fp32 reduce",
+), replace=True)
+
+TRITON_BATCHED_ADAPTER = register(Adapter(
+    name="triton-batched-experts", op="experts", source="kernels.batched_experts", run=_run_triton_batched,
+    support=TRITON_BATCHED, generations=_TRITON_GENERATIONS, conventions=TRITON_CONVENTIONS,
+    properties=frozenset({"deterministic"}), limits=_TRITON_LIMITS, interp_features=_interp_features,
+    description="Triton experts on the batched format [E, max_tokens, K] (GEMM1 + activation, GEMM2)",
+), replace=True)
+
+NAIVE = register(Adapter(
+    name="naive-batched-experts", op="experts", source="kernels.naive_batched", run=_run_naive,
+    support=NAIVE_BATCHED, conventions=NAIVE_CONVENTIONS, properties=frozenset({"deterministic"}),
+    test_aid=True, description="plain-torch batched experts, one expert at a time (test aid)",
+), replace=True)
+
+GROUPED_MM_ADAPTER = register(Adapter(
+    name="torch-grouped-mm-experts", op="experts", source="kernels.torch_grouped_mm", run=run_grouped_mm,
+    support=GROUPED_MM, generations=("sm90", "sm100"), conventions=GROUPED_MM_CONVENTIONS,
+    properties=frozenset({"deterministic"}), limits={"max_E": gk.MAX_GROUPS}, requires=_grouped_requires,
+    description="torch._grouped_mm (CUTLASS bf16 grouped GEMM) for both GEMMs; activation, router weight and "
+                "reduce in fp32 torch",
+), replace=True)

@@ -1,0 +1,458 @@
+"""Triton fused MoE experts, unquantized: standard (sorted-token) format.
+
+    out[t] = sum_j w[t, j] * (W2[e] . act(W13[e] . x[t] + b13[e]) + b2[e]),   e = local(topk_ids[t, j])
+
+Four launches, no host synchronization:
+1. `_align_kernel` (grid: local experts): the sorted-token layout (SEMANTICS.md 3). Each program histograms all
+   M*k routed slots (through the expert map), takes its expert's padded start from the exclusive prefix sum, and
+   writes its slots in ascending flattened index, sentinel padding up to a multiple of BLOCK_M, and its blocks'
+   expert ids. Slots of non-local experts get no block at all (the EXCLUDE convention); the reduce skips them.
+2. `_moe_gemm_kernel` as GEMM1: gathers rows x[id // k], multiplies by W13[e]^T with the gate and up tiles of
+   the same activation columns in two fp32 accumulators, applies the router weight (apply-on-input: on the fp32
+   accumulator before the bias, which equals weighting x in exact arithmetic), adds b13, applies the activation in
+   fp32 and stores `a` rounded once to x.dtype, one row per (token, slot).
+3. `_moe_gemm_kernel` as GEMM2: a . W2[e]^T in fp32, + b2, times the router weight on the fp32 accumulator
+   (WeightPlacement.ACCUMULATOR), stored unrounded to an fp32 buffer [M*k, K].
+4. `_reduce_kernel`: sums the k slots of each token in fp32, in slot order (deterministic), skipping non-local
+   slots, and rounds once to the output dtype.
+
+Numerics (what the oracle is told, see kernels/adapters/experts.py): tl.dot with fp32 accumulation (bf16/fp16
+products are exact; fp32 inputs use input_precision="ieee", never TF32); GEMM1's output h is never rounded; the
+activation output is rounded to x.dtype (IntermediateRounding.ACTIVATION_OUTPUT) with the activation computed in
+fp32 and rounded once (Rounding.ROUND_ONCE); GEMM2 and the reduce stay fp32 with one final rounding
+(Accumulation.FP32). No atomics anywhere: bitwise deterministic for a fixed tile config.
+
+Offsets: row ids and expert offsets are int64 (M*k*K and E*2N*K can exceed 2**31); offsets inside one expert's
+weight are int32 (the launcher checks 2N*K < 2**31).
+
+Tile configs come from `choose_config` (a documented heuristic on the average rows per expert; no autotune, which
+the interpreter cannot run); callers may pass their own `Config`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["ACTIVATIONS", "Config", "SortedTokens", "choose_config", "fused_experts", "sort_tokens"]
+
+#: activation name (the oracle's) -> kernel code; codes 1-3 are gated (W13 holds gate and up)
+ACTIVATIONS = {"silu_and_mul": 1, "gelu_and_mul": 2, "swigluoai": 3, "silu_no_mul": 4, "gelu_no_mul": 5}
+GATED = (1, 2, 3)
+#: swigluoai defaults (gpt-oss)
+SWIGLUOAI_PARAMS = {"alpha": 1.702, "beta": 1.0, "limit": 7.0}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One GEMM's tiles. block_m must be the same for GEMM1 and GEMM2 (it is the sorted layout's block size)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _pow2(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(max(v, 1))))
+
+
+def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *, gated: bool) -> Config:
+    """Tiles for one GEMM whose output has `n` columns and whose reduction is `k` long.
+
+    Heuristic (sm90 in mind; the lead tunes it on the GPU):
+    - interpreter: one program per expert block and few, large tiles (numpy cost is per program);
+    - <= 16 rows per expert (decode): the weight read dominates, so BLOCK_M 16 and long BLOCK_K streams; the
+      gated GEMM1 loads two weight tiles, so its BLOCK_N is halved to keep the same bytes in flight;
+    - <= 48: BLOCK_M 32; <= 256: BLOCK_M 64 (keeps the padding waste of ragged experts small);
+    - larger: a standard grouped-GEMM tile, BLOCK_M 128, BLOCK_N 128 (64 per accumulator when gated),
+      BLOCK_K 64, 8 warps, grouped pid order (GROUP_M 8) for L2 reuse of the weight tiles.
+    fp32 inputs halve BLOCK_K (twice the bytes per element).
+    """
+    if interpreting():
+        return Config(16, _pow2(n, 16, 128), _pow2(k, 16, 128), group_m=1, num_warps=4, num_stages=1)
+    wide = 2 if dtype == torch.float32 else 1
+    if rows_per_expert <= 16:
+        cfg = Config(16, 32 if gated else 64, 128 // wide, group_m=1, num_warps=4, num_stages=4)
+    elif rows_per_expert <= 48:
+        cfg = Config(32, 32 if gated else 64, 128 // wide, group_m=4, num_warps=4, num_stages=4)
+    elif rows_per_expert <= 256:
+        cfg = Config(64, 64 if gated else 128, 64 // wide, group_m=8, num_warps=4, num_stages=4)
+    else:
+        cfg = Config(128, 64 if gated else 128, 64 // wide, group_m=8, num_warps=8, num_stages=4 if gated else 3)
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _align_kernel(topk_ids_ptr, map_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, numel, num_local,
+                  HAS_MAP: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK: tl.constexpr,
+                  EXPERTS: tl.constexpr):
+    """Program p lays out local experts [p*EXPERTS, (p+1)*EXPERTS)."""
+    bins = tl.arange(0, NUM_BINS)
+    offs = tl.arange(0, CHUNK)
+    # Pass 1: every program histograms all slots (non-local slots and the chunk's tail fall in bin num_local).
+    hist = tl.zeros([NUM_BINS], dtype=tl.int32)
+    for c0 in range(0, numel, CHUNK):
+        idx = c0 + offs
+        ok = idx < numel
+        lid = tl.load(topk_ids_ptr + idx, mask=ok, other=0).to(tl.int32)
+        if HAS_MAP:
+            lid = tl.load(map_ptr + lid, mask=ok, other=-1).to(tl.int32)
+        hist += tl.histogram(tl.where(ok & (lid >= 0), lid, num_local), NUM_BINS)
+    padded = tl.where(bins < num_local, (hist + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    if tl.program_id(0) == 0:
+        tl.store(num_post_ptr, tl.sum(padded, axis=0))
+    # This program's experts: their padded start (exclusive prefix sum), slot count and padded size.
+    ex = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
+    ex_ok = ex < num_local
+    start = tl.sum(tl.where(bins[None, :] < ex[:, None], padded[None, :], 0), axis=1)
+    count = tl.sum(tl.where(bins[None, :] == ex[:, None], hist[None, :], 0), axis=1)
+    size = tl.sum(tl.where(bins[None, :] == ex[:, None], padded[None, :], 0), axis=1)
+    # Pass 2: the slots of each of these experts, in ascending flattened index.
+    done = tl.zeros([EXPERTS], dtype=tl.int32)
+    for c0 in range(0, numel, CHUNK):
+        idx = c0 + offs
+        ok = idx < numel
+        lid = tl.load(topk_ids_ptr + idx, mask=ok, other=0).to(tl.int32)
+        if HAS_MAP:
+            lid = tl.load(map_ptr + lid, mask=ok, other=-1).to(tl.int32)
+        hit = (ok[:, None] & (lid[:, None] == ex[None, :])).to(tl.int32)  # [CHUNK, EXPERTS], <= 1 per row
+        rank = tl.cumsum(hit, axis=0)
+        pos = tl.sum(hit * (start + done - 1)[None, :] + hit * rank, axis=1)
+        tl.store(sorted_ids_ptr + pos, idx, mask=tl.sum(hit, axis=1) > 0)
+        done += tl.sum(hit, axis=0)
+    # Sentinel padding after each expert's slots.
+    pad = tl.arange(0, BLOCK_M)
+    tl.store(sorted_ids_ptr + (start + count)[:, None] + pad[None, :], numel,
+             mask=ex_ok[:, None] & (pad[None, :] < (size - count)[:, None]))
+    # The expert id of every block of these experts (the blocks are contiguous across the tile's experts).
+    first = tl.min(tl.where(ex_ok, start, 2**30), axis=0) // BLOCK_M
+    last = tl.max(tl.where(ex_ok, start + size, 0), axis=0) // BLOCK_M
+    for b0 in range(first, last, CHUNK):
+        blk = b0 + offs
+        row = blk[:, None] * BLOCK_M
+        inside = ex_ok[None, :] & (row >= start[None, :]) & (row < (start + size)[None, :])
+        tl.store(expert_ids_ptr + blk, tl.sum(tl.where(inside, ex[None, :], 0), axis=1), mask=blk < last)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, counts_ptr,
+    num_valid, N, K, rows_per_expert, a_row_div,
+    stride_ae, stride_am, stride_ak,
+    stride_we, stride_wn, stride_wk,
+    stride_be, stride_bn,
+    stride_ce, stride_cm, stride_cn,
+    alpha, beta, limit,
+    num_pid_m, num_pid_n,
+    ACT: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    WEIGHT_MODE: tl.constexpr, BATCHED: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
+
+    Standard format: the block's rows are sorted_ids[pid_m*BLOCK_M:], A row = id // a_row_div, C row = id.
+    Batched format: block pid_m is rows [r0, r0+BLOCK_M) of expert pid_m // blocks_per_expert, valid below
+    counts[e]; A and C rows are (e, r). WEIGHT_MODE: 0 none, 1 router weight before the bias (apply on input),
+    2 after the bias (on the GEMM2 accumulator). ACT 0: none; gated ACT reads gate and up weight rows.
+    """
+    pid = tl.program_id(0)
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+
+    offs_r = tl.arange(0, BLOCK_M)
+    if BATCHED:
+        blocks_per_e = (rows_per_expert + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: a nested jit call
+        e = pid_m // blocks_per_e
+        r0 = (pid_m % blocks_per_e) * BLOCK_M
+        if r0 >= tl.load(counts_ptr + e):
+            return
+        r = r0 + offs_r
+        row_ok = r < tl.load(counts_ptr + e)
+        a_rows = r.to(tl.int64)
+        c_rows = r.to(tl.int64)
+        w_rows = e.to(tl.int64) * rows_per_expert + r  # unused (no router weight in the batched format)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+            return
+        ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + offs_r).to(tl.int64)
+        row_ok = ids < num_valid
+        e = tl.load(expert_ids_ptr + pid_m)
+        a_rows = ids // a_row_div
+        c_rows = ids
+        w_rows = ids
+    e64 = e.to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_nw = offs_n % N  # wrapped columns: weight loads need no mask, the store masks them
+    if GATED:
+        if INTERLEAVED:
+            g_rows = 2 * offs_nw
+            u_rows = g_rows + 1
+        else:
+            g_rows = offs_nw
+            u_rows = offs_nw + N
+    else:
+        g_rows = offs_nw
+        u_rows = offs_nw
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + e64 * stride_ae + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_base = w_ptr + e64 * stride_we
+    wg_ptrs = w_base + g_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    wu_ptrs = w_base + u_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kk in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            wg = tl.load(wg_ptrs)
+        else:
+            k_ok = offs_k < K - kk * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
+        if IEEE:
+            acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, wg, acc_g)
+        if GATED:
+            if EVEN_K:
+                wu = tl.load(wu_ptrs)
+            else:
+                wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
+            if IEEE:
+                acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
+            else:
+                acc_u = tl.dot(a, wu, acc_u)
+        a_ptrs += BLOCK_K * stride_ak
+        wg_ptrs += BLOCK_K * stride_wk
+        wu_ptrs += BLOCK_K * stride_wk
+
+    if WEIGHT_MODE == 1:
+        rw = tl.load(rw_ptr + w_rows, mask=row_ok, other=0.0).to(tl.float32)
+        acc_g = acc_g * rw[:, None]
+        acc_u = acc_u * rw[:, None]
+    if HAS_BIAS:
+        b_base = bias_ptr + e64 * stride_be
+        acc_g += tl.load(b_base + g_rows * stride_bn).to(tl.float32)[None, :]
+        if GATED:
+            acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]
+    # Activations in fp32, inlined (nested jit calls cost a lot in the interpreter). silu(g) = g / (1 + exp(-g)),
+    # gelu(g) = g/2 (1 + erf(g / sqrt 2)).
+    if ACT == 1:
+        out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    elif ACT == 2:
+        out = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u
+    elif ACT == 3:
+        g = tl.minimum(acc_g, limit)
+        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        out = g / (1.0 + tl.exp(-alpha * g)) * (u + beta)
+    elif ACT == 4:
+        out = acc_g / (1.0 + tl.exp(-acc_g))
+    elif ACT == 5:
+        out = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476))
+    else:
+        out = acc_g
+    if WEIGHT_MODE == 2:
+        rw = tl.load(rw_ptr + w_rows, mask=row_ok, other=0.0).to(tl.float32)
+        out = out * rw[:, None]
+    c_ptrs = c_ptr + e64 * stride_ce + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _reduce_kernel(y_ptr, out_ptr, topk_ids_ptr, map_ptr, M, K, top_k, stride_om, stride_ok,
+                   HAS_MAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = (t < M)[:, None] & (offs < K)[None, :]
+    acc = tl.zeros([BLOCK_T, BLOCK], dtype=tl.float32)
+    for j in range(0, top_k):  # slot order: deterministic
+        slot = t * top_k + j
+        use = ok
+        if HAS_MAP:
+            lid = tl.load(map_ptr + tl.load(topk_ids_ptr + slot, mask=t < M, other=0), mask=t < M, other=-1)
+            use = ok & (lid >= 0)[:, None]
+        acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0)
+    tl.store(out_ptr + t[:, None] * stride_om + offs[None, :] * stride_ok, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SortedTokens:
+    """The sorted-token layout: `sorted_ids` (int32, sentinel = numel), `expert_ids` per block (local ids),
+    `num_post_padded` (int32 [1], on the device), `max_blocks` (the grid's upper bound on blocks)."""
+
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    num_post_padded: torch.Tensor
+    max_blocks: int
+    block_m: int
+
+
+def sort_tokens(topk_ids: torch.Tensor, num_local: int, block_m: int,
+                expert_map: torch.Tensor | None = None) -> SortedTokens:
+    """Build the sorted-token layout on the device (one launch, no host sync). num_local >= 1."""
+    numel = topk_ids.numel()
+    # Every local expert with slots takes >= 1 block; all slots fill at most cdiv(numel, block_m) full blocks.
+    max_blocks = triton.cdiv(numel, block_m) + min(num_local, numel)
+    dev = topk_ids.device
+    sorted_ids = torch.empty(max(max_blocks * block_m, 1), dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(max(max_blocks, 1), dtype=torch.int32, device=dev)
+    num_post = torch.empty(1, dtype=torch.int32, device=dev)
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    # Interpreter: one program for all experts (numpy cost is per program and per op); GPU: 8 experts a program.
+    num_bins = _pow2(num_local + 1, 16, 1 << 16)
+    per_program = num_bins if interpreting() else 8
+    chunk = _pow2(numel, 16, 1024) if interpreting() else 512
+    _align_kernel[(triton.cdiv(num_local, per_program),)](
+        ids, expert_map if expert_map is not None else ids, sorted_ids, expert_ids, num_post, numel, num_local,
+        HAS_MAP=expert_map is not None, BLOCK_M=block_m, NUM_BINS=num_bins, CHUNK=chunk, EXPERTS=per_program,
+    )
+    return SortedTokens(sorted_ids, expert_ids, num_post, max_blocks, block_m)
+
+
+def _act_code(activation: str) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def _check_weights(x_dtype: torch.dtype, k_dim: int, w13: torch.Tensor, w2: torch.Tensor, act: int) -> int:
+    if w13.dtype != x_dtype or w2.dtype != x_dtype:
+        raise ValueError(f"w13 and w2 must have x's dtype {x_dtype}, got {w13.dtype} and {w2.dtype}")
+    if w13.dim() != 3 or w2.dim() != 3 or w13.shape[2] != k_dim or w2.shape[1] != k_dim:
+        raise ValueError(f"w13 must be [E, 2N or N, {k_dim}] and w2 [E, {k_dim}, N], got {list(w13.shape)}, "
+                         f"{list(w2.shape)}")
+    n = w13.shape[1] // 2 if act in GATED else w13.shape[1]
+    if w2.shape[2] != n or w2.shape[0] != w13.shape[0] or (act in GATED and w13.shape[1] % 2):
+        raise ValueError(f"w13 {list(w13.shape)} and w2 {list(w2.shape)} do not agree on E and N")
+    if max(w13.shape[1] * k_dim, k_dim * n) >= 2**31:
+        raise ValueError("one expert's weight must have < 2**31 elements (int32 offsets inside an expert)")
+    return n
+
+
+def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor,
+                router_weights: torch.Tensor | None, cfg: Config, *, act: int, interleaved: bool,
+                weight_mode: int, n: int, num_pid_m: int, a_row_div: int = 1, sorted_tokens: SortedTokens | None
+                = None, counts: torch.Tensor | None = None, rows_per_expert: int = 0, num_valid: int = 0,
+                alpha: float = 0.0, beta: float = 0.0, limit: float = 0.0) -> None:
+    """One grouped GEMM over expert blocks (standard: `sorted_tokens`; batched: `counts`, 3-D a and c)."""
+    batched = counts is not None
+    k_dim = w.shape[2]
+    if batched:
+        sae, sam, sak = a.stride()
+        sce, scm, scn = c.stride()
+    else:
+        sae, (sam, sak) = 0, a.stride()
+        sce, (scm, scn) = 0, c.stride()
+    dummy = c
+    st = sorted_tokens
+    num_pid_n = triton.cdiv(n, cfg.block_n)
+    grid = (num_pid_m * num_pid_n,)
+    _moe_gemm_kernel[grid](
+        a, w, bias if bias is not None else dummy, c, router_weights if router_weights is not None else dummy,
+        st.sorted_ids if st else counts, st.expert_ids if st else counts, st.num_post_padded if st else counts,
+        counts if batched else st.num_post_padded,
+        num_valid, n, k_dim, rows_per_expert, a_row_div,
+        sae, sam, sak, *w.stride(), *(bias.stride() if bias is not None else (0, 0)), sce, scm, scn,
+        float(alpha), float(beta), float(limit), num_pid_m, num_pid_n,
+        ACT=act, GATED=act in GATED, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, WEIGHT_MODE=weight_mode,
+        BATCHED=batched, IEEE=a.dtype == torch.float32, EVEN_K=k_dim % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu_and_mul",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    apply_router_weight_on_input: bool = False,
+    alpha: float = SWIGLUOAI_PARAMS["alpha"],
+    beta: float = SWIGLUOAI_PARAMS["beta"],
+    limit: float = SWIGLUOAI_PARAMS["limit"],
+    configs: tuple[Config, Config] | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fused experts on x [M, K] with w13 [E, 2N (N for *_no_mul), K], w2 [E, K, N], topk_* [M, k].
+
+    swigluoai reads gate and up interleaved (even/odd rows of w13); the others read halves, gate first.
+    expert_map [E_global] maps global ids to local ids or -1 (non-local slots contribute nothing).
+    configs: (GEMM1, GEMM2) tiles with the same block_m; default `choose_config`. Returns out [M, K] in x.dtype.
+    """
+    act = _act_code(activation)
+    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"x must be [M, K] and topk_ids/topk_weights [M, k], got {list(x.shape)}, "
+                         f"{list(topk_ids.shape)}, {list(topk_weights.shape)}")
+    m, k_dim = x.shape
+    top_k = topk_ids.shape[1]
+    n = _check_weights(x.dtype, k_dim, w13, w2, act)
+    if apply_router_weight_on_input and top_k != 1:
+        raise ValueError(f"apply_router_weight_on_input requires k = 1, got {top_k}")
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    num_local = w13.shape[0]
+    numel = m * top_k
+    if numel == 0 or k_dim == 0:
+        return out
+    if num_local == 0:  # no local expert: the partial sum is zero
+        return out.zero_()
+    if configs is None:
+        rows = numel / min(num_local, numel)
+        configs = (choose_config(rows, n, k_dim, x.dtype, gated=act in GATED),
+                   choose_config(rows, k_dim, n, x.dtype, gated=False))
+    c1, c2 = configs
+    if c1.block_m != c2.block_m:
+        raise ValueError("GEMM1 and GEMM2 configs must share block_m")
+    ids = topk_ids.reshape(-1).contiguous()
+    st = sort_tokens(ids, num_local, c1.block_m, expert_map)
+    rw = topk_weights.reshape(-1)
+    if not rw.is_contiguous():
+        rw = rw.contiguous()
+    inter = torch.empty(numel, n, dtype=x.dtype, device=x.device)
+    launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=activation == "swigluoai",
+                weight_mode=1 if apply_router_weight_on_input else 0, n=n, num_pid_m=st.max_blocks,
+                a_row_div=top_k, sorted_tokens=st, num_valid=numel, alpha=alpha, beta=beta, limit=limit)
+    y = torch.empty(numel, k_dim, dtype=torch.float32, device=x.device)
+    launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
+                weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
+                sorted_tokens=st, num_valid=numel)
+    block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (1, _pow2(k_dim, 16, 1024))
+    _reduce_kernel[(triton.cdiv(m, block_t), triton.cdiv(k_dim, block))](
+        y, out, ids, expert_map if expert_map is not None else ids, m, k_dim, top_k, *out.stride(),
+        HAS_MAP=expert_map is not None, BLOCK_T=block_t, BLOCK=block, num_warps=4,
+    )
+    return out
