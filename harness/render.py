@@ -70,11 +70,18 @@ def _display(value: str) -> str:
 # -- the model (what the JSON holds and the markdown shows) --------------------------------------------------------
 
 class _Notes:
+    """Footnotes, one per distinct set of failing cases (values failing in the same cases share one)."""
+
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
+        self._by_key: dict[Any, int] = {}
 
-    def add(self, text: str, case_files: Sequence[str] = ()) -> int:
+    def get(self, key: Any) -> int | None:
+        return self._by_key.get(key)
+
+    def add(self, key: Any, text: str, case_files: Sequence[str]) -> int:
         self.items.append({"id": len(self.items) + 1, "text": text, "case_files": list(case_files)})
+        self._by_key[key] = len(self.items)
         return len(self.items)
 
 
@@ -165,14 +172,14 @@ def _status(exercised: int, passed: int) -> str:
 
 
 def _fail_text(by_gen: Mapping[str, tuple[list[Result], list[Result]]], axes: Sequence[Mapping[str, Any]],
-               skip: str, files: _CaseFiles) -> tuple[str, list[str]]:
+               skip: str, files: _CaseFiles, exercised: Mapping[str, int]) -> tuple[str, list[str]]:
     parts, paths = [], []
     for gen in sorted(by_gen, key=_gen_order):
         failing, passing = by_gen[gen]
         if not failing:
             continue
         where = _where(failing, passing, axes, skip)
-        n = len(failing) + len(passing)
+        n = exercised.get(gen, len(failing) + len(passing))
         parts.append(f"fails {'for ' + where + ' ' if where else ''}on {gen}: {len(failing)} of {n} cases "
                      f"({_short(failing[0].reason, 90)})")
         paths += [files.add(r) for r in failing[:CASE_FILES_PER_NOTE]]
@@ -277,10 +284,16 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
                     "note": None,
                 }
                 if st == "partial" and kind != "reference":
-                    split = {g: ([r for r in vr if r.generation == g and r.verdict != "pass"],
-                                 [r for r in passed if r.generation == g]) for g in gens}
-                    text, paths = _fail_text(split, axes, a["name"], files)
-                    entry["note"] = notes.add(f"{a['title']} {_display(v)}: {text}", paths)
+                    failing = [r for r in vr if r.verdict != "pass"]
+                    # described against every passing case of the adapter on the same generation
+                    split = {g: ([r for r in failing if r.generation == g],
+                                 [r for r in ex if r.generation == g and r.verdict == "pass"]) for g in gens}
+                    key = (name, tuple(_key(r) for r in failing))
+                    entry["note"] = notes.get(key)
+                    if entry["note"] is None:
+                        text, paths = _fail_text(split, axes, "", files,
+                                                 {g: s["exercised"] for g, s in per_gen.items()})
+                        entry["note"] = notes.add(key, text, paths)
                 values.append(entry)
             axes_out.append({"name": a["name"], "title": a["title"], "values": values})
         adapters_out.append({"name": name, "op": op, "op_title": info.get("op_title", op), "kind": kind,
@@ -295,7 +308,9 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
                 groups[(r.generation, json.dumps(r.case.features, sort_keys=True), r.declared)].append(r)
         for (g, feats, declared), bad in sorted(groups.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1:])):
             total = sum(1 for r in ex if r.generation == g and json.dumps(r.case.features, sort_keys=True) == feats)
-            row = {"adapter": name, "generation": g, "cell": json.loads(feats), "failing": len(bad), "cases": total,
+            cell = {a["name"]: bad[0].case.features[a["name"]] for a in axes if a["name"] in bad[0].case.features}
+            cell.update({k: v for k, v in bad[0].case.features.items() if k not in cell})
+            row = {"adapter": name, "generation": g, "cell": cell, "failing": len(bad), "cases": total,
                    "reason": _short(bad[0].reason), "case_file": files.add(bad[0])}
             (claimed_failing if declared else unclean).append(row)
         for ax in axes_out:

@@ -13,7 +13,8 @@ Cell selection (`plan`):
   by the cell's position so that every boundary shape still appears across the cells. A case's seed is its index
   in the boundary list, so the same case has the same seed in every profile.
 
-Fault isolation (`run_sweep`): cases run in worker processes (spawn start method, a pool sized to the CPU count,
+Fault isolation (`run_sweep`): cases run in worker processes (never forked from a process that may hold a CUDA
+context: a fork server, else spawn; a pool sized to the CPU count,
 or a few per GPU), each writing its own results file, one flushed line per verdict. The parent hands out chunks
 of one adapter's cases, watches every worker, and when a case hangs past the per-case timeout (the worker is
 killed) or the worker dies (os._exit, a signal, a CUDA context lost to an illegal memory access), writes an
@@ -183,7 +184,7 @@ def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: 
         from harness.interpreter import unverifiable_here
 
         unverifiable = unverifiable_here()
-    store = ResultStore(results_dir, run_id=run_id, worker=f"w{slot}-{os.getpid()}")
+    store = ResultStore(results_dir, run_id=run_id, worker=f"w{os.getpid()}")
     resolved: dict[str, Any] = {}
     conn.send(("ready", os.getpid()))
     while True:
@@ -207,6 +208,17 @@ def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: 
                 os._exit(3)  # the CUDA context is gone; the parent starts a fresh worker for the rest
         conn.send(("idle",))
     store.close()
+
+
+def _context() -> Any:
+    """Workers must never inherit a CUDA context, so no plain fork. A fork server is a fresh process (it never
+    touches CUDA) that imports torch once; each worker forks from it, so replacing a dead worker costs a fraction
+    of a second instead of a full torch import. Where there is no fork server, spawn."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch"])
+        return ctx
+    return mp.get_context("spawn")
 
 
 # -- the parent: scheduling, watching, marking ---------------------------------------------------------------------
@@ -380,7 +392,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
         if left_of[name] == 0 and not progress.tty:
             progress.note(f"{name}: " + ", ".join(f"{v} {k}" for k, v in sorted(totals[name].items())))
 
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     devices = [device.device]
     if device.is_cuda and device.device in ("cuda", "cuda:0"):
         import torch
@@ -493,7 +505,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
                     pass
         for slot in slots:
             if slot.proc is not None:
-                slot.proc.join(10)
+                slot.proc.join(5)
                 if slot.proc.is_alive():
                     slot.proc.kill()
                     slot.proc.join(5)

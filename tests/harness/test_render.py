@@ -1,0 +1,67 @@
+"""The support-matrix renderer: a small hand-written results file (two generations, a kernel with a failing
+case, a stage kernel with an error, a not-verifiable case and a worker death, a test aid that hangs and returns
+garbage on undeclared cells, a reference adapter) renders to the expected markdown kept next to it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness import cli
+from harness.render import build, render_files, to_markdown
+from harness.results import load_meta, load_results
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RESULTS = FIXTURES / "matrix_results.jsonl"
+EXPECTED = FIXTURES / "expected_matrix.md"
+COMMAND = "python -m harness matrix --from tests/harness/fixtures/matrix_results.jsonl"
+
+
+def _model() -> dict:
+    return build(load_results([RESULTS]), load_meta([RESULTS]), command=COMMAND,
+                 sources=["tests/harness/fixtures/matrix_results.jsonl"])
+
+
+def test_renders_the_expected_markdown() -> None:
+    got = to_markdown(_model())
+    expected = EXPECTED.read_text(encoding="utf-8")
+    if got != expected:  # show the first differing line, not two whole documents
+        for n, (a, b) in enumerate(zip(got.splitlines(), expected.splitlines()), 1):
+            assert a == b, f"line {n} differs"
+    assert got == expected
+
+
+def test_every_failing_case_is_reported_and_nothing_failing_is_listed_as_passing() -> None:
+    model = _model()
+    results = load_results([RESULTS])
+    failing = {(r.adapter, r.generation, r.case.case_id) for r in results
+               if r.verdict in ("fail", "error") and "marker" not in r.metrics} | {
+        ("toy-quant", "sm90", "4b1cb9189deb"), ("toy-wrong-quant", "interp", "7e7ecd3771b9")}
+    dv = model["declared_vs_verified"]
+    reported = {(r["adapter"], r["generation"], Path(r["case_file"]).stem.rsplit("-", 1)[-1])
+                for r in dv["claimed_but_failing"] + dv["undeclared_not_rejected"]}
+    assert reported == failing
+    for a in model["adapters"]:
+        for ax in a["axes"]:
+            for v in ax["values"]:
+                if v["status"] == "pass":
+                    assert v["passed"] == v["exercised"] > 0
+                if v["status"] == "partial":
+                    assert v["note"], (a["name"], ax["name"], v["value"])
+    # a real verdict beats the parent's timeout marker for the same case
+    toy = next(a for a in model["adapters"] if a["name"] == "toy-experts")
+    assert toy["generations"]["interp"] == {"status": "pass", "exercised": 4, "passed": 4,
+                                            "counts": {"pass": 4, "unsupported": 1}}
+
+
+def test_cli_renders_from_files_with_json_and_case_files(tmp_path: Path) -> None:
+    out = tmp_path / "docs" / "MATRIX.md"
+    assert cli.main(["matrix", "--from", str(RESULTS), "--out", str(out)]) == 0
+    model = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert model["verdicts"] == 20 and len(model["footnotes"]) == 6
+    for rel in model["case_files"]:
+        record = json.loads((out.parent / rel).read_text(encoding="utf-8"))
+        assert record["verdict"] in ("fail", "error") and record["case"]["adapter"]
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# Kernel-feature support matrix") and "MATRIX.cases/" in text
+    assert render_files([RESULTS], out)[2] == 20

@@ -1,0 +1,121 @@
+"""The matrix sweep: deterministic cell selection (pairwise covering sets), and fault isolation (a case that
+raises, hangs, exits or kills its worker is marked and the run continues; nothing already judged is lost)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness import adapters, ops, sweep
+from harness.device import detect
+from harness.results import load_meta, load_results
+
+FAKE = "tests.harness.fixtures.fake_adapters:FAULTY"
+
+
+def _pairs(row: tuple[str, ...]) -> set[tuple]:
+    return {(i, row[i], j, row[j]) for i, j in itertools.combinations(range(len(row)), 2)}
+
+
+def test_pairwise_cover_covers_every_pair_that_occurs() -> None:
+    values = [("a", "b", "c"), ("x", "y"), ("0", "1", "2", "3"), ("p", "q"), ("u", "v", "w")]
+    # an inapplicable rule: some pairs occur in no candidate and must not be demanded
+    rows = [r for r in itertools.product(*values) if not (r[0] == "c" and r[1] == "y")]
+    chosen = sweep.pairwise_cover(rows)
+    assert chosen == sweep.pairwise_cover(rows), "not deterministic"
+    needed = set().union(*(_pairs(r) for r in rows))
+    got = set().union(*(_pairs(rows[i]) for i in chosen))
+    assert needed == got
+    assert len(chosen) < len(rows) / 5
+    assert len(sweep.pairwise_cover([("only",), ("one",)])) == 2  # one axis: every value
+
+
+def _narrow_experts() -> adapters.Adapter:
+    """Declares the first value of every experts axis, two activations and both expert maps."""
+    spec = ops.get("experts")
+    support = {a.name: a.values[:1] for a in spec.axes}
+    support["activation"] = spec.axes[spec.axis_names().index("activation")].values[:2]
+    support["expert_map"] = ("N", "Y")
+    return adapters.Adapter(name="narrow-experts", op="experts", source="tests", support=support,
+                            run=adapters.resolve("reference-experts").run)
+
+
+def test_quick_plan_is_pairwise_over_declared_cells_first_and_full_is_the_product() -> None:
+    a = _narrow_experts()
+    spec = ops.get("experts")
+    names = spec.axis_names()
+    quick, full = sweep.plan(a, "quick"), sweep.plan(a, "full")
+    assert full.selection == "all" and len(full.cells) == len(spec.all_cells())
+    assert quick.selection == "pairwise" and len(quick.cells) < len(full.cells)
+    assert quick.cases == sweep.plan(a, "quick").cases  # deterministic
+    rows = [tuple(c[n] for n in names) for c in quick.cells]
+    applicable = [tuple(c[n] for n in names) for c in spec.all_cells()]
+    assert set().union(*map(_pairs, applicable)) <= set().union(*map(_pairs, rows))
+    # every pair of declared values is exercised together in a cell the adapter declares
+    declared_rows = [r for r in rows if all(v in a.support[n] for n, v in zip(names, r))]
+    declared_app = [r for r in applicable if all(v in a.support[n] for n, v in zip(names, r))]
+    assert set().union(*map(_pairs, declared_app)) <= set().union(*map(_pairs, declared_rows))
+    # a case's seed is its boundary index, and the rotation reaches every boundary shape
+    n_bounds = len(spec.boundary(a, quick.cells[0]))
+    assert {c.seed for c in quick.cases} == set(range(n_bounds))
+    for c in quick.cases[:6]:
+        assert spec.boundary(a, c.features)[c.seed]["shapes"] == c.shapes
+
+
+def test_fault_isolation_marks_the_faulty_cases_and_loses_nothing(tmp_path: Path) -> None:
+    from tests.harness.fixtures import fake_adapters
+
+    faulty = adapters.resolve(FAKE)
+    planned = sweep.plan(faulty, "quick").cases
+    faults = fake_adapters.faulty_cases()
+    assert sorted(faults.values()) == ["exit", "hang", "raise", "signal"]
+    out = io.StringIO()
+    totals = sweep.run_sweep([FAKE], detect("cpu"), str(tmp_path), profile="quick", run_id="t", jobs=2,
+                             case_timeout=1.5, out=out)
+    results = load_results([tmp_path])
+    by_id = Counter(r.case.case_id for r in results)
+    # every planned case has exactly one verdict: nothing lost, nothing judged twice
+    assert by_id == Counter(c.case_id for c in planned)
+    verdict = {r.case.case_id: r for r in results}
+    for case_id, fault in faults.items():
+        r = verdict[case_id]
+        assert r.verdict == "error", (fault, r.verdict, r.reason)
+        expected = {"raise": "planted failure", "hang": "hang: no verdict within 1.5s",
+                    "exit": "exit code 7", "signal": "killed by signal 9"}[fault]
+        assert expected in r.reason, (fault, r.reason)
+    others = [r for r in results if r.case.case_id not in faults]
+    assert others and all(r.verdict in ("pass", "unsupported") for r in others), \
+        {(r.verdict, r.reason) for r in others if r.verdict not in ("pass", "unsupported")}
+    # the verdicts the dead workers wrote before dying are in their own files
+    worker_files = [p for p in tmp_path.glob("t-w*.jsonl")]
+    assert len(worker_files) >= 4  # two workers plus one fresh worker per killed or dead one
+    assert sum(totals["fake-faulty"].values()) == len(planned)
+    meta = load_meta([tmp_path])
+    assert [m["kind"] for m in meta] == ["run", "adapter", "run_end"]
+    assert meta[1]["test_aid"] is True and meta[2]["verdicts"] == len(planned)
+    text = out.getvalue()
+    assert "\r" not in text and "done:" in text and "hung past 1.5s" in text
+
+
+def test_unloadable_adapter_and_truncated_line_do_not_stop_the_run(tmp_path: Path) -> None:
+    # a truncated last line (a process killed mid-write) is skipped by the loader
+    good = load_results(["tests/harness/fixtures/matrix_results.jsonl"])
+    p = tmp_path / "cut.jsonl"
+    p.write_text(json.dumps(good[0].to_dict()) + "\n" + json.dumps(good[1].to_dict())[:40], encoding="utf-8")
+    assert len(load_results([p])) == 1
+
+
+@pytest.mark.parametrize("profile", ["quick"])
+def test_every_registered_adapter_has_a_plan(profile: str) -> None:
+    for a in adapters.all_adapters():
+        try:
+            ops.get(a.op)
+        except ValueError:
+            continue
+        p = sweep.plan(a, profile)
+        assert p.cases and len({c.case_id for c in p.cases}) == len(p.cases)
