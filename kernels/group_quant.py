@@ -8,7 +8,7 @@ float32 scales (or DeepGEMM packed UE8M0 int32 words). Numeric conventions (what
   no exponent clamp (with eps > 0 the exponent stays in [1, 254] anyway);
 - elements: x / scale with a correctly rounded division (`float` scales), x * (1 / scale) for power-of-two
   scales (exact, so the same as dividing); then clamped to [-qmax, qmax] and cast (fp8: RNE, int8: the
-  `int8_rounding` argument, `half_even` (rint) by default, or `truncate` toward zero after clamping);
+  `int8_rounding` argument, `half_even` by default, or `truncate` toward zero after clamping);
 - a zero scale (eps = 0 and an all-zero unit) gives zero codes.
 
 Scale layouts of the group unit: `row_major` [M, G]; `column_major` [M, G] view of a [G, M] storage;
@@ -27,7 +27,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 __all__ = ["LAYOUTS", "QUANT_DTYPES", "UNITS", "group_quant", "scale_storage"]
 
@@ -73,10 +72,12 @@ def _codes_of(x, s, QMAX: tl.constexpr, POW2: tl.constexpr, OUT_INT8: tl.constex
         y = tl.div_rn(x, tl.broadcast_to(safe, x.shape))
     y = tl.where(s == 0.0, 0.0, y)
     if OUT_INT8:
-        if INT8_RTE:
-            y = libdevice.rint(y)
         y = tl.minimum(tl.maximum(y, -128.0), 127.0)
-        return y.to(tl.int8)  # truncates toward zero (exact after rint)
+        if INT8_RTE:
+            # round half to even: adding 1.5 * 2**23 leaves no fraction bits and the fp32 add rounds to nearest
+            # even (exact for |y| <= 2**22; no libdevice, so it also runs in an unpatched interpreter)
+            y = (y + 12582912.0) - 12582912.0
+        return y.to(tl.int8)  # truncates toward zero (exact after the rounding)
     y = tl.minimum(tl.maximum(y, -QMAX), QMAX)  # clamp first: the cast must never see |y| > qmax
     return y.to(tl.float8e4nv)
 
@@ -327,7 +328,14 @@ def _launch_tiles(x: torch.Tensor, out: torch.Tensor, s_out: torch.Tensor, s_in:
     m, k = x.shape
     gp2 = triton.next_power_of_2(group)
     if groups is None:
-        groups = max(1, min(triton.next_power_of_2(g), TILE_ELEMS // gp2))
+        # the most groups per program that divide G (no masked-off lanes: G = 56 at K = 7168 gives 8 groups and
+        # 4 rows), unless G has too few factors of two: then a masked tile
+        cap = max(1, min(triton.next_power_of_2(g), TILE_ELEMS // gp2))
+        groups = 1
+        while groups * 2 <= cap and g % (groups * 2) == 0:
+            groups *= 2
+        if groups < min(cap, 4):
+            groups = cap
         if packed:
             groups = max(groups, 4)
     if block_m is None:

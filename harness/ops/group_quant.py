@@ -189,13 +189,14 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
 
 
 def oracle(x: torch.Tensor, features: Mapping[str, str], conventions: Mapping[str, Any] | None = None,
-           scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expected (codes, scales) of x for a cell, in the op's output dtypes and layouts (CPU tensors).
+           scales: torch.Tensor | None = None, *, on_device: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expected (codes, scales) of x for a cell, in the op's output dtypes and layouts (CPU tensors unless
+    on_device: then on x's device, for model-size benchmarks).
 
     scales: optional logical float32 scales to quantize with (static), as reference.quant.quantize takes them.
     """
     r = recipe(features, conventions)
-    x = x.detach().cpu()
+    x = x.detach() if on_device else x.detach().cpu()
     m, k = x.shape
     code_dtype = _CODE_DTYPES[features["quant_dtype"]]
     if m == 0:
