@@ -98,6 +98,29 @@ def test_triton_experts_edge_cases(edge: dict) -> None:
     _judge(ea.TRITON, **dict(edge))
 
 
+@pytest.mark.parametrize("adapter", ["triton", "grouped_mm"])
+def test_weight_on_input_with_non_unit_weights(adapter: str) -> None:
+    """The op spec's router weights are renormalized, so with k = 1 they are all 1.0 and a kernel that ignored
+    apply-weight-on-input would pass the generic test: judge it here with weights in (0.05, 1)."""
+    from harness import ops
+
+    a = ea.TRITON if adapter == "triton" else _GMM_HERE
+    if adapter == "grouped_mm" and not gk.available():
+        pytest.skip("this torch has no torch._grouped_mm")
+    features = {**_BASE, "apply_weight_on_input": "Y", "expert_map": "Y"}
+    case = Case(op="experts", adapter=a.name, features=features, seed=5,
+                shapes={"M": 19, "E": 6, "k": 1, "K": 40, "N": 24}, dtypes={"x": "bfloat16"},
+                params={"local_experts": 4})
+    spec = ops.get("experts")
+    inputs = spec.make_inputs(case, DEV)
+    inputs["topk_weights"] = torch.linspace(0.05, 1.0, 19, device=DEV)[:, None]
+    out = torch.full_like(inputs["x"], float("nan"))
+    a.run(case, inputs, {"out": out})
+    (chk,) = spec.expected(case, inputs, a.conventions)
+    cmp = runner._compare(chk, out, {"out": out})
+    assert cmp.passed, cmp.reason
+
+
 def test_triton_batched_counts_zero_and_full() -> None:
     torch.manual_seed(3)
     e, t, hidden, n = 4, 19, 40, 24
