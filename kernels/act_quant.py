@@ -9,7 +9,8 @@ missing groups 0). The activation value goes to the quantizer in fp32 (never rou
 Per group: amax = max |v| (fp32), scale = max(amax, eps) / 448 by IEEE division (`tl.div_rn`: Triton's `/` is an
 approximate division on the GPU), rounded up to a power of two by its bits under `ue8m0` (exponent + 1 when any
 mantissa bit is set, no exponent clamp), codes = fp8(clamp(v / scale, -448, 448)) with IEEE division and
-round-to-nearest-even. The clamp comes before the cast so the result never depends on the cast saturating.
+round-to-nearest-even (under ue8m0 as v * (1 / scale), the same number since the scale is a power of two).
+The clamp comes before the cast so the result never depends on the cast saturating.
 
 Each program owns BLOCK_T rows x GPP whole groups (GPP a multiple of 4, so a packed int32 word is written by
 one program), loads the tile as [BLOCK_T, GPP, GS], reduces amax over the last axis and stores everything in
@@ -65,7 +66,11 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, T, N, G, stride_xt, stride_qt, stride
     else:
         expo = (sbits >> 23) & 0xFF
 
-    y = tl.div_rn(v, tl.broadcast_to(s[:, :, None], v.shape))
+    if UE8M0:  # v * (1 / s) is exactly v / s for a power of two s: one division per group, not per element
+        y = v * tl.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, :, None]
+    else:
+        y = tl.div_rn(v, tl.broadcast_to(s[:, :, None], v.shape))
+    y = tl.where(s[:, :, None] == 0.0, 0.0, y)  # eps = 0 and an all-zero group: zero codes, as the oracle
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     tl.store(q_ptr + rows64[:, None, None] * stride_qt + cols, y.to(tl.float8e4nv), mask=mask)
 

@@ -178,3 +178,10 @@ def test_all_zero_groups_use_eps(rule, device_info, unverifiable) -> None:  # ty
         assert verdict.passed, verdict.reason
     q = codes.cpu().float()
     assert bool((q[1] == 0).all()) and bool((q[2, :128] == 0).all())  # +-0: silu(0) * up keeps up's sign
+
+
+def test_zero_eps_zero_group_gives_zero_codes(device_info, unverifiable) -> None:  # type: ignore[no-untyped-def]
+    x = torch.zeros(3, 256, device=device_info.device)
+    for rule in ("float", "ue8m0"):
+        codes, scales = aq.act_quant(x, eps=0.0, scale_rule=rule)
+        assert bool((codes.cpu().float() == 0).all()) and bool((scales.cpu() == 0).all()), rule
