@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -59,7 +60,7 @@ def _cell(v: Any) -> str:
 
 
 def _short(reason: str, n: int = 110) -> str:
-    reason = " ".join(reason.split())
+    reason = re.sub(r" \(at [^()]*:\d+\)", "", " ".join(reason.split()))  # source locations are in the case files
     return reason if len(reason) <= n else reason[: n - 3] + "..."
 
 
@@ -393,8 +394,12 @@ def _notes_block(notes: Sequence[Mapping[str, Any]]) -> list[str]:
 def _op_section(title: str, op_adapters: Sequence[Mapping[str, Any]], notes: Mapping[int, Mapping[str, Any]],
                 level: str = "##") -> list[str]:
     axes_titles = [ax["title"] for ax in op_adapters[0]["axes"]]
-    rows = [[_name_cell(a), *[_values_cell(ax) for ax in a["axes"]], _gens_cell(a), _source_cell(a)]
-            for a in op_adapters]
+    def values(a: Mapping[str, Any]) -> list[str]:
+        if not any(s["exercised"] for s in a["generations"].values()):
+            return ["not run"] * len(a["axes"])  # e.g. a CUDA-only kernel seen on interp only
+        return [_values_cell(ax) for ax in a["axes"]]
+
+    rows = [[_name_cell(a), *values(a), _gens_cell(a), _source_cell(a)] for a in op_adapters]
     used = sorted({v["note"] for a in op_adapters for ax in a["axes"] for v in ax["values"]
                    if v["note"] and v["status"] in ("pass", "partial")})
     out = [f"{level} {title}", "", _table(["Kernel", *axes_titles, "Generations verified", "Source"], rows), ""]

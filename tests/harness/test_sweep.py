@@ -102,7 +102,7 @@ def test_fault_isolation_marks_the_faulty_cases_and_loses_nothing(tmp_path: Path
     assert "\r" not in text and "done:" in text and "hung past 1.5s" in text
 
 
-def test_unloadable_adapter_and_truncated_line_do_not_stop_the_run(tmp_path: Path) -> None:
+def test_a_truncated_last_line_is_skipped(tmp_path: Path) -> None:
     # a truncated last line (a process killed mid-write) is skipped by the loader
     good = load_results(["tests/harness/fixtures/matrix_results.jsonl"])
     p = tmp_path / "cut.jsonl"
