@@ -450,7 +450,8 @@ def fused_experts(
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
                 weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
                 sorted_tokens=st, num_valid=numel)
-    block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (1, _pow2(k_dim, 16, 1024))
+    # interpreter: a few large tiles; GPU: 4 tokens x 256 columns a program (enough programs at M = 1)
+    block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (4, _pow2(k_dim, 16, 256))
     _reduce_kernel[(triton.cdiv(m, block_t), triton.cdiv(k_dim, block))](
         y, out, ids, expert_map if expert_map is not None else ids, m, k_dim, top_k, *out.stride(),
         HAS_MAP=expert_map is not None, BLOCK_T=block_t, BLOCK=block, num_warps=4,
