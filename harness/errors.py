@@ -76,3 +76,16 @@ def _tiny(dtype: torch.dtype) -> float:
     if dtype.is_floating_point:
         return float(torch.finfo(dtype).smallest_normal) * unit_roundoff(dtype) * 2
     return 0.0
+
+
+def rounding_bracket(v: torch.Tensor, e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bound on |round(v') - round(v)| over every v' with |v' - v| <= e, rounding to `dtype` (float64 result).
+
+    Rounding is monotone, so round(v') lies between round(v - e) and round(v + e): an element far from a rounding
+    boundary of `dtype` contributes nothing, one near a boundary at most one ulp. Much tighter than u * |v| when
+    the kernel and the oracle agree before rounding to within a small e (they then round to the same value).
+    """
+    v, e = v.double(), e.double()
+    r = v.to(dtype).double()
+    lo, hi = (v - e).to(dtype).double(), (v + e).to(dtype).double()
+    return torch.maximum((lo - r).abs(), (hi - r).abs())

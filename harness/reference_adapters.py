@@ -75,15 +75,20 @@ def _reduce_consistent(device: DeviceInfo, f: Mapping[str, str]) -> str | None:
 
 
 def _run_experts(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    from harness.ops import experts_quant
+
     kw = experts_op._oracle_kwargs(case, {})
     biases = {b: inputs[b] for b in ("w13_bias", "w2_bias") if b in inputs}
+    sch = experts_quant.scheme(case, {})
+    quant = None if sch is None else experts_quant.to_experts_quant(inputs, sch, None)
+    w13, w2 = (inputs["w13"], inputs["w2"]) if quant is None else (None, None)
     if case.features["format"] == "batched":
-        out = experts.batched_experts(inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"], **kw,
-                                      **biases)
+        out = experts.batched_experts(inputs["x"], inputs["expert_num_tokens"], w13, w2, **kw, **biases, quant=quant)
     else:
-        out = experts.fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"],
+        out = experts.fused_experts(inputs["x"], w13, w2, inputs["topk_weights"],
                                     inputs["topk_ids"], **kw, **biases, expert_map=inputs.get("expert_map"),
-                                    apply_router_weight_on_input=case.features["apply_weight_on_input"] == "Y")
+                                    apply_router_weight_on_input=case.features["apply_weight_on_input"] == "Y",
+                                    quant=quant)
     outputs["out"].copy_(out)
 
 

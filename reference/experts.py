@@ -1,4 +1,4 @@
-"""End-to-end unquantized MoE experts (SEMANTICS.md sections 5 and 6).
+"""End-to-end MoE experts, unquantized and quantized (SEMANTICS.md sections 2, 5 and 6).
 
 For each token t and slot j with expert e = topk_ids[t, j] (a global id):
 
@@ -26,6 +26,14 @@ Conventions, each an explicit argument with its default:
   IEEE fp32, no TF32), set by this module around each call and restored afterwards: the result does not
   depend on `torch.backends.cuda.matmul.allow_tf32` or `torch.set_float32_matmul_precision` set by the caller.
 
+Quantized schemes (`quant=ExpertsQuant(...)`, with w13 = w2 = None): the weights are the per-expert
+`QuantizedTensor`s, dequantized to fp32; x is quantized dynamically by `quant.act` (the adapter's convention:
+per-tensor over all tokens, per-token, per-token-group, MX or NVFP4 blocks) and dequantized; the activation output,
+after its rounding to x.dtype, is re-quantized by `quant.intermediate` over the local slots (per-tensor: one scale
+for every local slot) when the scheme does. With `apply_router_weight_on_input` the weight multiplies the
+dequantized x (a kernel applies it to GEMM1's accumulator: equal in exact arithmetic). The products are then exact
+in compute_dtype: what an ideal kernel with the same quantized operands computes.
+
 Vectorized per expert: one host synchronization per call (the per-expert counts), then a loop over local
 experts with gathers and two matmuls each; no loop over tokens.
 """
@@ -49,10 +57,12 @@ from reference.activations import (
     apply_activation,
     is_gated,
 )
+from reference.quant import QuantizedTensor, QuantRecipe, dequantize, quantize
 
 __all__ = [
     "Accumulation",
     "ExpertIntermediates",
+    "ExpertsQuant",
     "IntermediateRounding",
     "WeightPlacement",
     "batched_experts",
@@ -101,6 +111,66 @@ class ExpertIntermediates:
     local: torch.Tensor
 
 
+@dataclass(frozen=True)
+class ExpertsQuant:
+    """A quantized experts scheme (SEMANTICS.md 6): weights quantized ahead of time, activations dynamically.
+
+    w13, w2: one `QuantizedTensor` per local expert, logical shapes [W1, K] and [K, N] (per-expert scales: a
+    per-tensor weight scale is one scale per expert). act: the recipe that quantizes x before GEMM1, with the
+    adapter's convention (None: activations stay unquantized, w8a16/w4a16/mxfp4-a16). intermediate: the recipe
+    that re-quantizes the activation output (after its rounding to x.dtype) before GEMM2 (None: not
+    re-quantized). act_global_scale / intermediate_global_scale: NVFP4's static per-tensor global scales.
+    Products are then computed in compute_dtype from the dequantized operands: the oracle of what an exact kernel
+    with these quantized operands computes.
+    """
+
+    w13: tuple[QuantizedTensor, ...]
+    w2: tuple[QuantizedTensor, ...]
+    act: QuantRecipe | None = None
+    intermediate: QuantRecipe | None = None
+    act_global_scale: torch.Tensor | None = None
+    intermediate_global_scale: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("w13", "w2"):
+            v = getattr(self, name)
+            if not isinstance(v, (tuple, list)) or not v or not all(isinstance(q, QuantizedTensor) for q in v):
+                raise ValueError(f"{name} must be a non-empty sequence of QuantizedTensor (one per local expert)")
+            object.__setattr__(self, name, tuple(v))
+        if len(self.w13) != len(self.w2):
+            raise ValueError(f"w13 and w2 must hold one QuantizedTensor per local expert each, got {len(self.w13)} "
+                             f"and {len(self.w2)}")
+        for name in ("act", "intermediate"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, QuantRecipe):
+                raise ValueError(f"{name} must be a QuantRecipe or None, got {type(v).__name__}")
+
+    def dequantized_weights(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """float64 [E, W1, K] and [E, K, N] on `device`: the exact values code * scale."""
+        return (torch.stack([dequantize(q, torch.float64) for q in self.w13]).to(device),
+                torch.stack([dequantize(q, torch.float64) for q in self.w2]).to(device))
+
+    def quantize_input(self, rows: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x rows [R, K] quantized and dequantized (exactly, float64) by `act`; rows outside `valid` are zeroed
+        first. Without a recipe the rows are returned unchanged (in float32 if they were lower precision)."""
+        return _fake_quant(rows, valid, self.act, self.act_global_scale)
+
+    def quantize_intermediate(self, rows: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Activation rows [R, N] re-quantized by `intermediate` (as `quantize_input`)."""
+        return _fake_quant(rows, valid, self.intermediate, self.intermediate_global_scale)
+
+
+def _fake_quant(rows: torch.Tensor, valid: torch.Tensor | None, recipe: QuantRecipe | None,
+                global_scale: torch.Tensor | None) -> torch.Tensor:
+    r = rows if rows.dtype == torch.float64 else rows.to(torch.float32)
+    if valid is not None:
+        r = torch.where(valid[:, None], r, torch.zeros_like(r))
+    if recipe is None or r.shape[0] == 0:
+        return r
+    # Quantization reads fp32 (rows rounded to x.dtype are exact in it); the dequantized products are exact.
+    return dequantize(quantize(r.to(torch.float32), recipe, global_scale=global_scale), torch.float64)
+
+
 @contextlib.contextmanager
 def _ieee_fp32_matmul() -> Iterator[None]:
     """Run fp32 matmuls in true IEEE fp32 (no TF32), restoring the caller's setting afterwards."""
@@ -136,15 +206,18 @@ def _check_common(
     activation_rounding: object,
     compute_dtype: object,
     out_dtype: object,
+    weight_dtype: torch.dtype | None = None,
 ) -> tuple[int, int, int]:
-    """Validate the weights and shared options; returns (E_local, W1, N)."""
-    w13 = check_tensor("w13", w13, ndim=3, dtypes=(x_dtype,))
+    """Validate the weights and shared options; returns (E_local, W1, N). Weights are in x's dtype (or
+    `weight_dtype`: float64 for the exactly dequantized weights of a quantized scheme)."""
+    wd = weight_dtype or x_dtype
+    w13 = check_tensor("w13", w13, ndim=3, dtypes=(wd,))
     e_local, w1 = w13.shape[0], w13.shape[1]
     check_tensor("w13", w13, shape=[None, None, k_dim])
     if is_gated(activation) and w1 % 2:
         raise ValueError(f"w13 must have an even dim 1 (gate and up) for activation {activation!r}, got {w1}")
     n = activation_output_width(activation, w1)
-    check_tensor("w2", w2, ndim=3, dtypes=(x_dtype,), shape=[e_local, k_dim, n])
+    check_tensor("w2", w2, ndim=3, dtypes=(wd,), shape=[e_local, k_dim, n])
     if w13_bias is not None:
         check_tensor("w13_bias", w13_bias, dtypes=FLOAT_DTYPES, shape=[e_local, w1])
     if w2_bias is not None:
@@ -159,19 +232,17 @@ def _check_common(
     return e_local, w1, n
 
 
-def _expert_mlp(
+def _gemm1_act(
     xs: torch.Tensor,
     e: int,
     w13: torch.Tensor,
-    w2: torch.Tensor,
     w13_bias: torch.Tensor | None,
-    w2_bias: torch.Tensor | None,
     conv: _ActConv,
     intermediate_rounding: IntermediateRounding,
     io_dtype: torch.dtype,
     cd: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows `xs [R, K]` (compute dtype) through local expert e: returns (h, a, y) in compute dtype."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows `xs [R, K]` (compute dtype) through GEMM1 and the activation of local expert e: (h, a)."""
     h = xs @ w13[e].to(cd).T
     if w13_bias is not None:
         h = h + w13_bias[e].to(cd)
@@ -185,10 +256,26 @@ def _expert_mlp(
     )
     if intermediate_rounding != IntermediateRounding.NONE:
         a = a.to(io_dtype).to(cd)
+    return h, a
+
+
+def _gemm2(a: torch.Tensor, e: int, w2: torch.Tensor, w2_bias: torch.Tensor | None, cd: torch.dtype) -> torch.Tensor:
     y = a @ w2[e].to(cd).T
     if w2_bias is not None:
         y = y + w2_bias[e].to(cd)
-    return h, a, y
+    return y
+
+
+def _weights(w13: object, w2: object, quant: ExpertsQuant | None,
+             device: torch.device) -> tuple[object, object]:
+    """The weights to multiply by: the given tensors, or the dequantized ones of a quantized scheme."""
+    if quant is None:
+        return w13, w2
+    if not isinstance(quant, ExpertsQuant):
+        raise ValueError(f"quant must be an ExpertsQuant or None, got {type(quant).__name__}")
+    if w13 is not None or w2 is not None:
+        raise ValueError("w13 and w2 must be None when quant is given (the weights are quant.w13 and quant.w2)")
+    return quant.dequantized_weights(device)
 
 
 def _local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None) -> torch.Tensor:
@@ -234,8 +321,8 @@ def _check_routing(
 
 def expert_intermediates(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | None,
+    w2: torch.Tensor | None,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -253,6 +340,7 @@ def expert_intermediates(
     apply_router_weight_on_input: bool = False,
     intermediate_rounding: IntermediateRounding = IntermediateRounding.ACTIVATION_OUTPUT,
     compute_dtype: torch.dtype = torch.float32,
+    quant: ExpertsQuant | None = None,
 ) -> ExpertIntermediates:
     """The per-(token, slot) intermediates h, a, y of `fused_experts` (see `ExpertIntermediates`).
 
@@ -260,9 +348,10 @@ def expert_intermediates(
     With `apply_router_weight_on_input`, h is computed from the weighted input.
     """
     x = check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    w13, w2 = _weights(w13, w2, quant, x.device)
     e_local, w1, n = _check_common(
         x.dtype, x.shape[1], w13, w2, activation, w13_bias, w2_bias, intermediate_rounding,
-        activation_rounding, compute_dtype, None,
+        activation_rounding, compute_dtype, None, torch.float64 if quant is not None else None,
     )
     _check_routing(x, topk_weights, topk_ids, expert_map, e_local, apply_router_weight_on_input)
     conv = _ActConv(Activation(activation), gate_order, layout, alpha, beta, limit, clamp_limit,
@@ -270,7 +359,7 @@ def expert_intermediates(
     m, k = topk_ids.shape
     kd = x.shape[1]
     cd = compute_dtype
-    xc = x.to(cd)
+    xc = x.to(cd) if quant is None else quant.quantize_input(x).to(cd)
     if apply_router_weight_on_input:
         xc = xc * topk_weights.to(cd)  # [M, 1] broadcast over K
     local_ids = _local_ids(topk_ids, expert_map).reshape(-1)  # [M*k], -1 where not local
@@ -280,18 +369,20 @@ def expert_intermediates(
     # Group the (token, slot) pairs by local expert: one sort, one host sync for the counts.
     order = torch.argsort(local_ids, stable=True)
     counts = torch.bincount(local_ids + 1, minlength=e_local + 1).tolist()  # counts[0]: non-local slots
+    segments = []
     start = counts[0]
+    for e in range(e_local):
+        segments.append((e, order[start:start + counts[e + 1]]))
+        start += counts[e + 1]
+    segments = [(e, pairs) for e, pairs in segments if pairs.numel()]
     with _ieee_fp32_matmul():
-        for e in range(e_local):
-            cnt = counts[e + 1]
-            if cnt == 0:
-                continue
-            pairs = order[start:start + cnt]
-            start += cnt
-            he, ae, ye = _expert_mlp(
-                xc[pairs // k], e, w13, w2, w13_bias, w2_bias, conv, intermediate_rounding, x.dtype, cd
-            )
-            h[pairs], a[pairs], y[pairs] = he, ae, ye
+        for e, pairs in segments:
+            h[pairs], a[pairs] = _gemm1_act(xc[pairs // k], e, w13, w13_bias, conv, intermediate_rounding, x.dtype,
+                                            cd)
+        if quant is not None:  # re-quantized over the local slots only (others hold no activation)
+            a = quant.quantize_intermediate(a, local_ids >= 0).to(cd)
+        for e, pairs in segments:
+            y[pairs] = _gemm2(a[pairs], e, w2, w2_bias, cd)
     return ExpertIntermediates(
         h=h.reshape(m, k, w1), a=a.reshape(m, k, n), y=y.reshape(m, k, kd),
         local=(local_ids >= 0).reshape(m, k),
@@ -300,8 +391,8 @@ def expert_intermediates(
 
 def fused_experts(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | None,
+    w2: torch.Tensor | None,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -322,13 +413,15 @@ def fused_experts(
     accumulation: Accumulation = Accumulation.FP32,
     compute_dtype: torch.dtype = torch.float32,
     out_dtype: torch.dtype | None = None,
+    quant: ExpertsQuant | None = None,
 ) -> torch.Tensor:
-    """Unquantized MoE experts plus reduce: out[t] = sum_j w[t, j] * W2[e] . act(W13[e] . x[t]).
+    """MoE experts plus reduce: out[t] = sum_j w[t, j] * W2[e] . act(W13[e] . x[t]).
 
     x: `[M, K]` float. w13: `[E_local, 2N, K]` (`[E_local, N, K]` for *_no_mul), w2: `[E_local, K, N]`, both
     in x.dtype. topk_weights: `[M, k]` float (fp32 in practice), topk_ids: `[M, k]` int32/int64 global ids in
     [0, E_global). w13_bias `[E_local, 2N]`, w2_bias `[E_local, K]`: optional, any float dtype.
     expert_map `[E_global]` int: global -> local id or -1; each local id 0..E_local-1 exactly once.
+    quant: a quantized scheme (then w13 = w2 = None; module docstring).
     Returns `[M, K]` in out_dtype (default x.dtype). Conventions and defaults: see the module docstring.
     """
     check_choice("weight_placement", weight_placement, list(WeightPlacement))
@@ -340,7 +433,7 @@ def fused_experts(
         alpha=alpha, beta=beta, limit=limit, clamp_limit=clamp_limit, activation_rounding=activation_rounding,
         w13_bias=w13_bias, w2_bias=w2_bias, expert_map=expert_map,
         apply_router_weight_on_input=apply_router_weight_on_input, intermediate_rounding=intermediate_rounding,
-        compute_dtype=compute_dtype,
+        compute_dtype=compute_dtype, quant=quant,
     )
     od = out_dtype or x.dtype
     cd = compute_dtype
@@ -363,8 +456,8 @@ def fused_experts(
 def batched_experts(
     x: torch.Tensor,
     expert_num_tokens: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | None,
+    w2: torch.Tensor | None,
     *,
     activation: Activation | str = Activation.SILU_AND_MUL,
     gate_order: GateOrder = GateOrder.GATE_FIRST,
@@ -379,6 +472,7 @@ def batched_experts(
     intermediate_rounding: IntermediateRounding = IntermediateRounding.ACTIVATION_OUTPUT,
     compute_dtype: torch.dtype = torch.float32,
     out_dtype: torch.dtype | None = None,
+    quant: ExpertsQuant | None = None,
 ) -> torch.Tensor:
     """Experts on the batched layout: out[e, r] = W2[e] . act(W13[e] . x[e, r]) for r < expert_num_tokens[e].
 
@@ -389,12 +483,13 @@ def batched_experts(
     """
     x = check_tensor("x", x, ndim=3, dtypes=FLOAT_DTYPES)
     e, max_tokens, kd = x.shape
+    w13, w2 = _weights(w13, w2, quant, x.device)
     check_tensor("w13", w13, ndim=3)
     if w13.shape[0] != e:
         raise ValueError(f"w13 must have shape [{e}, *, {kd}] (one expert per batch of x), got {list(w13.shape)}")
     _e_local, _w1, _n = _check_common(
         x.dtype, kd, w13, w2, activation, w13_bias, w2_bias, intermediate_rounding, activation_rounding,
-        compute_dtype, out_dtype,
+        compute_dtype, out_dtype, torch.float64 if quant is not None else None,
     )
     ent = check_tensor("expert_num_tokens", expert_num_tokens, dtypes=INT_INDEX_DTYPES, shape=[e])
     counts = ent.tolist()
@@ -404,13 +499,21 @@ def batched_experts(
                     activation_rounding)
     od = out_dtype or x.dtype
     cd = compute_dtype
+    valid = torch.arange(max_tokens, device=x.device)[None, :] < ent.to(x.device).long()[:, None]  # [E, T]
+    if quant is None:
+        xc = x.to(cd)
+    else:  # rows beyond the counts hold no token: they must not move a per-tensor scale
+        xc = quant.quantize_input(x.reshape(e * max_tokens, kd), valid.reshape(-1)).reshape(x.shape).to(cd)
+    n = w2.shape[2]
+    a = torch.zeros(e, max_tokens, n, dtype=cd, device=x.device)
     out = torch.zeros(e, max_tokens, kd, dtype=od, device=x.device)
     with _ieee_fp32_matmul():
         for i, cnt in enumerate(counts):
-            if cnt == 0:
-                continue
-            _h, _a, y = _expert_mlp(
-                x[i, :cnt].to(cd), i, w13, w2, w13_bias, w2_bias, conv, intermediate_rounding, x.dtype, cd
-            )
-            out[i, :cnt] = y.to(od)
+            if cnt:
+                _h, a[i, :cnt] = _gemm1_act(xc[i, :cnt], i, w13, w13_bias, conv, intermediate_rounding, x.dtype, cd)
+        if quant is not None:
+            a = quant.quantize_intermediate(a.reshape(e * max_tokens, n), valid.reshape(-1)).reshape(a.shape).to(cd)
+        for i, cnt in enumerate(counts):
+            if cnt:
+                out[i, :cnt] = _gemm2(a[i, :cnt], i, w2, w2_bias, cd).to(od)
     return out

@@ -157,7 +157,8 @@ class QuantRecipe:
     must be 32 for MX, 16 for NVFP4). block_rows: M-extent of a `block` (128). ragged_k: allow K not a multiple
     of group_size (last group shorter). scale_rule: `float` (default), `ue8m0` or `ocp_floor` (MX default).
     eps (1e-10), eps_placement (`amax`), scale_formula (`divide`): the `float` rule's details.
-    ue8m0_clamp: clamp the ue8m0 exponent to [1, 254] (DeepGEMM). application: `divide` (default) or
+    ue8m0_clamp: clamp the ue8m0 exponent to [1, 254] (DeepGEMM). application: `divide` (default),
+    `qmax_over_amax` (DeepGEMM's float helpers: x * (qmax / max(amax, eps))) or
     `multiply_reciprocal`. int8_rounding: `half_even` (default). layout: scale layout, `row_major` (default);
     the others need a 2-D x and unit `group`/`row`. global_scale: NVFP4's convention (`quant_side`).
     zero_point: w4a16/w8a16 asymmetric quantization with explicit zero points (default symmetric, implicit zp).
@@ -209,6 +210,12 @@ class QuantRecipe:
             raise ValueError(f"scale_rule must be 'float' for {d.value}")
         if self.scale_rule == ScaleRule.OCP_FLOOR and d not in _MX and d not in _FP8:
             raise ValueError(f"scale_rule 'ocp_floor' is defined for fp8 and MX element types, not {d.value}")
+        if self.application == ScaleApplication.QMAX_OVER_AMAX and (
+            self.scale_rule != ScaleRule.FLOAT or d not in (*_FP8, QuantDtype.INT8)
+            or self.eps_placement != EpsPlacement.AMAX
+        ):
+            raise ValueError("application 'qmax_over_amax' needs scale_rule 'float' with eps_placement 'amax' and an "
+                             "fp8 or int8 dtype")
         if self.layout != ScaleLayout.ROW_MAJOR and self.unit not in (QuantUnit.GROUP, QuantUnit.ROW):
             raise ValueError(f"layout {self.layout.value} needs unit 'group' or 'row', got {self.unit.value}")
         if self.layout == ScaleLayout.PACKED_UE8M0 and (
@@ -415,6 +422,8 @@ def quantize(
     _check_shape(shape, recipe)
     x32 = x.to(torch.float32)
     d = recipe.dtype
+    if scales is not None and recipe.application == ScaleApplication.QMAX_OVER_AMAX:
+        raise ValueError("scales cannot be given with application 'qmax_over_amax' (the factor comes from amax)")
     if scales is not None and (d in _MX or d == QuantDtype.NVFP4 or recipe.zero_point):
         raise ValueError(f"scales cannot be given for {d.value}" + (" with zero points" if recipe.zero_point else ""))
     if global_scale is not None and d != QuantDtype.NVFP4:
@@ -433,7 +442,12 @@ def quantize(
         amax = _unit_reduce(x32, recipe, "amax")
         s = compute_scale(amax, _qmax(d), recipe.scale_rule, eps=recipe.eps, eps_placement=recipe.eps_placement,
                           formula=recipe.scale_formula, ue8m0_clamp=recipe.ue8m0_clamp, emax_elem=_emax_elem(d))
-    y = apply_scale(x32, _expand(s, shape, recipe), recipe.application)
+    if recipe.application == ScaleApplication.QMAX_OVER_AMAX:
+        a = torch.maximum(amax, torch.full_like(amax, recipe.eps))
+        factor = torch.full_like(a, _qmax(d)) / a
+        y = x32 * _expand(factor, shape, recipe)
+    else:
+        y = apply_scale(x32, _expand(s, shape, recipe), recipe.application)
 
     if d == QuantDtype.INT8:
         codes = round_int8(y, recipe.int8_rounding)
@@ -521,8 +535,10 @@ def _recipe_float_scale(extent: torch.Tensor, qmax: float, recipe: QuantRecipe) 
 # --------------------------------------------------------------------------------------------- dequantize
 
 
-def dequantize(qt: QuantizedTensor) -> torch.Tensor:
-    """float32 values of qt: (q - zero_point) * scale per element (zero_point 0 except w4a16/w8a16).
+def dequantize(qt: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values of qt: (q - zero_point) * scale per element (zero_point 0 except w4a16/w8a16), multiplied in
+    out_dtype: float32 (default, the SEMANTICS.md convention) or float64 (exact products, for the experts oracle;
+    scales themselves, e.g. NVFP4's block scale times global scale, are still formed in float32).
 
     Validates codes, scales (in the recipe's layout), zero points and global scale against qt.shape and
     qt.recipe, raising ValueError naming the offending field. NaN fp8 codes dequantize to NaN.
@@ -542,21 +558,23 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
         check_tensor("scales", qt.scales, dtypes=(torch.uint8,))
     else:
         check_tensor("scales", qt.scales, dtypes=(torch.float32,))
+    check_choice("out_dtype", out_dtype, (torch.float32, torch.float64))
+    od = out_dtype
     s = logical_scales(qt)
 
     if d == QuantDtype.NVFP4:
         gs = check_tensor("global_scale", qt.global_scale, dtypes=(torch.float32,), shape=())
         es = _nvfp4_element_scale(s, gs, r)
         q = formats.decode(formats.unpack_nibbles(qt.codes), FloatFormat.E2M1)
-        return q * _expand(es, shape, r)
+        return q.to(od) * _expand(es, shape, r).to(od)
     if d in _MX:
         s = formats.decode(s, FloatFormat.E8M0)
         c = qt.codes if d == QuantDtype.MXFP8 else formats.unpack_nibbles(qt.codes)
-        return formats.decode(c, _MX[d]) * _expand(s, shape, r)
+        return formats.decode(c, _MX[d]).to(od) * _expand(s, shape, r).to(od)
     if d in _FP8:
-        return formats.decode(qt.codes, _FP8[d]) * _expand(s, shape, r)
+        return formats.decode(qt.codes, _FP8[d]).to(od) * _expand(s, shape, r).to(od)
     if d == QuantDtype.INT8:
-        return qt.codes.to(torch.float32) * _expand(s, shape, r)
+        return qt.codes.to(od) * _expand(s, shape, r).to(od)
 
     bits = _WEIGHT_ONLY[d]
     q = formats.unpack_nibbles(qt.codes) if bits == 4 else qt.codes
@@ -568,5 +586,5 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
         if qt.zero_points is not None:
             raise ValueError("zero_points given but recipe.zero_point is False (implicit zero point)")
         zp = torch.full(s.shape, 1 << (bits - 1), dtype=torch.uint8)
-    diff = q.to(torch.float32) - _expand(zp.to(torch.float32), shape, r)
-    return diff * _expand(s, shape, r)
+    diff = q.to(od) - _expand(zp.to(od), shape, r)
+    return diff * _expand(s, shape, r).to(od)

@@ -80,10 +80,13 @@ class ScaleFormula(str, enum.Enum):
 
 
 class ScaleApplication(str, enum.Enum):
-    """How elements are scaled before rounding: `divide` x / s; `multiply_reciprocal` x * fp32(1 / s)."""
+    """How elements are scaled before rounding: `divide` x / s; `multiply_reciprocal` x * fp32(1 / s);
+    `qmax_over_amax` x * fp32(qmax / max(amax, eps)) (DeepGEMM's per-token/per-block cast helpers: the factor is
+    computed from amax directly, not from the stored scale amax / qmax; `float` rule only)."""
 
     DIVIDE = "divide"
     MULTIPLY_RECIPROCAL = "multiply_reciprocal"
+    QMAX_OVER_AMAX = "qmax_over_amax"
 
 
 class ScaleLayout(str, enum.Enum):
@@ -214,6 +217,8 @@ def apply_scale(
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16, torch.float32))
     check_tensor("s", s, dtypes=(torch.float32,))
     application = _enum("application", application, ScaleApplication)
+    if application == ScaleApplication.QMAX_OVER_AMAX:
+        raise ValueError("application 'qmax_over_amax' needs amax, not the scale: use reference.quant.quantize")
     x32 = x.to(torch.float32)
     s32 = _materialize(s, x32)
     safe = torch.where(s32 == 0, torch.ones_like(s32), s32)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from harness import inputs as gen
 from harness.adapters import Adapter
 from harness.case import Case
-from harness.errors import C_DOT, C_OUT, UNIT_ROUNDOFF, unit_roundoff
+from harness.errors import C_DOT, C_OUT, UNIT_ROUNDOFF, rounding_bracket, unit_roundoff
+from harness.ops import experts_quant as xq
 from harness.ops.activation import oracle_kwargs
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
@@ -34,8 +35,8 @@ ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "swigluoai": "swi
 
 AXES = (
     Axis("format", "Input act. format", ("standard", "batched")),
-    Axis("quant_type", "Quant types", ("none",)),
-    Axis("quant_format", "Quant formats", ("-",)),
+    Axis("quant_type", "Quant types", xq.QUANT_TYPES),
+    Axis("quant_format", "Quant formats", xq.QUANT_FORMATS),
     Axis("activation", "Activation functions", tuple(ACTIVATIONS)),
     Axis("apply_weight_on_input", "Apply weight on input", ("N", "Y")),
     Axis("expert_map", "Expert map", ("N", "Y")),
@@ -67,13 +68,17 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
         counts = torch.randint(0, t + 1, (e_local,), generator=gen.generator(case, "counts"), dtype=torch.int32)
         found["x"] = gen.randn(case, "x", (e_local, t, hidden), dt, device)
         found["expert_num_tokens"] = counts.to(device)
-        return found
-    m, k = case.shape("M"), case.shape("k")
-    found["x"] = gen.randn(case, "x", (m, hidden), dt, device)
-    found["topk_weights"] = gen.topk_weights(case, m, k, device)
-    found["topk_ids"] = gen.topk_ids(case, m, e, k, device)
-    if yes(case.features["expert_map"]):
-        found["expert_map"] = gen.expert_map(case, e, device)
+    else:
+        m, k = case.shape("M"), case.shape("k")
+        found["x"] = gen.randn(case, "x", (m, hidden), dt, device)
+        found["topk_weights"] = gen.topk_weights(case, m, k, device)
+        found["topk_ids"] = gen.topk_ids(case, m, e, k, device)
+        if yes(case.features["expert_map"]):
+            found["expert_map"] = gen.expert_map(case, e, device)
+    sch = xq.scheme(case, {})
+    if sch is not None:
+        xq.quantize_weights(case, found, sch, device)
+        xq.calibrate_act_global_scales(case, found, sch, {})
     return found
 
 
@@ -113,32 +118,46 @@ def _gated_sum(t: torch.Tensor, act: str, conventions: Mapping[str, Any]) -> tor
     return t[..., :half] + t[..., half:]
 
 
-def _bound(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Mapping[str, Any], x_rows: torch.Tensor,
-           ids: torch.Tensor, kw: Mapping[str, Any]) -> torch.Tensor:
-    """Per-(row) error bound of the expert output y before the router weight: [R, K]."""
-    dt = cpu["w13"].dtype
+def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, torch.Tensor],
+           conventions: Mapping[str, Any], x_rows: torch.Tensor, ids: torch.Tensor, kw: Mapping[str, Any],
+           quant: ref.ExpertsQuant | None = None) -> torch.Tensor:
+    """Per-row error bound of the expert output y before the router weight: [R, K]. w13, w2: the float64 weights
+    the oracle multiplies by (dequantized for a quantized scheme); x_rows: its GEMM1 input rows."""
+    dt = cpu["x"].dtype
     u_acc = UNIT_ROUNDOFF["tf32"] if conventions.get("matmul_precision") == "tf32" else UNIT_ROUNDOFF["float32"]
     u_in = unit_roundoff(dt)
-    hidden, n = cpu["w2"].shape[1], cpu["w2"].shape[2]
-    w13, w2 = cpu["w13"].double(), cpu["w2"].double()
+    # weight-only kernels that round dequantized weights before their MMA: one more rounding per product
+    u_w = unit_roundoff(conventions["weight_dequant_dtype"]) if "weight_dequant_dtype" in conventions else 0.0
+    hidden, n = w2.shape[1], w2.shape[2]
     h = _per_slot_matmul(x_rows.double(), w13, ids)
     mag_h = _per_slot_matmul(x_rows.double().abs(), w13.abs(), ids)
     if "w13_bias" in cpu and cpu["w13_bias"].shape[0] > 0:
         b = cpu["w13_bias"].double()
         h = h + torch.where((ids >= 0)[:, None], b[ids.clamp_min(0)], 0.0)
         mag_h = mag_h + torch.where((ids >= 0)[:, None], b[ids.clamp_min(0)].abs(), 0.0)
-    e_h = C_DOT * u_acc * math.sqrt(hidden) * mag_h
-    if kw.get("intermediate_rounding") == ref.IntermediateRounding.GEMM1_AND_ACTIVATION_OUTPUT:
-        e_h = e_h + u_in * h.abs()
+    e_h = (C_DOT * u_acc * math.sqrt(hidden) + u_w) * mag_h
+    rounding = kw.get("intermediate_rounding", ref.IntermediateRounding.ACTIVATION_OUTPUT)
+    if rounding == ref.IntermediateRounding.GEMM1_AND_ACTIVATION_OUTPUT:
+        e_h = rounding_bracket(h, e_h, dt)  # the kernel stores h in x.dtype, as the oracle does
+        h = h.to(dt).double()
     act_kw = {k: v for k, v in kw.items() if k not in ("activation", "activation_rounding", "intermediate_rounding")}
     hg = h.clone().requires_grad_(True)
     a = acts.apply_activation(kw["activation"], hg, **act_kw)
     (grad,) = torch.autograd.grad(a.sum(), hg)
     a = a.detach()
-    e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions)
-    e_a = e_a + (u_in + 64 * UNIT_ROUNDOFF["float32"]) * a.abs()  # intermediate rounding + fp32 evaluation
-    e_y = C_DOT * u_acc * math.sqrt(n) * _per_slot_matmul(a.abs(), w2.abs(), ids) + _per_slot_matmul(e_a, w2.abs(), ids)
-    return e_y
+    e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions) + 64 * UNIT_ROUNDOFF["float32"] * a.abs()
+    if kw.get("activation_rounding", acts.Rounding.ROUND_ONCE) != acts.Rounding.ROUND_ONCE:
+        e_a = e_a + u_in * a.abs()  # an inner rounding (e.g. act(gate) before the multiply), not bracketed
+    if rounding != ref.IntermediateRounding.NONE:
+        # both round a to x.dtype: they differ only where a is within e_a of a rounding boundary
+        e_a = rounding_bracket(a, e_a, dt)
+        a = a.to(dt).double()
+    if quant is not None and quant.intermediate is not None:
+        # the kernel re-quantizes its own a' (within e_a of a): bracket what that can do to the codes
+        e_a = xq.requant_error(a, e_a, quant.intermediate, ids >= 0, quant.intermediate_global_scale)
+        a = quant.quantize_intermediate(a, ids >= 0)
+    e_y = (C_DOT * u_acc * math.sqrt(n) + u_w) * _per_slot_matmul(a.abs(), w2.abs(), ids)
+    return e_y + _per_slot_matmul(e_a, w2.abs(), ids)
 
 
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
@@ -150,33 +169,45 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     u_out = unit_roundoff(dt)
     biases = {b: cpu[b] for b in ("w13_bias", "w2_bias") if b in cpu}
     tiny = float(torch.finfo(dt).smallest_normal)
+    sch = xq.scheme(case, conventions)
+    quant = None if sch is None else xq.to_experts_quant(cpu, sch, None)
+    if quant is None:
+        w13, w2 = cpu["w13"], cpu["w2"]
+        w13_64, w2_64 = w13.double(), w2.double()
+    else:
+        w13 = w2 = None
+        w13_64, w2_64 = (t.to(dev) for t in quant.dequantized_weights(dev))
     if _batched(case):
-        want = ref.batched_experts(cpu["x"], cpu["expert_num_tokens"], cpu["w13"], cpu["w2"], **kw, **biases,
+        want = ref.batched_experts(cpu["x"], cpu["expert_num_tokens"], w13, w2, **kw, **biases, quant=quant,
                                    compute_dtype=torch.float64, out_dtype=torch.float64)
         e_loc, t, hidden = cpu["x"].shape
         rows = cpu["x"].reshape(e_loc * t, hidden)
-        ids = torch.arange(e_loc, device=dev).repeat_interleave(t)
-        mask = (torch.arange(t, device=dev)[None, :] < cpu["expert_num_tokens"][:, None].long())[..., None]
-        mask = mask.expand_as(want)
-        bound = _bound(case, cpu, conventions, rows, ids, kw).reshape(want.shape)
+        mask = (torch.arange(t, device=dev)[None, :] < cpu["expert_num_tokens"][:, None].long())
+        ids = torch.where(mask.reshape(-1), torch.arange(e_loc, device=dev).repeat_interleave(t), -1)
+        if quant is not None:
+            rows = quant.quantize_input(rows, ids >= 0)
+        mask = mask[..., None].expand_as(want)
+        bound = _bound(case, w13_64, w2_64, cpu, conventions, rows, ids, kw, quant).reshape(want.shape)
         bound = bound + C_OUT * u_out * want.abs() + tiny
         return [Check("out", "bounded", expected=want, bound=bound, mask=mask)]
     on_input = yes(case.features["apply_weight_on_input"])
-    want = ref.fused_experts(cpu["x"], cpu["w13"], cpu["w2"], cpu["topk_weights"], cpu["topk_ids"], **kw, **biases,
+    want = ref.fused_experts(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"], **kw, **biases,
                              expert_map=cpu.get("expert_map"), apply_router_weight_on_input=on_input,
-                             compute_dtype=torch.float64, out_dtype=torch.float64)
+                             compute_dtype=torch.float64, out_dtype=torch.float64, quant=quant)
     m, k = cpu["topk_ids"].shape
     ids = cpu["topk_ids"].long()
     if "expert_map" in cpu:
         ids = cpu["expert_map"].long()[ids]
     w = cpu["topk_weights"].double()
-    x_rows = cpu["x"].double().repeat_interleave(k, dim=0)
+    x_in = cpu["x"].double() if quant is None else quant.quantize_input(cpu["x"])
+    x_rows = x_in.repeat_interleave(k, dim=0)
     if on_input:
         x_rows = x_rows * w.reshape(-1, 1)
-    e_y = _bound(case, cpu, conventions, x_rows, ids.reshape(-1), kw).reshape(m, k, cpu["x"].shape[1])
-    inter = ref.expert_intermediates(cpu["x"], cpu["w13"], cpu["w2"], cpu["topk_weights"], cpu["topk_ids"],
+    e_y = _bound(case, w13_64, w2_64, cpu, conventions, x_rows, ids.reshape(-1), kw, quant)
+    e_y = e_y.reshape(m, k, cpu["x"].shape[1])
+    inter = ref.expert_intermediates(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"],
                                      **kw, **biases, expert_map=cpu.get("expert_map"),
-                                     apply_router_weight_on_input=on_input, compute_dtype=torch.float64)
+                                     apply_router_weight_on_input=on_input, compute_dtype=torch.float64, quant=quant)
     wa = torch.ones_like(w) if on_input else w.abs()
     wy = (wa[..., None] * inter.y.abs() * inter.local[..., None]).sum(dim=1)
     ey = (wa[..., None] * e_y * inter.local[..., None]).sum(dim=1)
@@ -184,16 +215,39 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     return [Check("out", "bounded", expected=want, bound=bound)]
 
 
+def _quant_params(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Conventions that shape the inputs (weights are quantized ahead of time) travel in the case."""
+    if cell.get("quant_type", "none") == "none":
+        return {}
+    return {key: dict(adapter.conventions[key]) for key in ("weight_quant", "act_quant") if key in adapter.conventions}
+
+
+def _multiple(cell: Mapping[str, str]) -> int:
+    """K and N of a quantized cell are multiples of its group (weights quantized along both, as checkpoints are)."""
+    qt = cell.get("quant_type", "none")
+    if qt == "none":
+        return 1
+    fmt = cell.get("quant_format", "-")
+    return {"G128": 128, "G32": 32, "G16": 16}.get(fmt, 2 if qt.startswith("w4a16") else 1)
+
+
+def _fit(v: int, mult: int) -> int:
+    return max(mult, -(-v // mult) * mult) if mult > 1 else v
+
+
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    mult = _multiple(cell)
     e = draw(num_experts(min(lim(adapter, "max_E"), 64)))
     hidden = draw(boundary_sizes(lim(adapter, "block_K") if "block_K" in adapter.limits else 32, lim(adapter, "max_K"),
                                  minimum=1))
     n = draw(boundary_sizes(lim(adapter, "block_N") if "block_N" in adapter.limits else 32, lim(adapter, "max_N"),
                             minimum=1))
-    params: dict[str, Any] = {}
+    hidden, n = _fit(hidden, mult), _fit(n, mult)
+    params: dict[str, Any] = _quant_params(adapter, cell)
     if cell["format"] == "batched":
         t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))
-        return {"shapes": {"E": e, "K": hidden, "N": n, "max_tokens": t}, "dtypes": {"x": cell["dtype"]}}
+        return {"shapes": {"E": e, "K": hidden, "N": n, "max_tokens": t}, "dtypes": {"x": cell["dtype"]},
+                "params": params}
     k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
     m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
     if yes(cell["expert_map"]):
@@ -206,20 +260,23 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
 def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
     found = []
     block = lim(adapter, "block_M")
+    mult = _multiple(cell)
+    qparams = _quant_params(adapter, cell)
     for m, e, k, hidden, n, rout in ((1, 4, 2, 32, 16, "random"), (block + 1, 8, 2, 65, 33, "some_empty"),
                                      (2 * block - 1, 257, 4, 16, 16, "random"), (9, 8, 8, 48, 24, "one_expert")):
         if e > lim(adapter, "max_E"):
             continue
+        hidden, n = _fit(hidden, mult), _fit(n, mult)
         if cell["format"] == "batched":
             found.append({"shapes": {"E": min(e, 16), "K": hidden, "N": n, "max_tokens": m},
-                          "dtypes": {"x": cell["dtype"]}})
+                          "dtypes": {"x": cell["dtype"]}, "params": dict(qparams)})
             continue
         k = 1 if yes(cell["apply_weight_on_input"]) else k
         params = {"local_experts": e // 2} if yes(cell["expert_map"]) else {}
         found.append({"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
-                      "routing": rout, "params": params})
+                      "routing": rout, "params": {**params, **qparams}})
     return found
 
 
 SPECS = {"experts": OpSpec(name="experts", title="Fused experts", axes=AXES, make_inputs=make_inputs, outputs=outputs,
-                           expected=expected, draw=draw, boundary=boundary)}
+                           expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable)}

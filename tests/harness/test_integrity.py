@@ -162,3 +162,39 @@ def test_every_op_spec_has_axes_and_boundary_cases() -> None:
         for a in adapters.all_adapters(op):
             for cell in spec.all_cells()[:3]:
                 assert spec.boundary(a, cell), f"{op}: no boundary case for {cell}"
+
+
+# ------------------------------------------------------------------------------------ quantized experts
+
+QEXP_CELL = dict(EXP_CELL, quant_type="fp8_w8a8", quant_format="A")
+QEXP_FIELDS = {"shapes": {"M": 33, "E": 8, "k": 2, "K": 256, "N": 128}, "dtypes": {"x": "bfloat16"}}
+
+
+def _quantized_reference(act_quant: dict, requant: bool = True) -> Callable:  # type: ignore[type-arg]
+    """The experts oracle with another activation convention (or without re-quantizing the intermediate)."""
+    from harness.ops import experts_quant
+    from reference import experts
+
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        sch = experts_quant.scheme(case, {"act_quant": act_quant})
+        quant = experts_quant.to_experts_quant(inputs, sch, None)
+        if not requant:
+            quant = experts.ExpertsQuant(quant.w13, quant.w2, act=quant.act, intermediate=None)
+        outputs["out"].copy_(experts.fused_experts(inputs["x"], None, None, inputs["topk_weights"],
+                                                   inputs["topk_ids"], quant=quant))
+    return run
+
+
+@pytest.mark.parametrize(("act_quant", "requant", "cell"), [
+    ({"application": "multiply_reciprocal"}, True, QEXP_CELL),  # x * (1/s) where the declared convention divides
+    ({}, False, QEXP_CELL),  # forgets to re-quantize the intermediate activation
+    ({"scale_rule": "ue8m0"}, True, dict(QEXP_CELL, quant_format="G128")),  # power-of-two scales, not declared
+])
+def test_quantized_experts_convention_bugs_are_caught(act_quant: dict, requant: bool, cell: dict) -> None:
+    bad = _wrong("reference-experts", "wrong-quant", _quantized_reference(act_quant, requant))
+    r = _judge(bad, cell, QEXP_FIELDS)
+    assert r.verdict == "fail" and "out" in r.metrics["failed_checks"], r.reason
+    good = _wrong("reference-experts", "declared-quant", _quantized_reference(act_quant, requant),
+                  conventions={"act_quant": act_quant})
+    if requant:  # the same kernel passes once it declares its convention
+        assert _judge(good, cell, QEXP_FIELDS).verdict == "pass"

@@ -8,12 +8,14 @@ import torch
 from reference.activations import Activation, GateLayout, Rounding
 from reference.experts import (
     Accumulation,
+    ExpertsQuant,
     IntermediateRounding,
     WeightPlacement,
     batched_experts,
     expert_intermediates,
     fused_experts,
 )
+from reference.quant import QuantRecipe, dequantize, quantize
 from tests.reference.test_activations import DEFAULT_PARAMS, act_up_64, gate_up_columns, no_mul_64
 
 F64 = torch.float64
@@ -311,3 +313,166 @@ def test_validation_messages() -> None:
         batched_experts(xb, torch.tensor([1, 2]), w13, w2)
     with pytest.raises(ValueError, match=r"w13 must have shape \[3, \*, 8\]"):
         batched_experts(xb, torch.tensor([1, 2, 0]), w13[:2], w2)
+
+
+# ------------------------------------------------------------------------------------------ quantized schemes
+
+
+def _fp8_fake_quant_rows(v: torch.Tensor, unit: str) -> torch.Tensor:
+    """fp8 e4m3 quantize-dequantize written from SEMANTICS.md 2 (float rule, eps 1e-10, divide), float64 out."""
+    v32 = v.float().double()
+    amax = v32.abs().amax() if unit == "tensor" else v32.abs().amax(dim=-1, keepdim=True)
+    s = (amax.clamp(min=float(torch.tensor(1e-10))) / 448.0).float().double()
+    q = (v32 / s).float().clamp(-448, 448).to(torch.float8_e4m3fn).double()
+    return q * s
+
+
+def _quantized_weights(w13: torch.Tensor, w2: torch.Tensor, recipe: QuantRecipe) -> tuple[list, list]:
+    return [quantize(w, recipe) for w in w13], [quantize(w, recipe) for w in w2]
+
+
+def _scheme_brute_force(x, q13, q2, tw, ti, act_unit, inter_unit, expert_map=None):
+    """Per (token, slot): dequantized weights, fake-quantized x and (over the local slots) intermediate."""
+    m, k = ti.shape
+    xq = _fp8_fake_quant_rows(x, act_unit) if act_unit else x.double()
+    a_rows, slots = [], []
+    for t in range(m):
+        for j in range(k):
+            e = int(ti[t, j]) if expert_map is None else int(expert_map[int(ti[t, j])])
+            if e < 0:
+                continue
+            h = dequantize(q13[e], F64) @ xq[t]
+            a = torch.tensor(act_vec_64(Activation.SILU_AND_MUL, h.tolist()), dtype=F64).to(x.dtype)
+            a_rows.append(a)
+            slots.append((t, j, e))
+    out = torch.zeros(m, x.shape[1], dtype=F64)
+    if not slots:
+        return out
+    a_all = torch.stack(a_rows)
+    a_all = _fp8_fake_quant_rows(a_all, inter_unit) if inter_unit else a_all.double()
+    for (t, j, e), a in zip(slots, a_all):
+        out[t] += float(tw[t, j]) * (dequantize(q2[e], F64) @ a)
+    return out
+
+
+@pytest.mark.parametrize("unit,weight_unit", [("tensor", "tensor"), ("row", "row")])
+def test_fp8_w8a8_scheme_against_per_token_loop(unit: str, weight_unit: str) -> None:
+    """fp8 T (per-tensor acts, per-expert weights) and A (per-token acts, per-channel weights); the intermediate
+    is re-quantized with the activation's recipe, per-tensor over the local slots only."""
+    g = torch.Generator().manual_seed(5)
+    m, e, k, kd, n = 7, 6, 2, 32, 16
+    x = torch.randn(m, kd, generator=g).bfloat16()
+    w13 = torch.randn(e, 2 * n, kd, generator=g) / kd**0.5
+    w2 = torch.randn(e, kd, n, generator=g) / n**0.5
+    q13, q2 = _quantized_weights(w13, w2, QuantRecipe(unit=weight_unit))
+    tw = torch.rand(m, k, generator=g)
+    ti = torch.randint(0, 8, (m, k), generator=g)
+    expert_map = torch.tensor([0, -1, 1, 2, -1, 3, 4, 5])  # 8 global experts, 6 local
+    act = QuantRecipe(unit=unit)
+    quant = ExpertsQuant(q13, q2, act=act, intermediate=act)
+    got = fused_experts(x, None, None, tw, ti, quant=quant, expert_map=expert_map, compute_dtype=F64,
+                        out_dtype=F64)
+    want = _scheme_brute_force(x, q13, q2, tw, ti, unit, unit, expert_map)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_block_quantized_weights_and_group_acts_differ_from_unquantized() -> None:
+    """G128: 128x128 block weights, per-token-group acts; the result equals the unquantized oracle run on the
+    dequantized operands (composition), and differs from the unquantized result (quantization happened)."""
+    g = torch.Generator().manual_seed(6)
+    m, e, k, kd, n = 5, 3, 2, 256, 160
+    x = torch.randn(m, kd, generator=g).bfloat16()
+    w13 = torch.randn(e, 2 * n, kd, generator=g) / kd**0.5
+    w2 = torch.randn(e, kd, n, generator=g) / n**0.5
+    q13, q2 = _quantized_weights(w13, w2, QuantRecipe(unit="block", ragged_k=True))
+    tw, ti = torch.rand(m, k, generator=g), torch.randint(0, e, (m, k), generator=g)
+    act = QuantRecipe(group_size=128, ragged_k=True)
+    got = fused_experts(x, None, None, tw, ti, quant=ExpertsQuant(q13, q2, act=act, intermediate=act),
+                        compute_dtype=F64, out_dtype=F64)
+    xq = dequantize(quantize(x, act), F64)
+    inter = expert_intermediates(xq, torch.stack([dequantize(q, F64) for q in q13]),
+                                 torch.stack([dequantize(q, F64) for q in q2]), tw, ti, compute_dtype=F64,
+                                 intermediate_rounding=IntermediateRounding.NONE)
+    a_rows = inter.a.reshape(m * k, n).to(torch.bfloat16)
+    aq = dequantize(quantize(a_rows, act), F64).reshape(m, k, n)
+    want = torch.zeros(m, kd, dtype=F64)
+    for t in range(m):
+        for j in range(k):
+            want[t] += float(tw[t, j]) * (dequantize(q2[int(ti[t, j])], F64) @ aq[t, j])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    plain = fused_experts(x.double(), w13.double(), w2.double(), tw, ti, compute_dtype=F64)
+    assert not torch.allclose(got, plain, rtol=1e-4, atol=0)
+
+
+def test_weight_only_int4_with_zero_points_matches_unpacked_formula() -> None:
+    """w4a16: no activation quantization, weights (q - zp) * s per group of 32 from the packed nibbles."""
+    g = torch.Generator().manual_seed(8)
+    m, e, k, kd, n = 4, 2, 2, 64, 32
+    x = torch.randn(m, kd, generator=g).bfloat16()
+    w13 = torch.randn(e, 2 * n, kd, generator=g)
+    w2 = torch.randn(e, kd, n, generator=g)
+    recipe = QuantRecipe(dtype="w4a16", group_size=32, zero_point=True)
+    q13, q2 = _quantized_weights(w13, w2, recipe)
+
+    def unpacked(q) -> torch.Tensor:  # byte k//2, shift 4*(k%2); zero points packed along rows the same way
+        rows, cols = q.shape
+        codes = torch.stack([(q.codes >> 4 * (c % 2))[:, c // 2] & 15 for c in range(cols)], dim=1).double()
+        zp = torch.stack([(q.zero_points >> 4 * (r % 2))[r // 2] & 15 for r in range(rows)]).double()
+        col_group = torch.arange(cols) // 32
+        return (codes - zp[:, col_group]) * q.scales.double()[:, col_group]  # exact products
+
+    tw, ti = torch.rand(m, k, generator=g), torch.randint(0, e, (m, k), generator=g)
+    got = fused_experts(x, None, None, tw, ti, quant=ExpertsQuant(q13, q2), compute_dtype=F64, out_dtype=F64)
+    want = brute_force(x, torch.stack([unpacked(q) for q in q13]), torch.stack([unpacked(q) for q in q2]), tw, ti,
+                       round_a_to=torch.bfloat16)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_batched_quantized_padding_rows_do_not_move_per_tensor_scales() -> None:
+    g = torch.Generator().manual_seed(9)
+    e, t, kd, n = 3, 4, 32, 16
+    x = torch.randn(e, t, kd, generator=g).bfloat16()
+    counts = torch.tensor([2, 0, 3])
+    huge = x.clone()
+    huge[0, 2:], huge[1], huge[2, 3:] = 1e4, -1e4, 3e3  # rows beyond the counts
+    q13, q2 = _quantized_weights(torch.randn(e, 2 * n, kd, generator=g), torch.randn(e, kd, n, generator=g),
+                                 QuantRecipe(unit="tensor"))
+    quant = ExpertsQuant(q13, q2, act=QuantRecipe(unit="tensor"), intermediate=QuantRecipe(unit="tensor"))
+    a = batched_experts(x, counts, None, None, quant=quant, compute_dtype=F64, out_dtype=F64)
+    b = batched_experts(huge, counts, None, None, quant=quant, compute_dtype=F64, out_dtype=F64)
+    assert torch.equal(a, b)
+    xq = _fp8_fake_quant_rows(torch.cat([x[0, :2], x[2, :3]]), "tensor")
+    h = dequantize(q13[0]).double() @ xq[0]
+    a0 = torch.tensor(act_vec_64(Activation.SILU_AND_MUL, h.tolist()), dtype=F64)
+    assert a[0, 0].abs().max() > 0 and a[1].abs().max() == 0
+    assert torch.isfinite(a0).all()
+
+
+def test_nvfp4_scheme_uses_the_given_activation_global_scale() -> None:
+    g = torch.Generator().manual_seed(10)
+    m, e, kd, n = 3, 2, 32, 16
+    x = torch.randn(m, kd, generator=g).bfloat16()
+    recipe = QuantRecipe.nvfp4()
+    q13, q2 = _quantized_weights(torch.randn(e, 2 * n, kd, generator=g), torch.randn(e, kd, n, generator=g), recipe)
+    tw, ti = torch.rand(m, 1, generator=g), torch.randint(0, e, (m, 1), generator=g)
+
+    def run(gs: float) -> torch.Tensor:
+        quant = ExpertsQuant(q13, q2, act=recipe, intermediate=recipe, act_global_scale=torch.tensor(gs),
+                             intermediate_global_scale=torch.tensor(gs))
+        return fused_experts(x, None, None, tw, ti, quant=quant, compute_dtype=F64, out_dtype=F64)
+
+    amax = float(x.float().abs().max())
+    assert not torch.equal(run(448 * 6 / amax), run(448 * 6 / amax / 3))
+
+
+def test_quantized_scheme_bad_arguments() -> None:
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(2, 16, 32, generator=g)
+    q13, q2 = _quantized_weights(w, torch.randn(2, 32, 8, generator=g), QuantRecipe(unit="row"))
+    x, tw, ti = torch.randn(3, 32).bfloat16(), torch.rand(3, 1), torch.zeros(3, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="w13 and w2 must be None"):
+        fused_experts(x, w.bfloat16(), None, tw, ti, quant=ExpertsQuant(q13, q2))
+    with pytest.raises(ValueError, match="one QuantizedTensor per local expert"):
+        ExpertsQuant(q13, q2[:1])
+    with pytest.raises(ValueError, match="act must be a QuantRecipe"):
+        ExpertsQuant(q13, q2, act="fp8")  # type: ignore[arg-type]

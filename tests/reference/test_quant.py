@@ -50,6 +50,23 @@ def test_fp8_group_codes_against_float64_and_torch_cast(application: str, group:
     assert torch.equal(qt.codes, want)
 
 
+def test_qmax_over_amax_application_against_float64() -> None:
+    """DeepGEMM's helpers scale by fp32(qmax / max(amax, eps)), not by 1/s: other codes, same stored scale."""
+    x = _x(16, 256, seed=7).bfloat16()
+    recipe = QuantRecipe(group_size=128, application="qmax_over_amax", eps=1e-4)
+    qt = quantize(x, recipe)
+    xg = x.double().view(16, -1, 128)
+    amax = xg.abs().amax(-1).clamp(min=float(torch.tensor(1e-4)))
+    factor = (448.0 / amax).float().double()[..., None]  # fp32 division, via exact float64
+    want = (xg * factor).float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).view(16, 256)
+    assert torch.equal(qt.codes, want)
+    assert torch.equal(qt.scales, (amax / 448.0).float())
+    divide = quantize(x, QuantRecipe(group_size=128, eps=1e-4))
+    assert torch.equal(divide.scales, qt.scales) and not torch.equal(divide.codes, qt.codes)
+    with pytest.raises(ValueError, match="qmax_over_amax"):
+        QuantRecipe(application="qmax_over_amax", scale_rule="ue8m0")
+
+
 def test_per_tensor_and_per_row_scales() -> None:
     x = _x(4, 40)
     qt = quantize(x, QuantRecipe(unit="tensor", dtype="fp8_e5m2"))

@@ -1,0 +1,258 @@
+"""Quantized schemes of the `experts` op: the quant_type x quant_format cells, their inputs, and their error terms.
+
+A scheme fixes three recipes (reference.quant.QuantRecipe): the weights' (quantized by the harness ahead of time,
+per expert), the activations' (quantized dynamically by the kernel before GEMM1) and the intermediate's
+(re-quantization of the activation output before GEMM2), the last two None for weight-only (a16) schemes.
+An adapter adjusts the activation convention with `conventions["act_quant"]` (QuantRecipe fields, e.g.
+{"scale_rule": "ue8m0", "eps": 1e-4, "application": "qmax_over_amax"}) and the weights' with
+`conventions["weight_quant"]` (copied into the case's params when it is drawn: weights are inputs);
+`conventions["weight_dequant_dtype"]` ("bfloat16"/"float16") says a weight-only kernel rounds dequantized weights
+to that dtype before its MMA.
+
+Kernel inputs (codes in the dtype a kernel takes, scales stacked over the local experts E):
+  w13, w2             fp8: torch.float8_e4m3fn; int8: int8; w8a16: uint8; w4a16/mxfp4/nvfp4: uint8, two codes a byte
+                      along K; mxfp8: float8_e4m3fn
+  w13_scale, w2_scale T: [E]; A: [E, rows, 1]; G128 (fp8 block): [E, ceil(rows/128), ceil(K/128)];
+                      G128 (weight-only): [E, rows, K/128]; G32 (MX): uint8 e8m0 [E, rows, K/32];
+                      G16 (NVFP4): uint8 e4m3 [E, rows, K/16]
+  w13_zp, w2_zp       *_zp schemes: uint8 [E, rows/2, G] (w4a16, packed along rows) or [E, rows, G] (w8a16)
+  w13_global_scale, w2_global_scale   nvfp4: fp32 [E] (quant-side convention)
+  a13_global_scale, a2_global_scale   nvfp4: fp32 0-d static activation global scales (calibrated on these inputs)
+
+Error model of a re-quantized intermediate (fp8/int8, exact): the kernel's activation a' lies within e_a of the
+oracle's a; the unit's scale lies between the scales of amax -/+ max(e_a); the dequantized value of a' is then
+bracketed by quantizing a -/+ (e_a + |a| * scale slack) with each candidate scale (rounding is monotone), so an
+element away from a rounding boundary contributes no error at all. MX/NVFP4 intermediates (two-level scales) use a
+looser bound: one code step at the element's magnitude, with the scale possibly doubled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from harness.case import Case
+from reference import experts as ref
+from reference.quant import QuantDtype, QuantizedTensor, QuantRecipe, QuantUnit, dequantize, quantize
+from reference.scales import compute_scale
+
+QUANT_TYPES = ("none", "fp8_w8a8", "int8_w8a8", "w8a16", "w8a16_zp", "w4a16", "w4a16_zp", "mxfp8", "mxfp4_a16",
+               "mxfp4_a8", "nvfp4")
+QUANT_FORMATS = ("-", "T", "A", "G128", "G32", "G16")
+
+#: the quant formats each quant type comes in
+FORMATS_OF: dict[str, tuple[str, ...]] = {
+    "none": ("-",), "fp8_w8a8": ("T", "A", "G128"), "int8_w8a8": ("T", "A"),
+    "w8a16": ("A", "G128"), "w8a16_zp": ("G128",), "w4a16": ("A", "G128"), "w4a16_zp": ("G128",),
+    "mxfp8": ("G32",), "mxfp4_a16": ("G32",), "mxfp4_a8": ("G32",), "nvfp4": ("G16",),
+}
+
+_UNIT = {"T": {"unit": "tensor"}, "A": {"unit": "row"}}
+
+
+@dataclass(frozen=True)
+class Scheme:
+    weight: QuantRecipe
+    act: QuantRecipe | None
+    #: whether the weights' K must be a multiple of the group (no ragged last group)
+    k_multiple: int = 1
+
+
+def inapplicable(cell: Mapping[str, str]) -> str | None:
+    qt, qf = cell.get("quant_type", "none"), cell.get("quant_format", "-")
+    if qf not in FORMATS_OF.get(qt, ()):
+        return f"quant_type {qt} has no quant_format {qf}"
+    if qt != "none" and cell.get("dtype") == "float32":
+        return "quantized schemes take bf16/fp16 activations"
+    return None
+
+
+def scheme(case: Case, conventions: Mapping[str, Any]) -> Scheme | None:
+    """The recipes of the case's cell with the adapter's conventions applied (None: unquantized)."""
+    qt, qf = case.features.get("quant_type", "none"), case.features.get("quant_format", "-")
+    if qt == "none":
+        return None
+    act_over = dict(conventions.get("act_quant", case.params.get("act_quant", {})))
+    w_over = dict(case.params.get("weight_quant", {}))
+    if qt in ("fp8_w8a8", "int8_w8a8"):
+        dt = "fp8_e4m3fn" if qt == "fp8_w8a8" else "int8"
+        if qf == "G128":
+            w = {"unit": "block", "group_size": 128, "block_rows": 128, "ragged_k": True}
+            a = {"unit": "group", "group_size": 128}
+            k_mult = 128
+        else:
+            w, a, k_mult = _UNIT[qf], _UNIT[qf], 1
+        return Scheme(QuantRecipe(dtype=dt, **{**w, **w_over}), QuantRecipe(dtype=dt, **{**a, **act_over}), k_mult)
+    if qt.startswith(("w8a16", "w4a16")):
+        dt = qt.removesuffix("_zp")
+        unit = {"unit": "row"} if qf == "A" else {"unit": "group", "group_size": 128}
+        w = QuantRecipe(dtype=dt, zero_point=qt.endswith("_zp"), **{**unit, **w_over})
+        return Scheme(w, None, 128 if qf == "G128" else (2 if dt == "w4a16" else 1))
+    if qt == "nvfp4":
+        return Scheme(QuantRecipe.nvfp4(**w_over), QuantRecipe.nvfp4(**act_over), 16)
+    wdt = "mxfp8" if qt == "mxfp8" else "mxfp4"
+    act = None if qt == "mxfp4_a16" else QuantRecipe.mx("mxfp8", **act_over)
+    return Scheme(QuantRecipe.mx(wdt, **w_over), act, 32)
+
+
+def _code_view(codes: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    """Oracle codes (uint8 bit patterns) -> the dtype kernels take."""
+    if recipe.dtype in (QuantDtype.FP8_E4M3FN, QuantDtype.MXFP8):
+        return codes.view(torch.float8_e4m3fn)
+    return codes
+
+
+def _oracle_codes(codes: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    return codes.view(torch.uint8) if codes.dtype == torch.float8_e4m3fn else codes
+
+
+def quantize_weights(case: Case, found: dict[str, torch.Tensor], sch: Scheme, device: str) -> None:
+    """Replace found['w13'], found['w2'] (float) by their codes and add the scale inputs, per expert."""
+    for name in ("w13", "w2"):
+        w = found[name].float().cpu()
+        qs = [quantize(w[e], sch.weight) for e in range(w.shape[0])]
+        if not qs:  # no local experts: empty tensors of the right rank
+            found[name] = torch.empty((0, *w.shape[1:]), dtype=torch.uint8, device=device)
+            found[f"{name}_scale"] = torch.empty((0,), dtype=torch.float32, device=device)
+            continue
+        found[name] = _code_view(torch.stack([q.codes for q in qs]), sch.weight).to(device)
+        found[f"{name}_scale"] = torch.stack([q.scales for q in qs]).to(device)
+        if sch.weight.zero_point:
+            found[f"{name}_zp"] = torch.stack([q.zero_points for q in qs]).to(device)
+        if sch.weight.dtype == QuantDtype.NVFP4:
+            found[f"{name}_global_scale"] = torch.stack([q.global_scale for q in qs]).to(device)
+
+
+def calibrate_act_global_scales(case: Case, found: dict[str, torch.Tensor], sch: Scheme,
+                                conventions: Mapping[str, Any]) -> None:
+    """NVFP4: static activation global scales from these inputs' amax (x) and the unquantized intermediate's."""
+    if sch.act is None or sch.act.dtype != QuantDtype.NVFP4:
+        return
+    from reference.quant import _nvfp4_global  # the convention's formula, one place
+
+    quant = to_experts_quant(found, sch, None)
+    x = found["x"]
+    rows = x.reshape(-1, x.shape[-1]).float().cpu()
+    a = _unquantized_intermediate(case, found, quant)
+    found["a13_global_scale"] = _nvfp4_global(rows.abs().amax() if rows.numel() else torch.tensor(0.0),
+                                              sch.act).to(x.device)
+    found["a2_global_scale"] = _nvfp4_global(a.abs().amax().float() if a.numel() else torch.tensor(0.0),
+                                             sch.act).to(x.device)
+
+
+def _unquantized_intermediate(case: Case, found: Mapping[str, torch.Tensor], quant: ref.ExpertsQuant) -> torch.Tensor:
+    w13, w2 = quant.dequantized_weights(torch.device("cpu"))
+    x = found["x"].cpu().double()  # unquantized: no rounding of the activation matters for a calibration
+    if x.dim() == 3:
+        x = x.reshape(-1, x.shape[-1])
+        ids = torch.arange(w13.shape[0]).repeat_interleave(found["x"].shape[1])[:, None]
+        return ref.expert_intermediates(x, w13, w2, torch.ones_like(ids, dtype=torch.float32), ids,
+                                        activation=_activation(case), compute_dtype=torch.float64).a
+    return ref.expert_intermediates(x, w13, w2, found["topk_weights"].cpu(), found["topk_ids"].cpu(),
+                                    activation=_activation(case), expert_map=found.get("expert_map"),
+                                    compute_dtype=torch.float64).a
+
+
+def _activation(case: Case) -> str:
+    from harness.ops.experts import ACTIVATIONS
+
+    return ACTIVATIONS[case.features["activation"]]
+
+
+def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme, shapes: Any) -> ref.ExpertsQuant:
+    """The oracle's view of the quantized inputs: one QuantizedTensor per expert and the activation recipes."""
+    per: dict[str, list[QuantizedTensor]] = {}
+    for name in ("w13", "w2"):
+        codes = _oracle_codes(inputs[name], sch.weight).cpu()
+        scales = inputs[f"{name}_scale"].cpu()
+        e = codes.shape[0]
+        k = codes.shape[-1] * (2 if sch.weight.dtype in (QuantDtype.W4A16, QuantDtype.MXFP4, QuantDtype.NVFP4) else 1)
+        shape = (codes.shape[1], k)
+        per[name] = [QuantizedTensor(
+            codes=codes[i], scales=scales[i], recipe=sch.weight, shape=shape,
+            global_scale=inputs[f"{name}_global_scale"][i].cpu() if f"{name}_global_scale" in inputs else None,
+            zero_points=inputs[f"{name}_zp"][i].cpu() if f"{name}_zp" in inputs else None) for i in range(e)]
+    gs = {}
+    if "a13_global_scale" in inputs:
+        gs = {"act_global_scale": inputs["a13_global_scale"].cpu(),
+              "intermediate_global_scale": inputs["a2_global_scale"].cpu()}
+    return ref.ExpertsQuant(per["w13"], per["w2"], act=sch.act, intermediate=sch.act, **gs)
+
+
+# ------------------------------------------------------------------------------------------------- error model
+
+
+def requant_error(a: torch.Tensor, e_a: torch.Tensor, recipe: QuantRecipe, valid: torch.Tensor,
+                  global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Bound on |dequant(quant(a')) - dequant(quant(a))| for any a' with |a' - a| <= e_a (rows [R, N], float64).
+
+    Rows outside `valid` are zero (no activation). See the module docstring for the method.
+    """
+    out = torch.zeros_like(a)
+    if not bool(valid.any()):
+        return out
+    av, ev = a[valid], e_a[valid]
+    if recipe.dtype in (QuantDtype.FP8_E4M3FN, QuantDtype.INT8):
+        out[valid] = _bracketed(av, ev, recipe)
+    else:
+        out[valid] = _one_step(av, ev, recipe)
+    return out
+
+
+def _units(t: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    """Per-unit max of t [R, N] in the unit's logical scale shape ([] tensor, [R, 1] row, [R, G] group)."""
+    if recipe.unit == QuantUnit.TENSOR:
+        return t.amax()
+    if recipe.unit == QuantUnit.ROW:
+        return t.amax(dim=1, keepdim=True)
+    g = recipe.group_size
+    pad = (-t.shape[1]) % g
+    tp = torch.nn.functional.pad(t, (0, pad))
+    return tp.reshape(t.shape[0], -1, g).amax(dim=2)
+
+
+def _expand(s: torch.Tensor, like: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    if recipe.unit in (QuantUnit.TENSOR, QuantUnit.ROW):
+        return s.expand_as(like) if s.dim() else s.expand(like.shape)
+    return s.repeat_interleave(recipe.group_size, dim=1)[:, : like.shape[1]]
+
+
+def _bracketed(a: torch.Tensor, e: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    from reference.quant import _emax_elem, _qmax
+
+    fixed = replace(recipe, layout="row_major", application="divide" if recipe.application.value == "qmax_over_amax"
+                    else recipe.application)
+    amax = _units(a.abs(), recipe).float()
+    amax_lo = _units((a.abs() - e).clamp_min(0), recipe).float()
+    amax_hi = _units(a.abs() + e, recipe).float()
+    kw = dict(eps=recipe.eps, eps_placement=recipe.eps_placement, formula=recipe.scale_formula,
+              ue8m0_clamp=recipe.ue8m0_clamp, emax_elem=_emax_elem(recipe.dtype))
+    qmax = _qmax(recipe.dtype)
+    nominal = compute_scale(amax, qmax, recipe.scale_rule, **kw)
+    candidates = [compute_scale(amax_lo, qmax, recipe.scale_rule, **kw), nominal,
+                  compute_scale(amax_hi, qmax, recipe.scale_rule, **kw)]
+    base = dequantize(quantize(a.float(), fixed, scales=nominal), torch.float64)
+    # a scale that moved by a relative r moves every a/s by r|a|/s: widen the interval by it
+    rel = ((candidates[2] - candidates[0]) / nominal.clamp_min(1e-30)).double()
+    widen = e * (1 + 2**-20) + a.abs() * _expand(rel, a, recipe) + 2**-22 * a.abs()
+    worst = torch.zeros_like(a)
+    for s in candidates:
+        for side in (a - widen, a + widen):
+            d = dequantize(quantize(side.float(), fixed, scales=s), torch.float64)
+            worst = torch.maximum(worst, (d - base).abs())
+    # values between the bracket ends: monotone rounding keeps them between the ends' dequantized values
+    return worst + 2**-22 * a.abs()
+
+
+def _one_step(a: torch.Tensor, e: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    mant = 3 if recipe.dtype == QuantDtype.MXFP8 else 1  # e4m3 elements, else e2m1
+    sub = 2.0**-9 if mant == 3 else 0.5
+    amax = _units(a.abs(), recipe).double()
+    # scales of MX are 2^(floor(log2 amax) - emax); NVFP4 effective scales are about amax / 6: bound both by amax
+    s = _expand(amax, a, recipe) * (2.0**-8 if mant == 3 else 2.0**-2) * 2
+    return 2 * (a.abs() * 2.0**-mant + sub * s) + e
+
+
