@@ -13,8 +13,9 @@ What torch requires (aten/src/ATen/native/GroupedMMUtils.h and cuda/GroupedBlas.
 Numerics: both GEMMs accumulate in fp32 and round their outputs to bf16, so h is rounded before the activation
 (IntermediateRounding.GEMM1_AND_ACTIVATION_OUTPUT) and the router weight multiplies the rounded expert output
 (WeightPlacement.ROUNDED_EXPERT_OUTPUT). Activation, router weight and reduce run here in fp32 with one rounding
-at the end. apply-router-weight-on-input multiplies GEMM1's (rounded) output in fp32 rather than rounding x * w
-to bf16 first. Non-local slots (expert map) sort last, past offs[-1], and are masked out of the reduce.
+at the end. apply-router-weight-on-input (a test path only, not declared by the adapter) multiplies GEMM1's
+rounded output in fp32: round(x.W) * w, which differs from round((w x).W) by up to one bf16 rounding.
+Non-local slots (expert map) sort last, past offs[-1], and are masked out of the reduce.
 """
 
 from __future__ import annotations

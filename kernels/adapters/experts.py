@@ -38,8 +38,10 @@ TRITON_STANDARD = {"format": ("standard",), **_UNQUANTIZED, "activation": tuple(
                    "bias": ("N", "Y")}
 TRITON_BATCHED = {**TRITON_STANDARD, "format": ("batched",), "apply_weight_on_input": ("N",), "expert_map": ("N",)}
 NAIVE_BATCHED = dict(TRITON_BATCHED)
+#: no apply-weight-on-input: torch._grouped_mm rounds x.W13 to bf16 before any weight could be applied, so
+#: round(x.W) * w can never match the convention's round((w x).W)
 GROUPED_MM = {"format": ("standard", "batched"), **_UNQUANTIZED, "activation": tuple(ACTIVATIONS),
-              "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"), "dtype": ("bfloat16",),
+              "apply_weight_on_input": ("N",), "expert_map": ("N", "Y"), "dtype": ("bfloat16",),
               "bias": ("N",)}
 
 #: Triton paths: h stays fp32, a is rounded to x.dtype, GEMM2 and reduce fp32 with one rounding, the router
