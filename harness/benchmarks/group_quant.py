@@ -1,8 +1,8 @@
 """Benchmarks of op `group_quant`: the Triton kernel against the torch oracle at DeepSeek-V3 activation sizes.
 
-K = 7168 (hidden size), M = 4096 and 16384 tokens (16 off the GPU: a smoke run), bf16 input. Memory bound: bytes_moved = read x once + write
-codes + write scales (the per-tensor unit reads x twice by construction - amax, then quant - so its % of copy
-bandwidth is at most about 3/5 of what a one-pass stage reaches).
+K = 7168 (hidden size), M = 4096 and 16384 tokens (16 off the GPU: a smoke run), bf16 input. Memory bound:
+bytes_moved = read x once + write codes + write scales (the per-tensor unit reads x twice by construction - amax,
+then quant - so its % of copy bandwidth is at most about 3/5 of what a one-pass stage reaches).
 """
 
 from __future__ import annotations
