@@ -34,8 +34,6 @@ LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_E = 1024  # a whole row stays in registers
 MAX_K = 32  # the k rounds are unrolled
 
-_SOFTMAX, _SIGMOID, _LLAMA4 = 0, 1, 2
-
 
 @triton.jit
 def _route_kernel(
@@ -43,7 +41,7 @@ def _route_kernel(
     M, E, PER_GROUP,
     stride_lm, stride_le, stride_wm, stride_wk, stride_im, stride_ik,
     scale,
-    K: tl.constexpr, TOPK_GROUP: tl.constexpr, SCORING: tl.constexpr, HAS_BIAS: tl.constexpr,
+    K: tl.constexpr, TOPK_GROUP: tl.constexpr, SCORING: tl.constexpr, HAS_BIAS: tl.constexpr,  # SCORINGS index
     GROUPED: tl.constexpr, RENORM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
