@@ -25,7 +25,7 @@ from harness.ops import experts_quant as xq
 from harness.ops.activation import oracle_kwargs
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
-from harness.strategies import boundary_sizes, num_experts, top_k
+from harness.strategies import boundary_sizes, limit, num_experts, top_k
 from reference import activations as acts
 from reference import experts as ref
 
@@ -72,6 +72,8 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
         m, k = case.shape("M"), case.shape("k")
         found["x"] = gen.randn(case, "x", (m, hidden), dt, device)
         found["topk_weights"] = gen.topk_weights(case, m, k, device)
+        if k == 1:  # rows of one weight would all be 1.0 after normalizing: a dropped weight would go unseen
+            found["topk_weights"] = gen.uniform(case, "topk_weights", (m, 1), 0.05, 1.0, device)
         found["topk_ids"] = gen.topk_ids(case, m, e, k, device)
         if yes(case.features["expert_map"]):
             found["expert_map"] = gen.expert_map(case, e, device)
@@ -93,6 +95,16 @@ def _oracle_kwargs(case: Case, conventions: Mapping[str, Any]) -> dict[str, Any]
     kw["activation"] = _act(case)
     if "intermediate_rounding" in conventions:
         kw["intermediate_rounding"] = ref.IntermediateRounding(conventions["intermediate_rounding"])
+    return kw
+
+
+def _reduce_kwargs(conventions: Mapping[str, Any]) -> dict[str, Any]:
+    """The reduce's conventions (standard format only)."""
+    kw: dict[str, Any] = {}
+    if "weight_placement" in conventions:
+        kw["weight_placement"] = ref.WeightPlacement(conventions["weight_placement"])
+    if "accumulation" in conventions:
+        kw["accumulation"] = ref.Accumulation(conventions["accumulation"])
     return kw
 
 
@@ -191,9 +203,12 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         bound = bound + C_OUT * u_out * want.abs() + tiny
         return [Check("out", "bounded", expected=want, bound=bound, mask=mask)]
     on_input = yes(case.features["apply_weight_on_input"])
+    red = _reduce_kwargs(conventions)
+    # in float64 the output-dtype roundings of these conventions would vanish: round to x.dtype where they do
     want = ref.fused_experts(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"], **kw, **biases,
                              expert_map=cpu.get("expert_map"), apply_router_weight_on_input=on_input,
-                             compute_dtype=torch.float64, out_dtype=torch.float64, quant=quant)
+                             compute_dtype=torch.float64, out_dtype=dt if red else torch.float64, quant=quant,
+                             **red).double()
     m, k = cpu["topk_ids"].shape
     ids = cpu["topk_ids"].long()
     if "expert_map" in cpu:
@@ -208,10 +223,14 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     inter = ref.expert_intermediates(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"],
                                      **kw, **biases, expert_map=cpu.get("expert_map"),
                                      apply_router_weight_on_input=on_input, compute_dtype=torch.float64, quant=quant)
+    if red.get("weight_placement") == ref.WeightPlacement.ROUNDED_EXPERT_OUTPUT:
+        e_y = rounding_bracket(inter.y, e_y, dt)  # y is rounded to the output dtype before the weight
     wa = torch.ones_like(w) if on_input else w.abs()
     wy = (wa[..., None] * inter.y.abs() * inter.local[..., None]).sum(dim=1)
     ey = (wa[..., None] * e_y * inter.local[..., None]).sum(dim=1)
     bound = ey + C_DOT * UNIT_ROUNDOFF["float32"] * math.sqrt(k) * wy + C_OUT * u_out * want.abs() + tiny
+    if red.get("accumulation") == ref.Accumulation.SEQUENTIAL_OUT_DTYPE:
+        bound = bound + k * u_out * wy  # every partial sum rounded to the output dtype
     return [Check("out", "bounded", expected=want, bound=bound)]
 
 
@@ -238,10 +257,8 @@ def _fit(v: int, mult: int) -> int:
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     mult = _multiple(cell)
     e = draw(num_experts(min(lim(adapter, "max_E"), 64)))
-    hidden = draw(boundary_sizes(lim(adapter, "block_K") if "block_K" in adapter.limits else 32, lim(adapter, "max_K"),
-                                 minimum=1))
-    n = draw(boundary_sizes(lim(adapter, "block_N") if "block_N" in adapter.limits else 32, lim(adapter, "max_N"),
-                            minimum=1))
+    hidden = draw(boundary_sizes(limit(adapter, "block_K", 32), lim(adapter, "max_K"), minimum=1))
+    n = draw(boundary_sizes(limit(adapter, "block_N", 32), lim(adapter, "max_N"), minimum=1))
     hidden, n = _fit(hidden, mult), _fit(n, mult)
     params: dict[str, Any] = _quant_params(adapter, cell)
     if cell["format"] == "batched":
