@@ -3,6 +3,8 @@
 Commands:
   matrix   run the deterministic sweep on this device and record every verdict
   replay   re-run one case file and print its verdict (exit 0 pass, 1 fail, 125 cannot test here)
+  diff     the cells whose verdict differs between two result sets
+  bisect   git-bisect the first commit where a case fails (this repository or an external kernel's)
   bench    time the oracle (and, as they land, the kernels) on this device
   golden   check or regenerate the committed golden vectors
 """
@@ -105,34 +107,55 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from harness.case import Case
+    from harness.replay import EXIT_BAD_FILE, describe, read_case_file, replay
 
     try:
-        with open(args.case, encoding="utf-8") as fh:
-            text = fh.read()
-        import json
-
-        data = json.loads(text)
-        case = Case.from_dict(data.get("case", data) if isinstance(data, dict) else data)
-    except (OSError, ValueError) as e:
-        print(f"error: cannot read case file {args.case!r}: {e}", file=sys.stderr)
-        return 2
-    _prepare_device(args.device)
-    from harness import adapters, runner
-    from harness.device import detect
-
-    try:
-        adapter = adapters.resolve(args.adapter or case.adapter)
-        dev = detect(args.device)
+        case_file = read_case_file(args.case, validate=False)  # the child validates it (keeps torch out of here)
     except ValueError as e:
-        print(f"cannot test here: {e}", file=sys.stderr)
-        return 125
-    r = runner.judge(case, adapter, dev, unverifiable=_unverifiable())
-    print(f"{r.verdict}: {adapter.name} on {dev.generation}" + (f": {r.reason}" if r.reason else ""))
-    for key in ("margin", "max_error"):
-        if key in r.metrics:
-            print(f"  {key}: {r.metrics[key]:.4g}")
-    return {"pass": 0, "fail": 1, "error": 1}.get(r.verdict, 125)
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_FILE
+    # the case runs in a child process: a crash or hang of the kernel becomes a fail, never this process's death
+    outcome = replay(case_file, adapter=args.adapter, device=args.device, timeout=args.timeout)
+    print(describe(outcome, case_file), flush=True)
+    return outcome.exit_code
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from harness.diff import diff, load_side, to_markdown
+    from harness.results import ResultsFileError
+
+    try:
+        a, b = load_side(args.a), load_side(args.b)
+    except (ResultsFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    d = diff(a, b)
+    text = to_markdown(d, cases_dir=args.cases_dir, list_all=args.all)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"wrote {args.out}: {len(d.differing)} cell(s) differ")
+    else:
+        print(text, end="")
+    return 1 if d.differing else 0
+
+
+def _cmd_bisect(args: argparse.Namespace) -> int:
+    from harness.bisect import BisectError, bisect
+
+    try:
+        r = bisect(args.case, args.good, args.bad, repo=args.repo, device=args.device, adapter=args.adapter,
+                   timeout=args.timeout, log_path=args.log, check_ends=not args.no_check, keep=args.keep,
+                   out=None if args.quiet else sys.stderr)
+    except (BisectError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if r.first_bad:
+        print(f"first bad commit: {r.first_bad} {r.subject}")
+    else:
+        print("first bad commit is one of (skipped commits hide it): " + " ".join(r.candidates))
+    print(f"log: {r.log_path}")
+    return r.exit_code
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -204,9 +227,42 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="re-run one case file; exit 0 pass, 1 fail, 125 cannot test here")
     r.add_argument("case", help="a case JSON file (a Case, or a result record holding one)")
-    r.add_argument("--adapter", help="run this adapter instead of the one named in the case")
+    r.add_argument("--adapter", help="run this adapter (name or module:object) instead of the case file's")
     r.add_argument("--device", default="auto")
+    r.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before a hanging kernel is killed and the case failed (default 300)")
     r.set_defaults(func=_cmd_replay)
+
+    d = sub.add_parser("diff", help="cells whose verdict differs between two result sets (markdown)",
+                       description="Compare two result sets (files or folders: two generations, two commits) "
+                       "cell by cell; print the differing cells as a markdown table with the case files to replay. "
+                       "Exit 0 when none differ, 1 when some do, 2 for an unreadable input.")
+    d.add_argument("a", help="results A (a JSONL file or a folder)")
+    d.add_argument("b", help="results B (a JSONL file or a folder)")
+    d.add_argument("--cases-dir", default="results/local/diff-cases",
+                   help="where case files are written for failing cases that have none next to their results")
+    d.add_argument("--all", action="store_true", help="also list cells run on one side only")
+    d.add_argument("--out", help="write the markdown here instead of printing it")
+    d.set_defaults(func=_cmd_diff)
+
+    bi = sub.add_parser("bisect", help="git-bisect the first commit where a case fails",
+                        description="Bisect this repository (or --repo, an external kernel's) between --good and "
+                        "--bad with `git bisect run` and replay, using a copy of this harness taken first; the "
+                        "repository is bisected in a temporary clone, never in place. Exit 0 with the first bad "
+                        "commit, 1 when skipped commits hide it, 2 when the bisect cannot be set up.")
+    bi.add_argument("case", help="the case file to replay at each commit")
+    bi.add_argument("--good", required=True, help="a commit where the case passes")
+    bi.add_argument("--bad", required=True, help="a later commit where it fails")
+    bi.add_argument("--repo", help="the git repository to bisect (default: the one holding the current directory)")
+    bi.add_argument("--adapter", help="adapter to replay (name or module:object) instead of the case file's")
+    bi.add_argument("--device", default="auto")
+    bi.add_argument("--timeout", type=float, default=300.0, help="per-replay timeout in seconds (default 300)")
+    bi.add_argument("--log", help="log file (default results/local/bisect/<case-id>-<time>.log)")
+    bi.add_argument("--no-check", action="store_true",
+                    help="do not replay at --good and --bad first (they are trusted as given)")
+    bi.add_argument("--keep", action="store_true", help="keep the temporary clone and harness copy")
+    bi.add_argument("--quiet", action="store_true", help="do not echo the bisect's output (it is still logged)")
+    bi.set_defaults(func=_cmd_bisect)
 
     b = sub.add_parser("bench", help="time kernels (or the oracle) on this device")
     b.add_argument("--op", required=True, help="what to time: an op (routing, group_quant, ...) or reference-experts")

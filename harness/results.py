@@ -88,6 +88,20 @@ class ResultStore:
         self._fh.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
         self._fh.flush()
         self.count += 1
+        if result.verdict in ("fail", "error"):
+            self._write_case_file(result)
+
+    def _write_case_file(self, result: Result) -> None:
+        """A failure also becomes a replayable `<dir>/cases/<case-id>.json` (harness.replay); the line is kept
+        even when that file cannot be written."""
+        from harness.replay import write_case_file  # lazy: replay imports this module
+
+        try:
+            write_case_file(result, self.directory / "cases")
+        except (OSError, TypeError, ValueError) as e:
+            import warnings
+
+            warnings.warn(f"could not write the case file of {result.case.case_id}: {e}", stacklevel=3)
 
     def append_meta(self, kind: str, record: dict[str, Any]) -> None:
         """Write one metadata record (not a verdict; not counted)."""
