@@ -351,7 +351,7 @@ def _unit_reduce(x: torch.Tensor, recipe: QuantRecipe, op: str) -> torch.Tensor:
     k = v.shape[-1]
     g = recipe.group_size
     kg = _num_groups(k, recipe)
-    vk = torch.full((*v.shape[:-1], kg * g), fill, dtype=v.dtype)
+    vk = torch.full((*v.shape[:-1], kg * g), fill, dtype=v.dtype, device=v.device)
     vk[..., :k] = v  # padding never wins the reduction: the unit is its valid elements
     vk = vk.view(*v.shape[:-1], kg, g)
     if recipe.unit == QuantUnit.GROUP:
@@ -359,7 +359,7 @@ def _unit_reduce(x: torch.Tensor, recipe: QuantRecipe, op: str) -> torch.Tensor:
     m = v.shape[-2]
     br = recipe.block_rows
     mb = -(-m // br)
-    vm = torch.full((*v.shape[:-2], mb * br, kg, g), fill, dtype=v.dtype)
+    vm = torch.full((*v.shape[:-2], mb * br, kg, g), fill, dtype=v.dtype, device=v.device)
     vm[..., :m, :, :] = vk
     vm = vm.view(*v.shape[:-2], mb, br, kg, g)
     return red(red(vm, dim=-1), dim=-2)
@@ -515,7 +515,7 @@ def _quantize_weight_only(x32: torch.Tensor, recipe: QuantRecipe, scales: torch.
             s = check_tensor("scales", scales, dtypes=(torch.float32,), shape=_scale_shape(shape, recipe))
         else:
             s = _recipe_float_scale(_unit_reduce(x32, recipe, "amax"), float(mid - 1), recipe)
-        zp = torch.full(s.shape, float(mid), dtype=torch.float64)
+        zp = torch.full(s.shape, float(mid), dtype=torch.float64, device=s.device)
     v = apply_scale(x32, _expand(s, shape, recipe), recipe.application).to(torch.float64)
     q = (torch.round(v) + _expand(zp, shape, recipe)).clamp(0, top).to(torch.uint8)
     zpt = zp.to(torch.uint8) if recipe.zero_point else None
@@ -585,6 +585,6 @@ def dequantize(qt: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> t
     else:
         if qt.zero_points is not None:
             raise ValueError("zero_points given but recipe.zero_point is False (implicit zero point)")
-        zp = torch.full(s.shape, 1 << (bits - 1), dtype=torch.uint8)
+        zp = torch.full(s.shape, 1 << (bits - 1), dtype=torch.uint8, device=s.device)
     diff = q.to(od) - _expand(zp.to(od), shape, r)
     return diff * _expand(s, shape, r).to(od)

@@ -244,7 +244,7 @@ def to_column_major_tma(s: torch.Tensor, align: int = 4) -> torch.Tensor:
     """[M, G] -> [M, G] view (strides (1, M_pad)) of a zero-padded [G, M_pad] storage, M_pad = M rounded up to align."""
     _check_2d("scales", s)
     m, g = s.shape
-    storage = torch.zeros(g, _round_up(m, align), dtype=s.dtype)
+    storage = torch.zeros(g, _round_up(m, align), dtype=s.dtype, device=s.device)
     storage[:, :m] = s.t()
     return storage.as_strided((m, g), (1, storage.shape[1]))
 
@@ -266,12 +266,12 @@ def pack_ue8m0(s: torch.Tensor) -> torch.Tensor:
         raise ValueError("scales must be powers of two (ue8m0 or ocp_floor rule) to pack into the ue8m0 layout")
     mn, g = s.shape
     gp = (g + 3) // 4
-    codes = torch.zeros(mn, gp * 4, dtype=torch.int64)
+    codes = torch.zeros(mn, gp * 4, dtype=torch.int64, device=s.device)
     codes[:, :g] = formats.encode(s, formats.FloatFormat.E8M0).to(torch.int64)
     c = codes.view(mn, gp, 4)
     word = c[..., 0] | (c[..., 1] << 8) | (c[..., 2] << 16) | (c[..., 3] << 24)  # unsigned 32-bit value
     word = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
-    storage = torch.zeros(gp, _round_up(mn, 4), dtype=torch.int32)
+    storage = torch.zeros(gp, _round_up(mn, 4), dtype=torch.int32, device=s.device)
     storage[:, :mn] = word.t()
     return storage.as_strided((mn, gp), (1, storage.shape[1]))
 
@@ -293,7 +293,7 @@ def swizzle_128x4(s: torch.Tensor) -> torch.Tensor:
     _check_2d("scales", s)
     m, g = s.shape
     mp, gp = _round_up(m, 128), _round_up(g, 4)
-    padded = torch.zeros(mp, gp, dtype=s.dtype)
+    padded = torch.zeros(mp, gp, dtype=s.dtype, device=s.device)
     padded[:m, :g] = s
     # padded[mt*128 + m4*32 + m32, kt*4 + k4] goes to flat ((mt*Kt + kt)*32 + m32)*16 + m4*4 + k4
     t = padded.view(mp // 128, 4, 32, gp // 4, 4).permute(0, 3, 2, 1, 4)
