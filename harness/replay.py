@@ -330,6 +330,6 @@ def describe(outcome: Outcome, case_file: CaseFile | None = None) -> str:
         versions = rec.get("versions") or {}
         prov = ", ".join(f"{k} {str(v)[:12]}" for k, v in versions.items() if v and k in ("torch", "triton", "commit"))
         same = "reproduced" if rec["verdict"] == outcome.verdict else f"now {outcome.verdict}"
-        lines.append(f"  recorded: {rec['verdict']} on {rec.get('generation') or '?'}"
-                     + (f" ({prov})" if prov else "") + f" -> {same}")
+        on = f" on {rec['generation']}" if rec.get("generation") else ""
+        lines.append(f"  recorded: {rec['verdict']}{on}" + (f" ({prov})" if prov else "") + f" -> {same}")
     return "\n".join(lines)
