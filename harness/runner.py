@@ -171,6 +171,17 @@ def _summary(checks: list[Comparison]) -> tuple[str, dict[str, Any]]:
     return "; ".join(c.reason for c in failed), metrics
 
 
+def _describe(e: BaseException) -> str:
+    """The exception and its causes: a Triton CompilationError names the failing line, its cause says why."""
+    parts, seen = [], set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen and len(parts) < 4:
+        seen.add(id(cur))
+        parts.append(f"{type(cur).__name__}: {cur}".strip())
+        cur = cur.__cause__ or cur.__context__
+    return " <- caused by ".join(parts)
+
+
 def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None) -> Result:
     """Run `case` on `adapter` on `device` and judge it. Never raises for kernel misbehaviour."""
     t0 = time.perf_counter()
@@ -200,7 +211,7 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     try:
         first = _run_adapter(adapter, case, inputs, specs, device.device, 0)
     except Exception as e:
-        msg = f"{type(e).__name__}: {e}"
+        msg = _describe(e)
         if not declared:
             return result("unsupported", f"rejected undeclared cell ({why_not}): {msg}", exception=msg)
         tb = traceback.extract_tb(e.__traceback__)[-1]

@@ -52,24 +52,29 @@ def _bitonic_sort(x, LOG: tl.constexpr):
     """Ascending sort of a [2**LOG] int tensor (bitonic network). Partners i and i ^ 2**t meet as the halves
     of a [A, B, 2] view (split/join are single ops in the interpreter too, unlike tl.sort's xor reduction,
     which it runs element by element)."""
-    C: tl.constexpr = 1 << LOG
     for s in tl.static_range(1, LOG + 1):
         for u in tl.static_range(s):
-            t: tl.constexpr = s - 1 - u
-            A: tl.constexpr = C >> (t + 1)
-            B: tl.constexpr = 1 << t
-            left, right = tl.split(tl.permute(tl.reshape(x, [A, 2, B]), (0, 2, 1)))
-            lo = tl.minimum(left, right)
-            hi = tl.maximum(left, right)
-            if s < LOG:  # runs of 2**s alternate direction, so that pairs of runs form bitonic sequences
-                desc = ((tl.arange(0, A) >> (s - t - 1)) & 1)[:, None] == 1
-                first = tl.where(desc, hi, lo)
-                second = tl.where(desc, lo, hi)
-            else:
-                first = lo
-                second = hi
-            x = tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), [C])
+            # one step per call: Triton 3.6 refuses to re-bind a constexpr inside a loop body
+            x = _bitonic_step(x, s, s - 1 - u, LOG)
     return x
+
+
+@triton.jit
+def _bitonic_step(x, S: tl.constexpr, T: tl.constexpr, LOG: tl.constexpr):
+    C: tl.constexpr = 1 << LOG
+    A: tl.constexpr = C >> (T + 1)
+    B: tl.constexpr = 1 << T
+    left, right = tl.split(tl.permute(tl.reshape(x, [A, 2, B]), (0, 2, 1)))
+    lo = tl.minimum(left, right)
+    hi = tl.maximum(left, right)
+    if S < LOG:  # runs of 2**s alternate direction, so that pairs of runs form bitonic sequences
+        desc = ((tl.arange(0, A) >> (S - T - 1)) & 1)[:, None] == 1
+        first = tl.where(desc, hi, lo)
+        second = tl.where(desc, lo, hi)
+    else:
+        first = lo
+        second = hi
+    return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), [C])
 
 
 @triton.jit

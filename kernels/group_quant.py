@@ -77,9 +77,11 @@ def _codes_of(x, s, QMAX: tl.constexpr, POW2: tl.constexpr, OUT_INT8: tl.constex
             # round half to even: adding 1.5 * 2**23 leaves no fraction bits and the fp32 add rounds to nearest
             # even (exact for |y| <= 2**22; no libdevice, so it also runs in an unpatched interpreter)
             y = (y + 12582912.0) - 12582912.0
-        return y.to(tl.int8)  # truncates toward zero (exact after the rounding)
-    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)  # clamp first: the cast must never see |y| > qmax
-    return y.to(tl.float8e4nv)
+        q = y.to(tl.int8)  # truncates toward zero (exact after the rounding)
+    else:  # an else, not an early return: Triton 3.6 types the dead branch's return too
+        y = tl.minimum(tl.maximum(y, -QMAX), QMAX)  # clamp first: the cast must never see |y| > qmax
+        q = y.to(tl.float8e4nv)
+    return q
 
 
 @triton.jit

@@ -22,10 +22,10 @@ from harness.adapters import Adapter
 from harness.case import Case
 from harness.errors import C_DOT, C_OUT, UNIT_ROUNDOFF, rounding_bracket, unit_roundoff
 from harness.ops import experts_quant as xq
-from harness.ops.activation import oracle_kwargs
+from harness.ops.activation import operand_magnitude, oracle_kwargs
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
-from harness.strategies import boundary_sizes, limit, num_experts, top_k
+from harness.strategies import boundary_sizes, limit, local_experts, num_experts, top_k
 from reference import activations as acts
 from reference import experts as ref
 
@@ -157,7 +157,9 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     a = acts.apply_activation(kw["activation"], hg, **act_kw)
     (grad,) = torch.autograd.grad(a.sum(), hg)
     a = a.detach()
-    e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions) + 64 * UNIT_ROUNDOFF["float32"] * a.abs()
+    # fp32 evaluation: relative to the operands where the activation cancels (gelu's negative tail)
+    mag = torch.maximum(a.abs(), operand_magnitude(h, kw["activation"], conventions))
+    e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions) + 64 * UNIT_ROUNDOFF["float32"] * mag
     if kw.get("activation_rounding", acts.Rounding.ROUND_ONCE) != acts.Rounding.ROUND_ONCE:
         e_a = e_a + u_in * a.abs()  # an inner rounding (e.g. act(gate) before the multiply), not bracketed
     if rounding != ref.IntermediateRounding.NONE:
@@ -268,7 +270,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
     m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
     if yes(cell["expert_map"]):
-        params["local_experts"] = draw(st.integers(min_value=0, max_value=e))
+        params["local_experts"] = draw(local_experts(e))
     routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
             "routing": routing, "params": params}
