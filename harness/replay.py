@@ -237,7 +237,8 @@ def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str) 
         if case.adapter != adapter.name:
             case = case.replace(adapter=adapter.name)
         r = runner.judge(case, adapter, dev, unverifiable=unverifiable_here())
-        conn.send({"status": "judged", "result": r.to_dict(), "adapter": adapter.name})
+        # as JSON text: plain values only, so that unpickling in the parent never imports torch (TorchVersion)
+        conn.send({"status": "judged", "result": json.loads(json.dumps(r.to_dict())), "adapter": adapter.name})
     except BaseException as e:  # the harness itself failed here: nothing is known about the kernel
         conn.send({"status": "untestable", "reason": f"harness failed to replay: {type(e).__name__}: {e}"})
     finally:

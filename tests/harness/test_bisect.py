@@ -98,5 +98,5 @@ def test_bisect_refuses_wrong_endpoints(toy_repo, tmp_path) -> None:  # type: ig
         bisect(case_path, shas[4], shas[0], repo=repo, device="cpu", log_path=tmp_path / "a.log")
     with pytest.raises(BisectError, match="not a commit"):
         bisect(case_path, "no-such-rev", shas[4], repo=repo, device="cpu", log_path=tmp_path / "b.log")
-    with pytest.raises(BisectError, match="passes at --bad"):  # one replay: the case passes at c0
-        bisect(case_path, shas[0], shas[0], repo=repo, device="cpu", log_path=tmp_path / "c.log")
+    with pytest.raises(BisectError, match="fails at --good"):  # c3 is not good: bisecting c3..c4 would blame c4
+        bisect(case_path, shas[3], shas[4], repo=repo, device="cpu", log_path=tmp_path / "c.log")
