@@ -126,6 +126,9 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
     try:
         a, b = load_side(args.a), load_side(args.b)
+        for side, path in ((a, args.a), (b, args.b)):
+            if not side.results:  # an empty or wholly unreadable side would make "no cell differs" a lie
+                raise ResultsFileError(f"no results in {path}")
     except (ResultsFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -140,6 +140,12 @@ def _result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return files
 
 
+def _generations() -> tuple[str, ...]:
+    from harness.device import GENERATIONS  # imported late: harness.device imports torch
+
+    return GENERATIONS
+
+
 def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[Result | dict[str, Any]]:
     for path in _result_files(paths):
         with open(path, encoding="utf-8") as fh:
@@ -153,7 +159,10 @@ def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[
                 if isinstance(d, dict) and "kind" in d and "case" not in d:
                     yield d
                 else:
-                    yield Result.from_dict(d)
+                    r = Result.from_dict(d)
+                    if r.generation and r.generation not in _generations():
+                        raise ValueError(f"unknown generation {r.generation!r} (known: {', '.join(_generations())})")
+                    yield r
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 truncated = lineno == last and not line.endswith("}")
                 if truncated or not strict:

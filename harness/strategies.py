@@ -58,6 +58,12 @@ def top_k(e: int, max_k: int = 16) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from(sorted({1, hi})), st.integers(min_value=1, max_value=max(hi, 1)))
 
 
+def local_experts(e: int) -> st.SearchStrategy[int]:
+    """How many of E experts are local under an expert map, biased to the edges: none local (every row of the
+    output must still be written, as zeros) and all local."""
+    return st.one_of(st.sampled_from(sorted({0, e})), st.integers(min_value=0, max_value=e))
+
+
 def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
     spec = ops.get(adapter.op)
     cells = adapter.declared_cells({a.name: a.values for a in spec.axes})

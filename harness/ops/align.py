@@ -18,7 +18,7 @@ from harness.adapters import Adapter
 from harness.case import Case
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim
-from harness.strategies import boundary_sizes, num_experts, top_k
+from harness.strategies import boundary_sizes, local_experts, num_experts, top_k
 from reference import permute as ref
 
 AXES = (
@@ -77,7 +77,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     m = draw(boundary_sizes(int(cell["block_size"]), lim(adapter, "max_M") * 4))
     params = {}
     if cell["expert_map"] != "none":
-        params["local_experts"] = draw(st.integers(min_value=0, max_value=e))
+        params["local_experts"] = draw(local_experts(e))
     routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
     return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"topk_ids": cell["ids_dtype"]}, "routing": routing,
             "params": params}

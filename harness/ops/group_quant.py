@@ -67,8 +67,11 @@ CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "int8
 _CODE_DTYPES = {"fp8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8}
 _QMAX = {"fp8_e4m3fn": 448.0, "int8": 127.0}
 _UNIT = {"group": QuantUnit.GROUP, "token": QuantUnit.ROW, "tensor": QuantUnit.TENSOR}
-#: kinds of segments (a unit's elements within a row) in the `special` input pattern
-KINDS = ("random", "zero", "tiny", "at_qmax", "ties", "large")
+#: kinds of segments (a unit's elements within a row) in the `special` input pattern. `ties_scaled`: rounding
+#: ties under a scale of 1.75 * 2^e (not a power of two), where x / s is exactly a tie but x * (1 / s) is often
+#: not (fl(1/1.75) is 2^-24 off), so the two scale applications give different codes (a power-of-two scale, or
+#: 1.5 or 1.25, cannot tell them apart).
+KINDS = ("random", "zero", "tiny", "at_qmax", "ties", "large", "ties_scaled")
 
 
 def inapplicable(cell: Mapping[str, str]) -> str | None:
@@ -139,10 +142,10 @@ def _segments(case: Case) -> tuple[int, int]:
     return 1, k
 
 
-def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator, int8_below: int = 127) -> torch.Tensor:
     """|values| exactly halfway between two adjacent codes below qmax (ties of the rounding)."""
     if quant_dtype == "int8":
-        return torch.randint(0, 127, shape, generator=g).to(torch.float32) + 0.5
+        return torch.randint(0, int8_below, shape, generator=g).to(torch.float32) + 0.5
     table = formats.code_table(formats.FloatFormat.E4M3FN)
     c = torch.randint(0, 0x7E, shape, generator=g)  # codes 0..125: c + 1 <= 0x7E (448), all finite
     return (table[c] + table[c + 1]) / 2
@@ -169,6 +172,10 @@ def make_x(case: Case, m: int, k: int) -> torch.Tensor:
     below = x.clamp(-2.0, 2.0) / 2.0 * (qmax * 0.99) * torch.exp2(e)  # |.| < qmax * 2^e
     peak = torch.randint(0, seg, (m, nseg, 1), generator=g)
     at_peak = torch.zeros((m, nseg, seg), dtype=torch.bool).scatter_(2, peak, True)
+    if tensor_unit:  # the tensor's amax in one random row only: a max over part of the rows must not find it
+        at_peak &= (torch.arange(m) == torch.randint(0, m, (1,), generator=g))[:, None, None]
+    # 1.75 * (an int8 midpoint below 16, or any fp8 midpoint) stays exact in bf16 (8 significant bits)
+    ties_scaled = sign * _midpoints(qd, (m, nseg, seg), g, int8_below=16) * 1.75 * torch.exp2(e)
     amax_val = sign * qmax * torch.exp2(e)  # the unit's amax is exactly qmax * 2^e: scale 2^e
     k_ = kind[..., None]
     x = torch.where(k_ == 1, x * 0.0, x)  # zeros keep the sign: -0.0 codes
@@ -176,6 +183,7 @@ def make_x(case: Case, m: int, k: int) -> torch.Tensor:
     x = torch.where(k_ == 3, torch.where(at_peak, amax_val, below), x)
     x = torch.where(k_ == 4, torch.where(at_peak, amax_val, ties), x)
     x = torch.where(k_ == 5, x * large, x)
+    x = torch.where(k_ == 6, torch.where(at_peak, amax_val * 1.75, ties_scaled), x)
     return x.reshape(m, k)
 
 

@@ -20,7 +20,7 @@ from harness.case import Case
 from harness.errors import C_DOT, UNIT_ROUNDOFF, unit_roundoff
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
-from harness.strategies import boundary_sizes, num_experts, top_k
+from harness.strategies import boundary_sizes, local_experts, num_experts, top_k
 from reference import reduce as ref
 
 AXES = (
@@ -84,7 +84,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     hidden = draw(boundary_sizes(64, lim(adapter, "max_K"), minimum=1))
     params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from([1.0, 2.5]))}
     if yes(cell["expert_map"]):
-        params["local_experts"] = draw(st.integers(min_value=0, max_value=e))
+        params["local_experts"] = draw(local_experts(e))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden}, "dtypes": {"expert_out": cell["dtype"]},
             "routing": draw(st.sampled_from(["random", "skewed", "one_expert"])), "params": params}
 

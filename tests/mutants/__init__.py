@@ -1,0 +1,1 @@
+"""Planted-bug (mutant) suite: proof that the generic property test catches real kernel bugs."""

@@ -1,0 +1,211 @@
+"""The planted bugs: each a small named variant of one of our kernels (or adapters), standing for a bug class seen
+in production MoE kernels. `tests/mutants/test_mutants.py` requires the generic property search to catch each.
+
+Not planted: int32 offset overflow at large M. It needs more than 2**31 elements (8 GiB of fp32 per tensor),
+which no CI case allocates; the kernels' int64 offsets are pinned by their own tests instead.
+"""
+
+from __future__ import annotations
+
+from tests.mutants.build import Mutant, Patch
+
+P = Patch
+_ROUTING = "kernels.routing"
+_ACT = "kernels.activation"
+_AQ = "kernels.act_quant"
+_GQ = "kernels.group_quant"
+_ALIGN = "kernels.align"
+_RED = "kernels.reduce"
+_FE = "kernels.fused_experts"
+_GATED = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "swigluoai", "swigluoai_uninterleave", "swiglustep")
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ------------------------------------------------------------------------------------------ routing
+    Mutant("routing-nan-rows-unmasked", "triton-routing", _ROUTING, (
+        P("s = tl.where(row_bad[:, None, None], 0.0, tl.div_rn(ex, den[:, None, None]))",
+          "s = tl.div_rn(ex, den[:, None, None])"),),
+        "duplicate / out-of-range ids on NaN rows (non-finite scores not mapped to 0)",
+        {"nonfinite_rows": ("Y",), "scoring": ("softmax",)}),
+    Mutant("routing-ties-drop-all-tied", "triton-routing", _ROUTING, (
+        P("avail = avail & ~chosen", "avail = avail & ~hit"),),
+        "top-k ties broken inconsistently (every tied expert leaves the running when one is picked)",
+        {"nonfinite_rows": ("N",)}),
+    Mutant("routing-renormalize-skipped", "triton-routing", _ROUTING, (
+        P("    if RENORM:\n", "    if RENORM and False:\n"),),
+        "renormalize skipped", {"renormalize": ("Y",), "scoring": ("softmax", "sigmoid")}),
+    Mutant("routing-bias-in-weights", "triton-routing", _ROUTING, (
+        P("w = tl.sum(tl.sum(tl.where(chosen, s, 0.0), axis=2), axis=1)",
+          "w = tl.sum(tl.sum(tl.where(chosen, sel, 0.0), axis=2), axis=1)"),),
+        "correction bias used in the weights (it must only select)",
+        {"correction_bias": ("Y",), "scoring": ("softmax", "sigmoid")}),
+    Mutant("grouped-score-by-max", "triton-grouped-routing", _ROUTING, (
+        P("gscore = m1 + m2", "gscore = m1 + 0.0 * m1"),),
+        "group score by max instead of the top-2 sum (bias path)", {"correction_bias": ("Y",)}),
+    Mutant("grouped-scale-twice", "triton-grouped-routing", _ROUTING, (
+        P("out_w = out_w * scale", "out_w = out_w * scale * scale"),),
+        "routed scaling factor applied twice", {"scaling_placement": ("weights",)}),
+    # ------------------------------------------------------------------------------------------ activation
+    Mutant("act-gate-up-swapped", "triton-activation", _ACT, (
+        P("        gate = p0\n        up = p1\n", "        gate = p1\n        up = p0\n"),),
+        "gate and up swapped", {"activation": _GATED}),
+    Mutant("act-swigluoai-not-interleaved", "triton-activation", _ACT, (
+        P('layout = "interleaved" if activation == "swigluoai" else "halves"', 'layout = "halves"'),),
+        "swigluoai read as halves instead of interleaved", {"activation": ("swigluoai",)}),
+    Mutant("act-swigluoai-missing-plus-one", "triton-activation", _ACT, (
+        P("y = g * _sigmoid(alpha * g) * (u + beta)", "y = g * _sigmoid(alpha * g) * u"),),
+        "swigluoai without the +1 on up", {"activation": ("swigluoai", "swigluoai_uninterleave")}),
+    Mutant("act-swiglustep-clamp-before", "triton-activation", _ACT, (
+        P("s = tl.minimum(gate * _sigmoid(gate), limit)",
+          "s = tl.minimum(gate, limit) * _sigmoid(tl.minimum(gate, limit))"),),
+        "clamp on the wrong side (swiglustep clamps after the activation)", {"activation": ("swiglustep",)}),
+    Mutant("act-tile-edge-off-by-one", "triton-activation", _ACT, (
+        P("mask = (rows[:, None] < T) & (cols[None, :] < N)", "mask = (rows[:, None] < T) & (cols[None, :] < N - 1)"),),
+        "off-by-one mask at a tile edge (last column never stored)"),
+    Mutant("act-silu-rounded-early", "triton-activation", _ACT, (
+        P("y = gate * _sigmoid(gate) * up\n", "y = (gate * _sigmoid(gate)).to(tl.bfloat16).to(tl.float32) * up\n"),),
+        "intermediate rounded to bf16 where one rounding is declared", {"activation": ("silu_and_mul",),
+                                                                        "dtype": ("float32", "float16")}),
+    # ------------------------------------------------------------------------------------------ act_quant
+    Mutant("aq-ue8m0-round-nearest", "triton-act-quant", _AQ, (
+        P("expo = ((sbits >> 23) & 0xFF) + ((sbits & 0x7FFFFF) != 0).to(tl.int32)",
+          "expo = ((sbits >> 23) & 0xFF) + ((sbits & 0x400000) != 0).to(tl.int32)"),),
+        "UE8M0 scale rounded to nearest instead of up", {"scale_rule": ("ue8m0",)}),
+    Mutant("aq-amax-signed", "triton-act-quant", _AQ, (
+        P("amax = tl.maximum(tl.max(tl.abs(v), axis=2), eps)", "amax = tl.maximum(tl.max(v, axis=2), eps)"),),
+        "amax of signed values (abs forgotten)"),
+    Mutant("aq-packed-bytes-reversed", "triton-act-quant", _AQ, (
+        P("shift = (tl.arange(0, 4) * 8).to(tl.int64)", "shift = ((3 - tl.arange(0, 4)) * 8).to(tl.int64)"),),
+        "packed scale bytes in the wrong order", {"scale_layout": ("packed_ue8m0",)}),
+    Mutant("aq-packed-padding-uninit", "triton-act-quant", _AQ, (
+        P("expo = tl.where((groups < G)[None, :], expo, 0)\n", "\n"),),
+        "packed scale padding bytes left holding garbage", {"scale_layout": ("packed_ue8m0",)}),
+    Mutant("aq-column-major-stride-ignored", "triton-act-quant", _AQ, (
+        P("x.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),",
+          "x.stride(0), codes.stride(0), scales.shape[1], 1,"),),
+        "column-major scale stride ignored (row-major assumed)",
+        {"scale_layout": ("column_major", "column_major_tma")}),
+    Mutant("aq-clamp-wrong-side", "triton-act-quant", _AQ, (
+        P("gate, up = _load_gate_up(xrow, cols, mask, N, INTERLEAVED, UP_FIRST, HAS_CLAMP, clamp_limit)\n",
+          "gate, up = _load_gate_up(xrow, cols, mask, N, INTERLEAVED, UP_FIRST, False, clamp_limit)\n"
+          "    if HAS_CLAMP:\n"
+          "        gate = tl.minimum(tl.maximum(gate, -clamp_limit), clamp_limit)\n"
+          "        up = tl.minimum(up, clamp_limit)\n"),),
+        "clamp on the wrong side (gate clamped on both sides, up only above)", {"clamp_limit": ("Y",)}),
+    # ------------------------------------------------------------------------------------------ group_quant
+    Mutant("gq-ue8m0-round-nearest", "triton-group-quant", _GQ, (
+        P("e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)",
+          "e = ((bits >> 23) & 0xFF) + ((bits & 0x400000) != 0).to(tl.int32)"),),
+        "UE8M0 scale rounded to nearest instead of up", {"scale_rule": ("ue8m0",)}),
+    Mutant("gq-multiply-reciprocal", "triton-group-quant", _GQ, (
+        P("y = tl.div_rn(x, tl.broadcast_to(safe, x.shape))",
+          "y = x * tl.div_rn(tl.full(safe.shape, 1.0, tl.float32), safe)"),),
+        "scale applied as multiply-by-reciprocal where divide is declared", {"scale_rule": ("float",)}),
+    Mutant("gq-int8-half-away", "triton-group-quant", _GQ, (
+        P("y = (y + 12582912.0) - 12582912.0", "y = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5))"),),
+        "int8 rounding rule swapped (half away from zero where half-even is declared)",
+        {"quant_dtype": ("int8",)}),
+    Mutant("gq-eps-dropped", "triton-group-quant", _GQ, (
+        P("s = tl.div_rn(tl.maximum(amax, eps), tl.full(amax.shape, QMAX, tl.float32))",
+          "s = tl.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32))"),),
+        "eps dropped (all-zero units get a zero scale)"),
+    Mutant("gq-column-major-stride-ignored", "triton-group-quant", _GQ, (
+        P("stride_sm, stride_sg = (scales.stride(0), scales.stride(1))", "stride_sm, stride_sg = (g, 1)"),),
+        "column-major scale stride ignored (row-major assumed)",
+        {"scale_layout": ("column_major", "column_major_tma"), "unit": ("group",)}),
+    Mutant("gq-packed-bytes-reversed", "triton-group-quant", _GQ, (
+        P("shift = (tl.arange(0, 4) * 8)[None, None, :]", "shift = ((3 - tl.arange(0, 4)) * 8)[None, None, :]"),),
+        "packed scale bytes in the wrong order", {"scale_layout": ("packed_ue8m0",)}),
+    Mutant("gq-packed-padding-uninit", "triton-group-quant", _GQ, (
+        P("e = tl.where(gmask[None, :], e, 0)\n", "\n"),),
+        "packed scale padding bytes left holding garbage", {"scale_layout": ("packed_ue8m0",)}),
+    Mutant("gq-tensor-amax-first-partial", "triton-group-quant", _GQ, (
+        P("acc = tl.maximum(acc, tl.load(part_ptr + i, mask=i < n, other=0.0))",
+          "acc = tl.maximum(acc, tl.load(part_ptr + i, mask=i < 1, other=0.0))"),),
+        "per-tensor amax reduced over the first program's rows only", {"unit": ("tensor",)}),
+    Mutant("gq-last-row-unmasked", "triton-group-quant", _GQ, (
+        P("    rmask = rows < M\n", "    rmask = rows < M - 1\n"),),
+        "off-by-one row mask (last row never stored)"),
+    # ------------------------------------------------------------------------------------------ align
+    Mutant("align-sentinel-zero", "triton-align", _ALIGN, (
+        P("tl.store(sorted_ptr + base + totals + jj, tl.zeros([NB], dtype=tl.int32) + numel,",
+          "tl.store(sorted_ptr + base + totals + jj, tl.zeros([NB], dtype=tl.int32),"),),
+        "padding sentinel 0 instead of numel"),
+    Mutant("align-tail-expert-id-zero", "triton-align", _ALIGN, (
+        P("tl.store(eids_ptr + p, tl.full([FILL], -1, dtype=tl.int32), mask=p < bhi)",
+          "tl.store(eids_ptr + p, tl.full([FILL], 0, dtype=tl.int32), mask=p < bhi)"),),
+        "expert id 0 instead of -1 for padding blocks"),
+    Mutant("align-expert-map-ignored", "triton-align", _ALIGN, (
+        P("wid = tl.load(emap_ptr + e, mask=keep, other=-1).to(tl.int32)", "wid = e"),),
+        "expert map ignored (global ids written where local ids are due)",
+        {"expert_map": ("keep_invalid_blocks", "exclude")}),
+    Mutant("align-count-unpadded", "triton-align", _ALIGN, (
+        P("tl.store(ntpp_ptr, used)", "tl.store(ntpp_ptr, tl.sum(totals, axis=0))"),),
+        "num_tokens_post_padded without the padding"),
+    # ------------------------------------------------------------------------------------------ reduce
+    Mutant("reduce-bf16-accumulation", "triton-reduce", _RED, (
+        P("            summed = acc + term\n",
+          "            summed = (acc + term).to(out_ty).to(tl.float32)\n"),),
+        "reduce accumulating in the output dtype where fp32 is declared",
+        {"accumulation": ("fp32",), "dtype": ("bfloat16", "float16")}),
+    Mutant("reduce-weight-ignored", "triton-reduce", _RED, (
+        P("        if APPLY_WEIGHT:\n", "        if APPLY_WEIGHT and False:\n"),),
+        "router weight not applied in the reduce", {"weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
+    Mutant("reduce-weight-in-bf16", "triton-reduce", _RED, (
+        P("term = tl.load(w_ptr + t * stride_wm + j * stride_wj) * term",
+          "term = tl.load(w_ptr + t * stride_wm + j * stride_wj).to(tl.bfloat16).to(tl.float32) * term"),),
+        "router weight applied in bf16", {"weights_applied": ("N",), "apply_weight_on_input": ("N",),
+                                          "dtype": ("float32", "float16")}),
+    Mutant("reduce-expert-map-ignored", "triton-reduce", _RED, (
+        P("mask=cols < tl.where(local, K, 0),", "mask=cmask,"),
+        P("acc = tl.where(local, summed, acc)", "acc = summed")),
+        "output rows of non-local experts added (expert map ignored)", {"expert_map": ("Y",)}),
+    Mutant("reduce-scale-twice", "triton-reduce", _RED, (
+        P("acc = acc * factor", "acc = acc * factor * factor"),),
+        "routed scaling factor applied twice"),
+    Mutant("reduce-nondeterministic-order", "triton-reduce", _RED, (
+        P("K, factor,\n", "K, factor, rot,\n"),
+        P("    for j in tl.static_range(TOPK):  # slot order is the accumulation order\n",
+          "    for jj in tl.static_range(TOPK):\n        j = (jj + rot) % TOPK\n"),
+        P("expert_out, w, ids, emap, out, hidden, factor,",
+          "expert_out, w, ids, emap, out, hidden, factor, int(torch.randint(0, k, ()).item()),")),
+        "nondeterministic output (slot order varies from run to run, like an atomic accumulation)",
+        {"accumulation": ("fp32",), "dtype": ("float32",), "apply_weight_on_input": ("N",), "expert_map": ("N",)}),
+    Mutant("reduce-scales-input-in-place", "triton-reduce", "kernels.adapters.reduce", (
+        P('inputs["expert_out"], inputs["topk_weights"], inputs["topk_ids"], out=outputs["out"],',
+          'inputs["expert_out"], inputs["topk_weights"].mul_(case.params.get("routed_scaling_factor", 1.0)),\n'
+          '        inputs["topk_ids"], out=outputs["out"],'),
+        P('routed_scaling_factor=case.params.get("routed_scaling_factor", 1.0))', "routed_scaling_factor=1.0)")),
+        "input modified in place (scaling factor folded into the caller's weights)",
+        {"weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
+    # ------------------------------------------------------------------------------------------ experts
+    Mutant("experts-gate-up-swapped", "triton-experts", _FE, (
+        P("            g_rows = offs_nw\n            u_rows = offs_nw + N\n",
+          "            g_rows = offs_nw + N\n            u_rows = offs_nw\n"),),
+        "gate and up swapped", {"activation": ("silu", "gelu")}),
+    Mutant("experts-swigluoai-not-interleaved", "triton-experts", _FE, (
+        P('launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=activation == "swigluoai",',
+          "launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=False,"),),
+        "swigluoai weights read as halves instead of interleaved", {"activation": ("swigluoai",)}),
+    Mutant("experts-router-weight-twice", "triton-experts", _FE, (
+        P("weight_mode=0 if apply_router_weight_on_input else 2", "weight_mode=2"),),
+        "router weight applied twice (on the input and on the output)", {"apply_weight_on_input": ("Y",)}),
+    Mutant("experts-padding-rounded-down", "triton-experts", _FE, (
+        P("padded = tl.where(bins < num_local, (hist + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)",
+          "padded = tl.where(bins < num_local, hist // BLOCK_M * BLOCK_M, 0)"),),
+        "experts with a partial block get no block (their rows never computed)"),
+    Mutant("experts-k-tail-off-by-one", "triton-experts", _FE, (
+        P("k_ok = offs_k < K - kk * BLOCK_K", "k_ok = offs_k < K - kk * BLOCK_K - 1"),),
+        "off-by-one mask at the K tile edge"),
+    Mutant("experts-expert-map-ignored", "triton-experts", _FE, (
+        P("            lid = tl.load(map_ptr + lid, mask=ok, other=-1).to(tl.int32)\n",
+          "            lid = tl.where(lid < num_local, lid, -1)\n", count=2),),
+        "expert map ignored (global ids used as local ids)", {"expert_map": ("Y",)}),
+    Mutant("experts-reduce-bf16-accumulation", "triton-experts", _FE, (
+        P("acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0)",
+          "acc = (acc + tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0))"
+          ".to(out_ptr.dtype.element_ty).to(tl.float32)"),),
+        "reduce accumulating in bf16 where fp32 is declared", {"dtype": ("bfloat16",)}),
+    Mutant("experts-no-local-unwritten", "triton-experts", _FE, (
+        P("return out.zero_()", "return out"),),
+        "empty (all non-local) experts leave the output rows unwritten", {"expert_map": ("Y",)}),
+)
