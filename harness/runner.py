@@ -9,9 +9,13 @@ adapter declares them, determinism (two runs bitwise equal) and batch invariance
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -182,8 +186,56 @@ def _describe(e: BaseException) -> str:
     return " <- caused by ".join(parts)
 
 
-def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None) -> Result:
-    """Run `case` on `adapter` on `device` and judge it. Never raises for kernel misbehaviour."""
+class CaseTimeout(BaseException):
+    """The case ran past its timeout. A BaseException, so that no `except Exception` on the way swallows it."""
+
+
+def _timeout_s(timeout: float | None) -> float | None:
+    if timeout is None and os.environ.get("HARNESS_CASE_TIMEOUT"):
+        timeout = float(os.environ["HARNESS_CASE_TIMEOUT"])
+    return timeout if timeout and timeout > 0 else None
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    # SIGALRM interrupts a Python-level hang (the Triton interpreter, a Python loop) on the main thread of a Unix
+    # process; elsewhere no deadline applies in-process (the sweep's and replay's child processes are the hard
+    # limit, and they also survive a hang inside a C call).
+    if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"no verdict within {seconds:g}s (the kernel never returned)")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None,
+          timeout: float | None = None) -> Result:
+    """Run `case` on `adapter` on `device` and judge it. Never raises for kernel misbehaviour.
+
+    timeout: seconds (default: $HARNESS_CASE_TIMEOUT, else none); a case running past it is an error verdict
+    ("hang: ..."), where the process can interrupt it (main thread, Unix).
+    """
+    t0 = time.perf_counter()
+    try:
+        with _deadline(_timeout_s(timeout)):
+            return _judge(case, adapter, device, unverifiable=unverifiable)
+    except CaseTimeout as e:
+        return Result(case=case, verdict="error", reason=f"hang: {e}", metrics={"timeout": True},
+                      declared=adapter.declares(case.features, device)[0],
+                      duration_s=round(time.perf_counter() - t0, 4), generation=device.generation,
+                      device=device.to_dict())
+
+
+def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None) -> Result:
     t0 = time.perf_counter()
     declared, why_not = adapter.declares(case.features, device)
 

@@ -1,0 +1,157 @@
+"""Robustness: a misbehaving kernel gets a verdict with a clear reason and the run goes on; bad CLI input gets a
+one-line error and exit code 2.
+
+Covered elsewhere: raises / NaN / wrong dtype (test_integrity.py), raise / hang / exit / signal in the matrix
+sweep's workers (test_sweep.py), crash and hang containment of replay (test_replay.py). Here: wrong shape, a
+non-dict return, a hang in the in-process (pytest) path, a segfault in the pytest path (xdist carries on and the
+other adapters' verdicts are kept), and the CLI's bad-input paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import adapters, cli, runner
+from harness.adapters import Adapter
+from harness.case import Case
+from harness.device import detect
+from harness.results import load_results
+
+DEV = detect("cpu")
+ROOT = Path(__file__).resolve().parents[2]
+CELL = {"activation": "silu_and_mul", "dtype": "float32"}
+FIELDS = {"shapes": {"T": 9, "N": 33}, "dtypes": {"x": "float32"}}
+_reference = adapters.resolve("reference-activation")
+
+
+def _like(name: str, run) -> Adapter:  # type: ignore[no-untyped-def]
+    return Adapter(name=name, op="activation", source="tests.harness.test_robustness", run=run,
+                   support=_reference.support, conventions=_reference.conventions)
+
+
+def _judge(adapter: Adapter, **kw) -> runner.Result:  # type: ignore[no-untyped-def,name-defined]
+    return runner.judge(Case(op="activation", adapter=adapter.name, features=CELL, seed=1, **FIELDS), adapter, DEV,
+                        **kw)
+
+
+def _wrong_shape(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    full = {"out": torch.empty_like(outputs["out"])}
+    _reference.run(case, inputs, full)
+    return {"out": full["out"][:-1]}  # one row short
+
+
+def _returns_list(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    _reference.run(case, inputs, outputs)
+    return [outputs["out"]]
+
+
+def _hangs(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 60  # finite, so a broken timeout fails the test instead of hanging it
+    while time.monotonic() < deadline:
+        pass
+
+
+def _segfaults(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+#: resolvable as tests.harness.test_robustness:SEGV (the pytest-path crash test runs it in a child pytest)
+SEGV = _like("robust-segv", _segfaults)
+
+
+def test_wrong_shape_is_a_fail_naming_the_shape() -> None:
+    r = _judge(_like("robust-shape", _wrong_shape))
+    assert r.verdict == "fail" and "output:out" in r.metrics["failed_checks"], r.reason
+    assert "shape [8, 33] != [9, 33]" in r.reason
+
+
+def test_a_return_that_is_not_a_dict_is_an_error() -> None:
+    r = _judge(_like("robust-list", _returns_list))
+    assert r.verdict == "error" and "returned list, expected a dict or None" in r.reason
+
+
+def test_a_hang_becomes_an_error_verdict_in_process() -> None:
+    t0 = time.monotonic()
+    r = _judge(_like("robust-hang", _hangs), timeout=0.5)
+    assert time.monotonic() - t0 < 10
+    assert r.verdict == "error" and r.reason.startswith("hang: no verdict within 0.5s"), r.reason
+    # the alarm is gone: a later case runs normally
+    assert _judge(_reference).verdict == "pass"
+
+
+def test_timeout_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_CASE_TIMEOUT", "0.3")
+    r = _judge(_like("robust-hang", _hangs))
+    assert r.verdict == "error" and "within 0.3s" in r.reason
+
+
+def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+           "tests/test_adapters.py::test_declared_cases_pass", "--adapter", "tests.harness.test_robustness:SEGV",
+           "--adapter", "reference-activation", "--results-dir", str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-3000:]
+    assert "robust-segv" in out and "crashed" in out, out[-3000:]
+    assert "1 passed" in out, out[-3000:]
+    kept = [r for r in load_results([tmp_path]) if r.adapter == "reference-activation"]
+    assert kept and all(r.verdict in ("pass", "not-verifiable") for r in kept)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("cli")
+    good = load_results([ROOT / "tests/harness/fixtures/matrix_results.jsonl"])[:3]
+    lines = [json.dumps(r.to_dict()) for r in good]
+    paths = {
+        "good": lines, "corrupt": [lines[0], "{not json", lines[1]],
+        "generation": [json.dumps(dict(r.to_dict(), generation="sm42")) for r in good],
+        "empty": ["{truncated"],
+    }
+    found = {}
+    for name, content in paths.items():
+        found[name] = str(d / f"{name}.jsonl")
+        Path(found[name]).write_text("\n".join(content) + "\n")
+    found["case_trunc"] = str(d / "trunc.json")
+    Path(found["case_trunc"]).write_text('{"op": "activation", ')
+    found["case_fields"] = str(d / "fields.json")
+    Path(found["case_fields"]).write_text('{"op": "activation", "adapter": "x"}')
+    found["missing"] = str(d / "missing.json")
+    found["out"] = str(d / "out.md")
+    return found
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["matrix", "--from", "{missing}", "--out", "{out}"], "does not exist"),
+    (["matrix", "--from", "{corrupt}", "--out", "{out}"], "corrupt.jsonl:2: not a valid result record"),
+    (["matrix", "--from", "{generation}", "--out", "{out}"], "unknown generation 'sm42'"),
+    (["matrix", "--from", "{empty}", "--out", "{out}"], "no results"),
+    (["matrix", "--adapter", "no-such-adapter", "--out", "{out}"], "unknown adapter 'no-such-adapter'"),
+    (["matrix", "--device", "tpu", "--out", "{out}"], "device must be"),
+    (["replay", "{missing}"], "cannot read case file"),
+    (["replay", "{case_trunc}"], "cannot read case file"),
+    (["replay", "{case_fields}"], "missing field"),
+    (["diff", "{corrupt}", "{good}"], "not a valid result record"),
+    (["diff", "{good}", "{generation}"], "unknown generation 'sm42'"),
+    (["diff", "{empty}", "{good}"], "no results in"),
+    (["diff", "{missing}", "{good}"], "does not exist"),
+])
+def test_bad_cli_input_is_one_line_and_exit_2(argv: list[str], words: str, files: dict[str, str],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main([a.format(**files) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert err.startswith("error: ") and "\n" not in err and words in err, err
