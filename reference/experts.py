@@ -130,13 +130,17 @@ class ExpertsQuant:
     intermediate: QuantRecipe | None = None
     act_global_scale: torch.Tensor | None = None
     intermediate_global_scale: torch.Tensor | None = None
+    #: logical per-expert shapes ([W1, K], [K, N]); needed only when there are no local experts
+    expert_shapes: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("w13", "w2"):
             v = getattr(self, name)
-            if not isinstance(v, (tuple, list)) or not v or not all(isinstance(q, QuantizedTensor) for q in v):
-                raise ValueError(f"{name} must be a non-empty sequence of QuantizedTensor (one per local expert)")
+            if not isinstance(v, (tuple, list)) or not all(isinstance(q, QuantizedTensor) for q in v):
+                raise ValueError(f"{name} must be a sequence of QuantizedTensor (one per local expert)")
             object.__setattr__(self, name, tuple(v))
+        if not self.w13 and self.expert_shapes is None:
+            raise ValueError("expert_shapes must be given when there are no local experts (w13 is empty)")
         if len(self.w13) != len(self.w2):
             raise ValueError(f"w13 and w2 must hold one QuantizedTensor per local expert each, got {len(self.w13)} "
                              f"and {len(self.w2)}")
@@ -147,6 +151,10 @@ class ExpertsQuant:
 
     def dequantized_weights(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """float64 [E, W1, K] and [E, K, N] on `device`: the exact values code * scale."""
+        if not self.w13:
+            (w1, k), (k2, n) = self.expert_shapes  # type: ignore[misc]
+            return (torch.zeros(0, w1, k, dtype=torch.float64, device=device),
+                    torch.zeros(0, k2, n, dtype=torch.float64, device=device))
         return (torch.stack([dequantize(q, torch.float64) for q in self.w13]).to(device),
                 torch.stack([dequantize(q, torch.float64) for q in self.w2]).to(device))
 

@@ -114,9 +114,10 @@ def quantize_weights(case: Case, found: dict[str, torch.Tensor], sch: Scheme, de
     for name in ("w13", "w2"):
         w = found[name].float().cpu()
         qs = [quantize(w[e], sch.weight) for e in range(w.shape[0])]
-        if not qs:  # no local experts: empty tensors of the right rank
-            found[name] = torch.empty((0, *w.shape[1:]), dtype=torch.uint8, device=device)
-            found[f"{name}_scale"] = torch.empty((0,), dtype=torch.float32, device=device)
+        if not qs:  # no local experts: empty tensors with the shapes one expert would have
+            one = quantize(torch.zeros(w.shape[1:]), sch.weight)
+            found[name] = _code_view(one.codes, sch.weight)[None][:0].to(device)
+            found[f"{name}_scale"] = one.scales[None][:0].to(device)
             continue
         found[name] = _code_view(torch.stack([q.codes for q in qs]), sch.weight).to(device)
         found[f"{name}_scale"] = torch.stack([q.scales for q in qs]).to(device)
@@ -165,12 +166,14 @@ def _activation(case: Case) -> str:
 def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme, shapes: Any) -> ref.ExpertsQuant:
     """The oracle's view of the quantized inputs: one QuantizedTensor per expert and the activation recipes."""
     per: dict[str, list[QuantizedTensor]] = {}
+    logical: dict[str, tuple[int, int]] = {}
     for name in ("w13", "w2"):
         codes = _oracle_codes(inputs[name], sch.weight).cpu()
         scales = inputs[f"{name}_scale"].cpu()
         e = codes.shape[0]
         k = codes.shape[-1] * (2 if sch.weight.dtype in (QuantDtype.W4A16, QuantDtype.MXFP4, QuantDtype.NVFP4) else 1)
         shape = (codes.shape[1], k)
+        logical[name] = shape
         per[name] = [QuantizedTensor(
             codes=codes[i], scales=scales[i], recipe=sch.weight, shape=shape,
             global_scale=inputs[f"{name}_global_scale"][i].cpu() if f"{name}_global_scale" in inputs else None,
@@ -179,7 +182,8 @@ def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme, shapes: An
     if "a13_global_scale" in inputs:
         gs = {"act_global_scale": inputs["a13_global_scale"].cpu(),
               "intermediate_global_scale": inputs["a2_global_scale"].cpu()}
-    return ref.ExpertsQuant(per["w13"], per["w2"], act=sch.act, intermediate=sch.act, **gs)
+    return ref.ExpertsQuant(per["w13"], per["w2"], act=sch.act, intermediate=sch.act,
+                            expert_shapes=(logical["w13"], logical["w2"]), **gs)
 
 
 # ------------------------------------------------------------------------------------------------- error model
