@@ -29,7 +29,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("routing-ties-drop-all-tied", "triton-routing", _ROUTING, (
         P("avail = avail & ~chosen", "avail = avail & ~hit"),),
         "top-k ties broken inconsistently (every tied expert leaves the running when one is picked)",
-        {"nonfinite_rows": ("N",)}),
+        {"nonfinite_rows": ("N",), "scoring": ("softmax", "sigmoid"), "correction_bias": ("N",)}),
     Mutant("routing-renormalize-skipped", "triton-routing", _ROUTING, (
         P("    if RENORM:\n", "    if RENORM and False:\n"),),
         "renormalize skipped", {"renormalize": ("Y",), "scoring": ("softmax", "sigmoid")}),
@@ -204,7 +204,7 @@ MUTANTS: tuple[Mutant, ...] = (
         P("acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0)",
           "acc = (acc + tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0))"
           ".to(out_ptr.dtype.element_ty).to(tl.float32)"),),
-        "reduce accumulating in bf16 where fp32 is declared", {"dtype": ("bfloat16",)}),
+        "reduce accumulating in bf16 where fp32 is declared", {"dtype": ("bfloat16",), "apply_weight_on_input": ("N",)}),
     Mutant("experts-no-local-unwritten", "triton-experts", _FE, (
         P("return out.zero_()", "return out"),),
         "empty (all non-local) experts leave the output rows unwritten", {"expert_map": ("Y",)}),
