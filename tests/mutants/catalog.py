@@ -204,7 +204,8 @@ MUTANTS: tuple[Mutant, ...] = (
         P("acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0)",
           "acc = (acc + tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0))"
           ".to(out_ptr.dtype.element_ty).to(tl.float32)"),),
-        "reduce accumulating in bf16 where fp32 is declared", {"dtype": ("bfloat16",), "apply_weight_on_input": ("N",)}),
+        "reduce accumulating in bf16 where fp32 is declared",
+        {"dtype": ("bfloat16",), "apply_weight_on_input": ("N",)}),
     Mutant("experts-no-local-unwritten", "triton-experts", _FE, (
         P("return out.zero_()", "return out"),),
         "empty (all non-local) experts leave the output rows unwritten", {"expert_map": ("Y",)}),
