@@ -33,10 +33,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from kernels.quant_gemm import ExpertsQuant, QuantOperands
 
 __all__ = ["ACTIVATIONS", "Config", "SortedTokens", "choose_config", "fused_experts", "sort_tokens"]
 
@@ -154,16 +158,23 @@ def _align_kernel(topk_ids_ptr, map_ptr, sorted_ids_ptr, expert_ids_ptr, num_pos
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, counts_ptr,
+    as_ptr, ws_ptr, zp_ptr,
     num_valid, N, K, rows_per_expert, a_row_div,
     stride_ae, stride_am, stride_ak,
     stride_we, stride_wn, stride_wk,
     stride_be, stride_bn,
     stride_ce, stride_cm, stride_cn,
+    stride_asm, stride_asg,
+    stride_wse, stride_wsn, stride_wsg,
+    stride_zpe, stride_zpn, stride_zpg,
     alpha, beta, limit,
     num_pid_m, num_pid_n,
     ACT: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
     WEIGHT_MODE: tl.constexpr, BATCHED: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
+    GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
+    W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False,
 ):
     """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
 
@@ -171,6 +182,15 @@ def _moe_gemm_kernel(
     Batched format: block pid_m is rows [r0, r0+BLOCK_M) of expert pid_m // blocks_per_expert, valid below
     counts[e]; A and C rows are (e, r). WEIGHT_MODE: 0 none, 1 router weight before the bias (apply on input),
     2 after the bias (on the GEMM2 accumulator). ACT 0: none; gated ACT reads gate and up weight rows.
+
+    Quantized operands (kernels/quant_gemm.py builds the arguments): A_SCALE: A holds codes with one fp32 scale
+    per (A row, K group) at as_ptr + row*stride_asm + group*stride_asg (strides 0 for one scale); W_SCALE: one
+    per (expert, weight row // WS_ROW_DIV, K group). SCALE_IN_LOOP: scales vary along K (groups of GROUP_K, a
+    multiple of BLOCK_K), so each K block's dot is scaled before it joins the accumulator; otherwise the scales
+    multiply the finished accumulator. INT_DOT: int8 operands, int32 dot per K block. W_CODES: 0 weights in
+    the dot's dtype; 8: uint8 codes with zero point (implicit 128); 4: two uint4 codes a byte along K (low
+    nibble first), zero point implicit 8 or explicit (uint4 packed along rows). (q - zp) is an integer of at
+    most 9 bits, exact in bf16/fp16, so the dot multiplies exactly and the scale goes onto its fp32 result.
     """
     pid = tl.program_id(0)
     in_group = GROUP_M * num_pid_n
@@ -218,8 +238,28 @@ def _moe_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + e64 * stride_ae + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_base = w_ptr + e64 * stride_we
-    wg_ptrs = w_base + g_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
-    wu_ptrs = w_base + u_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    if W_CODES == 4:
+        wk = offs_k // 2  # byte of each K element; its nibble is k % 2
+        w_step = BLOCK_K // 2
+    else:
+        wk = offs_k
+        w_step = BLOCK_K
+    wg_ptrs = w_base + g_rows[None, :] * stride_wn + wk[:, None] * stride_wk
+    wu_ptrs = w_base + u_rows[None, :] * stride_wn + wk[:, None] * stride_wk
+    if A_SCALE:
+        as_ptrs = as_ptr + a_rows * stride_asm
+    if W_SCALE:
+        ws_base = ws_ptr + e64 * stride_wse
+        wsg_ptrs = ws_base + (g_rows // WS_ROW_DIV) * stride_wsn
+        wsu_ptrs = ws_base + (u_rows // WS_ROW_DIV) * stride_wsn
+    if HAS_ZP:
+        zp_base = zp_ptr + e64 * stride_zpe
+        if W_CODES == 4:  # packed along rows: row r in byte r // 2, nibble r % 2
+            zpg_ptrs = zp_base + (g_rows // 2) * stride_zpn
+            zpu_ptrs = zp_base + (u_rows // 2) * stride_zpn
+        else:
+            zpg_ptrs = zp_base + g_rows * stride_zpn
+            zpu_ptrs = zp_base + u_rows * stride_zpn
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kk in range(0, (K + BLOCK_K - 1) // BLOCK_K):
@@ -230,23 +270,78 @@ def _moe_gemm_kernel(
             k_ok = offs_k < K - kk * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
-        if IEEE:
+        grp = (kk * BLOCK_K) // GROUP_K
+        if SCALE_IN_LOOP:
+            if A_SCALE:
+                sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
+            else:
+                sa = tl.full([BLOCK_M], 1.0, tl.float32)
+            swg = tl.load(wsg_ptrs + grp * stride_wsg)
+        if W_CODES != 0:
+            if HAS_ZP:
+                zg = tl.load(zpg_ptrs + grp * stride_zpg).to(tl.int32)
+                if W_CODES == 4:
+                    zg = (zg >> ((g_rows % 2) * 4)) & 0xF
+            else:
+                zg = tl.full([BLOCK_N], 128 if W_CODES == 8 else 8, tl.int32)
+            qg = wg.to(tl.int32)
+            if W_CODES == 4:
+                qg = (qg >> ((offs_k % 2) * 4)[:, None]) & 0xF
+            wg = (qg - zg[None, :]).to(a.dtype)
+        if INT_DOT:
+            part_g = tl.dot(a, wg, out_dtype=tl.int32).to(tl.float32)
+        elif SCALE_IN_LOOP:
+            part_g = tl.dot(a, wg, max_num_imprecise_acc=0)
+        if SCALE_IN_LOOP:
+            acc_g += part_g * (sa[:, None] * swg[None, :])
+        elif INT_DOT:
+            acc_g += part_g
+        elif IEEE:
             acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
         else:
-            acc_g = tl.dot(a, wg, acc_g)
+            acc_g = tl.dot(a, wg, acc_g, max_num_imprecise_acc=0)
         if GATED:
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
                 wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
-            if IEEE:
+            if SCALE_IN_LOOP:
+                swu = tl.load(wsu_ptrs + grp * stride_wsg)
+            if W_CODES != 0:
+                if HAS_ZP:
+                    zu = tl.load(zpu_ptrs + grp * stride_zpg).to(tl.int32)
+                    if W_CODES == 4:
+                        zu = (zu >> ((u_rows % 2) * 4)) & 0xF
+                else:
+                    zu = tl.full([BLOCK_N], 128 if W_CODES == 8 else 8, tl.int32)
+                qu = wu.to(tl.int32)
+                if W_CODES == 4:
+                    qu = (qu >> ((offs_k % 2) * 4)[:, None]) & 0xF
+                wu = (qu - zu[None, :]).to(a.dtype)
+            if INT_DOT:
+                part_u = tl.dot(a, wu, out_dtype=tl.int32).to(tl.float32)
+            elif SCALE_IN_LOOP:
+                part_u = tl.dot(a, wu, max_num_imprecise_acc=0)
+            if SCALE_IN_LOOP:
+                acc_u += part_u * (sa[:, None] * swu[None, :])
+            elif INT_DOT:
+                acc_u += part_u
+            elif IEEE:
                 acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
             else:
-                acc_u = tl.dot(a, wu, acc_u)
+                acc_u = tl.dot(a, wu, acc_u, max_num_imprecise_acc=0)
         a_ptrs += BLOCK_K * stride_ak
-        wg_ptrs += BLOCK_K * stride_wk
-        wu_ptrs += BLOCK_K * stride_wk
+        wg_ptrs += w_step * stride_wk
+        wu_ptrs += w_step * stride_wk
 
+    if W_SCALE and not SCALE_IN_LOOP:  # scales constant along K: once, on the finished accumulator
+        if A_SCALE:
+            sa = tl.load(as_ptrs, mask=row_ok, other=0.0)
+        else:
+            sa = tl.full([BLOCK_M], 1.0, tl.float32)
+        acc_g = acc_g * (sa[:, None] * tl.load(wsg_ptrs)[None, :])
+        if GATED:
+            acc_u = acc_u * (sa[:, None] * tl.load(wsu_ptrs)[None, :])
     if WEIGHT_MODE == 1:
         rw = tl.load(rw_ptr + w_rows, mask=row_ok, other=0.0).to(tl.float32)
         acc_g = acc_g * rw[:, None]
@@ -343,14 +438,18 @@ def _act_code(activation: str) -> int:
     return ACTIVATIONS[activation]
 
 
-def _check_weights(x_dtype: torch.dtype, k_dim: int, w13: torch.Tensor, w2: torch.Tensor, act: int) -> int:
-    if w13.dtype != x_dtype or w2.dtype != x_dtype:
-        raise ValueError(f"w13 and w2 must have x's dtype {x_dtype}, got {w13.dtype} and {w2.dtype}")
-    if w13.dim() != 3 or w2.dim() != 3 or w13.shape[2] != k_dim or w2.shape[1] != k_dim:
-        raise ValueError(f"w13 must be [E, 2N or N, {k_dim}] and w2 [E, {k_dim}, N], got {list(w13.shape)}, "
-                         f"{list(w2.shape)}")
+def _check_weights(x_dtype: torch.dtype, k_dim: int, w13: torch.Tensor, w2: torch.Tensor, act: int,
+                   quant: ExpertsQuant | None = None) -> int:
+    w_dtype, pk = (x_dtype, 1) if quant is None else (quant.code_dtype(), quant.packed_k())
+    if w13.dtype != w_dtype or w2.dtype != w_dtype:
+        raise ValueError(f"w13 and w2 must have dtype {w_dtype}, got {w13.dtype} and {w2.dtype}")
+    if quant is not None and x_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"quantized schemes take bf16/fp16 activations, got {x_dtype}")
+    if w13.dim() != 3 or w2.dim() != 3 or w13.shape[2] * pk != k_dim or w2.shape[1] != k_dim:
+        raise ValueError(f"w13 must be [E, 2N or N, {k_dim // pk}] and w2 [E, {k_dim}, N/{pk}], got "
+                         f"{list(w13.shape)}, {list(w2.shape)}")
     n = w13.shape[1] // 2 if act in GATED else w13.shape[1]
-    if w2.shape[2] != n or w2.shape[0] != w13.shape[0] or (act in GATED and w13.shape[1] % 2):
+    if w2.shape[2] * pk != n or w2.shape[0] != w13.shape[0] or (act in GATED and w13.shape[1] % 2):
         raise ValueError(f"w13 {list(w13.shape)} and w2 {list(w2.shape)} do not agree on E and N")
     if max(w13.shape[1] * k_dim, k_dim * n) >= 2**31:
         raise ValueError("one expert's weight must have < 2**31 elements (int32 offsets inside an expert)")
@@ -361,10 +460,12 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
                 router_weights: torch.Tensor | None, cfg: Config, *, act: int, interleaved: bool,
                 weight_mode: int, n: int, num_pid_m: int, a_row_div: int = 1, sorted_tokens: SortedTokens | None
                 = None, counts: torch.Tensor | None = None, rows_per_expert: int = 0, num_valid: int = 0,
-                alpha: float = 0.0, beta: float = 0.0, limit: float = 0.0) -> None:
-    """One grouped GEMM over expert blocks (standard: `sorted_tokens`; batched: `counts`, 3-D a and c)."""
+                alpha: float = 0.0, beta: float = 0.0, limit: float = 0.0,
+                q: QuantOperands | None = None) -> None:
+    """One grouped GEMM over expert blocks (standard: `sorted_tokens`; batched: `counts`, 3-D a and c).
+    q: scales / zero points / code format of quantized operands (kernels.quant_gemm)."""
     batched = counts is not None
-    k_dim = w.shape[2]
+    k_dim = a.shape[-1]
     if batched:
         sae, sam, sak = a.stride()
         sce, scm, scn = c.stride()
@@ -379,13 +480,15 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         a, w, bias if bias is not None else dummy, c, router_weights if router_weights is not None else dummy,
         st.sorted_ids if st else counts, st.expert_ids if st else counts, st.num_post_padded if st else counts,
         counts if batched else st.num_post_padded,
+        *(q.pointers(dummy) if q else (dummy, dummy, dummy)),
         num_valid, n, k_dim, rows_per_expert, a_row_div,
         sae, sam, sak, *w.stride(), *(bias.stride() if bias is not None else (0, 0)), sce, scm, scn,
+        *(q.strides() if q else (0,) * 8),
         float(alpha), float(beta), float(limit), num_pid_m, num_pid_n,
         ACT=act, GATED=act in GATED, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, WEIGHT_MODE=weight_mode,
         BATCHED=batched, IEEE=a.dtype == torch.float32, EVEN_K=k_dim % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(q.constexprs(cfg.block_k) if q else {}),
     )
 
 
@@ -406,8 +509,14 @@ def fused_experts(
     limit: float = SWIGLUOAI_PARAMS["limit"],
     configs: tuple[Config, Config] | None = None,
     out: torch.Tensor | None = None,
+    quant: ExpertsQuant | None = None,
 ) -> torch.Tensor:
     """Fused experts on x [M, K] with w13 [E, 2N (N for *_no_mul), K], w2 [E, K, N], topk_* [M, k].
+
+    quant (kernels.quant_gemm.ExpertsQuant): w13/w2 are codes with these scales. w8a8: x is quantized
+    dynamically before GEMM1 and the activation output (rounded to x.dtype) again over all local slots before
+    GEMM2, both by the scheme's activation recipe; the scales are applied to the fp32 accumulator (per K block
+    inside the loop for G128).
 
     swigluoai reads gate and up interleaved (even/odd rows of w13); the others read halves, gate first.
     expert_map [E_global] maps global ids to local ids or -1 (non-local slots contribute nothing).
@@ -419,7 +528,7 @@ def fused_experts(
                          f"{list(topk_ids.shape)}, {list(topk_weights.shape)}")
     m, k_dim = x.shape
     top_k = topk_ids.shape[1]
-    n = _check_weights(x.dtype, k_dim, w13, w2, act)
+    n = _check_weights(x.dtype, k_dim, w13, w2, act, quant)
     if apply_router_weight_on_input and top_k != 1:
         raise ValueError(f"apply_router_weight_on_input requires k = 1, got {top_k}")
     if out is None:
@@ -442,14 +551,28 @@ def fused_experts(
     rw = topk_weights.reshape(-1)
     if not rw.is_contiguous():
         rw = rw.contiguous()
-    inter = torch.empty(numel, n, dtype=x.dtype, device=x.device)
+    io_dtype = x.dtype
+    q1 = q2 = None
+    if quant is not None:
+        xs = None
+        if quant.w8a8:
+            x, xs = quant.quantize_activation(x)
+        q1 = quant.operands("w13", xs)
+    # non-local slots are never written: a per-tensor re-quantization reads every row, so they must hold zeros
+    alloc = torch.zeros if quant is not None and quant.w8a8 and quant.per_tensor else torch.empty
+    inter = alloc(numel, n, dtype=io_dtype, device=x.device)
     launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=activation == "swigluoai",
                 weight_mode=1 if apply_router_weight_on_input else 0, n=n, num_pid_m=st.max_blocks,
-                a_row_div=top_k, sorted_tokens=st, num_valid=numel, alpha=alpha, beta=beta, limit=limit)
+                a_row_div=top_k, sorted_tokens=st, num_valid=numel, alpha=alpha, beta=beta, limit=limit, q=q1)
+    if quant is not None:
+        a_s = None
+        if quant.w8a8:  # the oracle's intermediate: a rounded to x.dtype, then re-quantized by the same recipe
+            inter, a_s = quant.quantize_activation(inter)
+        q2 = quant.operands("w2", a_s)
     y = torch.empty(numel, k_dim, dtype=torch.float32, device=x.device)
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
                 weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
-                sorted_tokens=st, num_valid=numel)
+                sorted_tokens=st, num_valid=numel, q=q2)
     # interpreter: a few large tiles; GPU: 4 tokens x 256 columns a program (enough programs at M = 1)
     block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (4, _pow2(k_dim, 16, 256))
     _reduce_kernel[(triton.cdiv(m, block_t), triton.cdiv(k_dim, block))](

@@ -20,6 +20,7 @@ from harness.device import DeviceInfo
 from kernels import batched_experts as bk
 from kernels import fused_experts as fk
 from kernels import naive_batched as nk
+from kernels import quant_gemm as qg
 from kernels import torch_grouped_mm as gk
 
 Tensors = dict[str, torch.Tensor]
@@ -33,10 +34,14 @@ _ALL_DTYPES = ("bfloat16", "float16", "float32")
 #: interleaved for swigluoai), its default parameters, fp32 evaluation rounded once
 _ACT_CONVENTIONS = {"gate_order": "gate_first", "rounding": "round_once", **fk.SWIGLUOAI_PARAMS}
 
-TRITON_STANDARD = {"format": ("standard",), **_UNQUANTIZED, "activation": tuple(ACTIVATIONS),
-                   "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"), "dtype": _ALL_DTYPES,
-                   "bias": ("N", "Y")}
-TRITON_BATCHED = {**TRITON_STANDARD, "format": ("batched",), "apply_weight_on_input": ("N",), "expert_map": ("N",)}
+#: quantized cells of the standard Triton path (kernels.quant_gemm): quant_type -> its formats
+TRITON_QUANT = {"fp8_w8a8": ("T", "A", "G128"), "int8_w8a8": ("T", "A")}
+TRITON_STANDARD = {"format": ("standard",), "quant_type": ("none", *TRITON_QUANT),
+                   "quant_format": ("-", *sorted({f for fs in TRITON_QUANT.values() for f in fs})),
+                   "activation": tuple(ACTIVATIONS), "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"),
+                   "dtype": _ALL_DTYPES, "bias": ("N", "Y")}
+TRITON_BATCHED = {**TRITON_STANDARD, **_UNQUANTIZED, "format": ("batched",), "apply_weight_on_input": ("N",),
+                  "expert_map": ("N",)}
 NAIVE_BATCHED = dict(TRITON_BATCHED)
 #: no apply-weight-on-input: torch._grouped_mm rounds x.W13 to bf16 before any weight could be applied, so
 #: round(x.W) * w can never match the convention's round((w x).W)
@@ -50,6 +55,11 @@ GROUPED_MM = {"format": ("standard", "batched"), **_UNQUANTIZED, "activation": t
 TRITON_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "activation_output",
                       "weight_placement": "accumulator", "accumulation": "fp32", "matmul_precision": "ieee",
                       "expert_map_convention": "exclude"}
+#: quantized cells: x and the intermediate are quantized by kernels.group_quant with the default recipe
+#: (float rule, eps 1e-10 on amax, correctly rounded x / s, int8 half to even), stated explicitly
+TRITON_QUANT_CONVENTIONS = {**TRITON_CONVENTIONS, "act_quant": {
+    "scale_rule": "float", "eps": 1e-10, "eps_placement": "amax", "scale_formula": "divide",
+    "application": "divide", "int8_rounding": "half_even"}}
 NAIVE_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_activation_output",
                      "matmul_precision": "ieee"}
 GROUPED_MM_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_activation_output",
@@ -76,7 +86,30 @@ def _interp_features(features: Mapping[str, str]) -> set[str]:
         need |= {"bf16_dot", "bf16_cast"}
     elif dt == "float16":
         need.add("fp16_dot")
+    qt = features.get("quant_type", "none")
+    # fp8 dots run with max_num_imprecise_acc=0 (promoted to fp32 per MMA), so fast accumulation is not relied on
+    if qt == "fp8_w8a8":
+        need |= {"fp8_cast", "fp8_dot"}
+    elif qt == "int8_w8a8":
+        need |= {"int8_dot", "fp_to_int_overflow"}
     return need
+
+
+def _quant(features: Mapping[str, str], inputs: Tensors) -> qg.ExpertsQuant | None:
+    qt = features.get("quant_type", "none")
+    if qt == "none":
+        return None
+    return qg.ExpertsQuant(qt, features["quant_format"], inputs["w13_scale"], inputs["w2_scale"],
+                           inputs.get("w13_zp"), inputs.get("w2_zp"))
+
+
+def _triton_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    qt, qf = features.get("quant_type", "none"), features.get("quant_format", "-")
+    if qt != "none" and qf not in TRITON_QUANT.get(qt, ()):
+        return f"triton-experts has no {qt} {qf} path"
+    if qt == "fp8_w8a8" and device.capability is not None and tuple(device.capability) < (8, 9):
+        return "tl.dot on fp8 operands needs sm89 or newer"
+    return None
 
 
 def _run_triton(case: Case, inputs: Tensors, outputs: Tensors) -> None:
@@ -85,7 +118,7 @@ def _run_triton(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     fk.fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
                      activation=ACTIVATIONS[f["activation"]], expert_map=inputs.get("expert_map"),
                      apply_router_weight_on_input=f["apply_weight_on_input"] == "Y", out=outputs["out"],
-                     **_biases(inputs))
+                     quant=_quant(f, inputs), **_biases(inputs))
 
 
 def _clear_tail(outputs: Tensors) -> None:
@@ -148,8 +181,8 @@ _TRITON_LIMITS = {"block_M": 16, "max_E": 512}
 
 TRITON = register(Adapter(
     name="triton-experts", op="experts", source="kernels.fused_experts", run=_run_triton, support=TRITON_STANDARD,
-    generations=_TRITON_GENERATIONS, conventions=TRITON_CONVENTIONS, properties=frozenset({"deterministic"}),
-    limits=_TRITON_LIMITS, interp_features=_interp_features,
+    generations=_TRITON_GENERATIONS, conventions=TRITON_QUANT_CONVENTIONS, properties=frozenset({"deterministic"}),
+    limits=_TRITON_LIMITS, interp_features=_interp_features, requires=_triton_requires,
     description="Triton fused experts, sorted-token format: align kernel, GEMM1 + activation, GEMM2 with the "
                 "router weight on the fp32 accumulator, fp32 reduce",
 ), replace=True)

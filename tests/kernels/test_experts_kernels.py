@@ -172,3 +172,90 @@ def test_grouped_mm_requires_names_the_device() -> None:
     assert not ea.GROUPED_MM_ADAPTER.declares({**_BASE, "apply_weight_on_input": "Y"})[0]
     batched_ep = {**_BASE, "format": "batched", "expert_map": "Y"}
     assert "batched" in (ea.GROUPED_MM_ADAPTER.requires(h100, batched_ep) or "")
+
+
+# ----------------------------------------------------------------------------------------- quantized schemes
+
+_QUANT_CELLS = [("fp8_w8a8", "T"), ("fp8_w8a8", "A"), ("fp8_w8a8", "G128"), ("int8_w8a8", "T"),
+                ("int8_w8a8", "A")]
+
+
+@pytest.mark.parametrize(("qt", "qf"), _QUANT_CELLS)
+def test_quantized_cells_pinned(qt: str, qf: str) -> None:
+    """Every quantized cell on a case with several K groups and N groups, an expert map (non-local slots must not
+    touch a per-tensor intermediate scale) and a gated activation, judged by the op spec."""
+    _judge(ea.TRITON, seed=3, features={"quant_type": qt, "quant_format": qf, "expert_map": "Y"},
+           shapes={"M": 9, "E": 6, "k": 2, "K": 256, "N": 256}, params={"local_experts": 4})
+
+
+@pytest.mark.parametrize(("qt", "qf"), [("fp8_w8a8", "T"), ("int8_w8a8", "A")])
+def test_quantized_weight_on_input(qt: str, qf: str) -> None:
+    _judge(ea.TRITON, seed=5, features={"quant_type": qt, "quant_format": qf, "apply_weight_on_input": "Y",
+                                        "activation": "swigluoai", "bias": "Y"},
+           shapes={"M": 17, "E": 4, "k": 1, "K": 128, "N": 128})
+
+
+def _quantized_experts(qt: str, qf: str, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
+                       ) -> tuple[dict[str, torch.Tensor], ref.ExpertsQuant]:
+    """Weights quantized the way the harness does it, as kernel inputs and as the oracle's scheme."""
+    from harness.ops import experts_quant as xq
+
+    case = Case(op="experts", adapter=ea.TRITON.name, features={**_BASE, "quant_type": qt, "quant_format": qf},
+                seed=0, shapes={}, dtypes={"x": "bfloat16"}, params={})
+    sch = xq.scheme(case, ea.TRITON.conventions)
+    found = {"x": x, "w13": w13, "w2": w2}
+    xq.quantize_weights(case, found, sch, str(x.device))
+    return found, xq.to_experts_quant(found, sch, None)
+
+
+def _run_quantized(qt: str, qf: str, found: dict[str, torch.Tensor], topk_w: torch.Tensor,
+                   topk_ids: torch.Tensor) -> torch.Tensor:
+    from kernels.quant_gemm import ExpertsQuant
+
+    q = ExpertsQuant(qt, qf, found["w13_scale"], found["w2_scale"])
+    return fk.fused_experts(found["x"], found["w13"], found["w2"], topk_w, topk_ids, quant=q)
+
+
+def test_g128_scales_applied_per_k_block() -> None:
+    """One K block of x is 64x larger and the matching weight block 64x smaller than the other: their scales
+    differ by 2**12, so a scale applied after the whole dot (or the wrong block's scale) is far off."""
+    g = torch.Generator().manual_seed(11)
+    m, e, k_dim, n = 16, 2, 256, 128
+    x = torch.randn(m, k_dim, generator=g)
+    x[:, 128:] *= 64
+    w13 = torch.randn(e, 2 * n, k_dim, generator=g) / 16
+    w13[:, :, 128:] /= 64
+    w13[:, n + 128:, :128] *= 8  # the up half's second row block has its own scale too
+    w2 = torch.randn(e, k_dim, n, generator=g) / 16
+    w2[:, 128:, :] *= 32  # the second output row block of w2
+    x = x.to(torch.bfloat16).to(DEV)
+    ids = torch.stack([torch.arange(m) % e, (torch.arange(m) + 1) % e], dim=1).to(torch.int32).to(DEV)
+    tw = torch.full((m, 2), 0.5, device=DEV)
+    found, quant = _quantized_experts("fp8_w8a8", "G128", x, w13.to(DEV), w2.to(DEV))
+    got = _run_quantized("fp8_w8a8", "G128", found, tw, ids).double().cpu()
+    want = ref.fused_experts(x.cpu(), None, None, tw.cpu(), ids.cpu(), quant=quant,
+                             compute_dtype=torch.float64, out_dtype=torch.float64)
+    err = (got - want).abs().max().item()
+    # fp8 re-quantization of the intermediate may flip a few codes: a percent of the output's scale
+    assert err <= 0.02 * want.abs().max().item(), err
+
+
+def test_per_tensor_intermediate_scale_covers_all_local_slots() -> None:
+    """Per-tensor (T): one intermediate scale over every local slot; expert 1's activations are 100x expert 0's,
+    so quantizing each expert (or each row) on its own would keep expert 0's rows much more precisely than the
+    oracle does, and only the shared scale lands on the oracle's codes."""
+    g = torch.Generator().manual_seed(12)
+    m, e, k_dim, n = 32, 2, 64, 64
+    x = torch.randn(m, k_dim, generator=g).to(torch.bfloat16).to(DEV)
+    w13 = torch.randn(e, 2 * n, k_dim, generator=g) / 8
+    w13[1] *= 10
+    w2 = torch.randn(e, k_dim, n, generator=g) / 8
+    ids = (torch.arange(m) % e)[:, None].to(torch.int32).to(DEV)
+    tw = torch.ones(m, 1, device=DEV)
+    found, quant = _quantized_experts("fp8_w8a8", "T", x, w13.to(DEV), w2.to(DEV))
+    got = _run_quantized("fp8_w8a8", "T", found, tw, ids).double().cpu()
+    want = ref.fused_experts(x.cpu(), None, None, tw.cpu(), ids.cpu(), quant=quant,
+                             compute_dtype=torch.float64, out_dtype=torch.float64)
+    small = (ids.cpu()[:, 0] == 0)
+    err = (got - want)[small].abs().max().item()
+    assert err <= 0.01 * want[small].abs().max().item(), err
