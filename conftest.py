@@ -30,6 +30,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--device", default="auto", help="device to verify on: auto (default), cpu, cuda, cuda:N")
     group.addoption("--adapter", action="append", default=[],
                     help="only these adapters (name or module:object); repeatable")
+    group.addoption("--shards", type=int, default=int(os.environ.get("HARNESS_SHARDS", "1")),
+                    help="split each adapter's property test into N test items (cells and examples divided), so "
+                         "pytest-xdist runs one adapter on several workers (GPU runs)")
     group.addoption("--results-dir", default="results/local",
                     help="where verdicts are written (one JSONL file per run and xdist worker)")
 
@@ -79,3 +82,8 @@ def selected_adapters(config: pytest.Config) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "adapter_name" in metafunc.fixturenames:
         metafunc.parametrize("adapter_name", selected_adapters(metafunc.config))
+    if "shard" in metafunc.fixturenames:
+        shards = metafunc.config.getoption("--shards")
+        if shards < 1:
+            raise pytest.UsageError(f"--shards must be >= 1, got {shards}")
+        metafunc.parametrize("shard", [(i, shards) for i in range(shards)], ids=[f"shard{i}" for i in range(shards)])

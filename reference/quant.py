@@ -484,6 +484,7 @@ def _quantize_nvfp4(x32: torch.Tensor, recipe: QuantRecipe, global_scale: torch.
         gs = check_tensor("global_scale", global_scale, dtypes=(torch.float32,), shape=())
         if not (bool(torch.isfinite(gs)) and float(gs) > 0):
             raise ValueError(f"global_scale must be finite and > 0, got {float(gs)}")
+        gs = gs.to(x32.device)
     amax_b = _unit_reduce(x32, recipe, "amax")
     six = torch.full_like(amax_b, 6.0)
     per = amax_b / six if recipe.scale_formula == ScaleFormula.DIVIDE else amax_b * (1.0 / six)

@@ -10,9 +10,10 @@ whose message names the feature (or pass: "works but not claimed"), never crash 
 from __future__ import annotations
 
 import re
+import zlib
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, seed, settings
 
 from harness import adapters, ops, runner
 from harness import strategies as hs
@@ -41,20 +42,29 @@ def _explain(r: Result) -> str:
             f"  replay: save the case JSON to case.json and run `python -m harness replay case.json`")
 
 
-def test_declared_cases_pass(adapter_name, device_info, result_store, unverifiable) -> None:  # type: ignore[no-untyped-def]
+def test_declared_cases_pass(adapter_name, shard, device_info, result_store, unverifiable) -> None:  # type: ignore[no-untyped-def]
     adapter = adapters.resolve(adapter_name)
     cells = hs.declared_cells(adapter, device_info)
     if not cells:
         pytest.skip(f"{adapter_name} declares no cell on {device_info.generation} (reported as unsupported)")
+    index, count = shard
+    if count > 1:  # this item's share: every count-th cell (round robin when there are fewer cells than shards)
+        cells = cells[index::count] or [cells[index % len(cells)]]
 
     def prop(case):  # type: ignore[no-untyped-def]
         r = runner.judge(case, adapter, device_info, unverifiable=unverifiable)
         result_store.append(r)
         assert r.verdict in ("pass", "not-verifiable"), _explain(r)
 
-    for pinned in REGRESSIONS.get(adapter_name, []):
-        prop = example(case=pinned)(prop)
-    given(case=hs.cases(adapter, cells))(prop)()
+    if index == 0:
+        for pinned in REGRESSIONS.get(adapter_name, []):
+            prop = example(case=pinned)(prop)
+    test = given(case=hs.cases(adapter, cells))(prop)
+    if count > 1:  # the examples are divided too, each shard with its own reproducible seed
+        examples = max(4, -(-settings.default.max_examples // count))
+        test = seed(zlib.crc32(f"{adapter_name}/{index}".encode()))(
+            settings(settings.default, max_examples=examples, derandomize=False, database=None)(test))
+    test()
 
 
 def _normalized(text: str) -> str:
