@@ -35,7 +35,14 @@ def interpreter_enabled() -> bool:
 
 @functools.cache
 def git_state(repo: str = str(REPO_ROOT)) -> tuple[str, bool]:
-    """(commit, dirty) of `repo`; ("unknown", False) outside a git checkout."""
+    """(commit, dirty) of `repo`; ("unknown", False) outside a git checkout.
+
+    MOE_HARNESS_COMMIT overrides it (commit[+dirty]): for machines that receive a copy of the tree whose .git is
+    absent or stale, the sender states what it sent."""
+    override = os.environ.get("MOE_HARNESS_COMMIT", "").strip()
+    if override:
+        commit, _, flag = override.partition("+")
+        return commit, flag == "dirty"
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True

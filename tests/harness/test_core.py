@@ -89,3 +89,14 @@ def test_bounded_reports_margin_and_fails_nan() -> None:
     assert not c.passed and c.metrics["mismatches"] == 1
     c = compare_bounded("y", torch.tensor([1.3, 2.0]), e, torch.tensor([0.1, 0.1]))
     assert not c.passed and "margin 3" in c.reason
+
+
+def test_commit_override_for_copied_trees(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from harness.device import git_state
+
+    monkeypatch.setenv("MOE_HARNESS_COMMIT", "0123abc+dirty")
+    assert git_state() == ("0123abc", True)
+    monkeypatch.setenv("MOE_HARNESS_COMMIT", "0123abc")
+    assert git_state() == ("0123abc", False)
+    monkeypatch.delenv("MOE_HARNESS_COMMIT")
+    assert git_state()[0] != "0123abc"
