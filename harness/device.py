@@ -33,7 +33,6 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.cache
 def git_state(repo: str = str(REPO_ROOT)) -> tuple[str, bool]:
     """(commit, dirty) of `repo`; ("unknown", False) outside a git checkout.
 
@@ -43,6 +42,11 @@ def git_state(repo: str = str(REPO_ROOT)) -> tuple[str, bool]:
     if override:
         commit, _, flag = override.partition("+")
         return commit, flag == "dirty"
+    return _git_state(repo)
+
+
+@functools.cache
+def _git_state(repo: str) -> tuple[str, bool]:
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
