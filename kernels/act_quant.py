@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch import output_or_new
 from kernels.activation import (
     GATED,
     _act_value,
@@ -161,15 +162,7 @@ def act_quant(
         raise ValueError(f"N = x.shape[1] // 2 = {n} must be a multiple of group_size {group_size}")
     g = n // group_size
 
-    if codes is None:
-        codes = torch.empty((t, n), dtype=torch.float8_e4m3fn, device=x.device)
-    elif not isinstance(codes, torch.Tensor):
-        raise ValueError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
-    elif tuple(codes.shape) != (t, n) or codes.dtype != torch.float8_e4m3fn or codes.device != x.device:
-        raise ValueError(f"codes must be [{t}, {n}] float8_e4m3fn on {x.device}, got {list(codes.shape)} "
-                         f"{codes.dtype} on {codes.device}")
-    elif n > 1 and codes.stride(1) != 1:
-        raise ValueError(f"codes must have unit stride along its last dimension, got strides {codes.stride()}")
+    codes = output_or_new("codes", codes, (t, n), torch.float8_e4m3fn, x.device)
     shape, dtype, _ = _scale_geometry(t, g, scale_layout)
     if scales is None:
         scales = empty_scales(t, g, scale_layout, x.device)

@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from kernels._launch import output_or_new
+
 __all__ = ["ACTIVATIONS", "GATED", "PARAMS", "activation_code", "gated_activation", "resolve_params"]
 
 #: activation name -> kernel code (a constexpr of the kernels)
@@ -211,15 +213,7 @@ def gated_activation(
         interleaved, up_first, clamp = False, False, None
     a, b, lim = resolve_params(activation, alpha, beta, limit)
     t, n = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
-    if out is None:
-        out = torch.empty((t, n), dtype=x.dtype, device=x.device)
-    elif not isinstance(out, torch.Tensor):
-        raise ValueError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    elif tuple(out.shape) != (t, n) or out.dtype != x.dtype or out.device != x.device:
-        raise ValueError(f"out must be [{t}, {n}] {x.dtype} on {x.device}, got {list(out.shape)} {out.dtype} "
-                         f"on {out.device}")
-    elif n > 1 and out.stride(1) != 1:
-        raise ValueError(f"out must have unit stride along its last dimension, got strides {out.stride()}")
+    out = output_or_new("out", out, (t, n), x.dtype, x.device)
     if t == 0 or n == 0:
         return out
     block_t, block_n = _blocks(n)

@@ -22,12 +22,12 @@ there are no atomics, so they are deterministic. Offsets are int64 (M * E can ex
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from kernels._launch import interpreting
 
 SCORINGS = ("softmax", "sigmoid", "llama4_top1")
 LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -123,10 +123,6 @@ def _route_kernel(
     tl.store(ids_ptr + rows[:, None] * stride_im + kcol * stride_ik, out_i, mask=omask)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def block_rows(row_slots: int) -> int:
     """Tokens per program, from the padded row size only (never from M: that keeps results batch invariant).
 
@@ -134,7 +130,7 @@ def block_rows(row_slots: int) -> int:
     512 programs for 4096 tokens, enough to fill an H100/H200. The interpreter runs programs one after another with
     each op vectorized in numpy, so there it takes up to 64 rows at a time.
     """
-    budget, cap = (16384, 64) if _interpreting() else (2048, 32)
+    budget, cap = (16384, 64) if interpreting() else (2048, 32)
     return max(1, min(cap, budget // row_slots))
 
 

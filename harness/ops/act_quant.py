@@ -58,7 +58,7 @@ from harness.compare import Comparison, bits
 from harness.errors import elementwise_bound, unit_roundoff
 from harness.ops import activation as act_op
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
-from harness.ops.common import custom, lim
+from harness.ops.common import custom, lim, row_subset
 from harness.strategies import boundary_sizes, scale
 from reference import activations as ref
 from reference.quant import QuantRecipe, logical_scales, quantize
@@ -317,9 +317,7 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
             for t, g in ((0, 1), (1, 1), (7, 5), (33, 4))]
 
 
-def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
-    x = inputs["x"][rows]
-    return case.replace(shapes={**case.shapes, "T": x.shape[0]}), {"x": x}
+token_subset = row_subset("T")
 
 
 SPECS = {"act_quant": OpSpec(name="act_quant", title="Fused activation + per-token-group fp8 quant", axes=AXES,

@@ -31,3 +31,13 @@ def custom(name: str, passed: bool, reason: str = "", **metrics: Any) -> Compari
 
 def rows_where(mask: torch.Tensor) -> list[int]:
     return mask.nonzero().flatten()[:5].tolist()
+
+
+def row_subset(dim: str, tensor: str = "x") -> Any:
+    """A token_subset for ops whose only input is `tensor` with one row per token along shape `dim`."""
+
+    def subset(case: Any, inputs: Any, rows: slice) -> tuple[Any, dict[str, torch.Tensor]]:
+        x = inputs[tensor][rows]
+        return case.replace(shapes={**case.shapes, dim: x.shape[0]}), {tensor: x}
+
+    return subset

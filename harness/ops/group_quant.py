@@ -42,7 +42,7 @@ from harness.adapters import Adapter, Unsupported
 from harness.case import Case
 from harness.compare import compare_exact
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
-from harness.ops.common import custom, lim
+from harness.ops.common import custom, lim, row_subset
 from harness.strategies import boundary_sizes
 from reference import formats
 from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize
@@ -316,10 +316,8 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
             for i, (m, k, p) in enumerate(zip(ms, ks, pats))]
 
 
-def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
-    # Per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance.
-    x = inputs["x"][rows]
-    return case.replace(shapes={**case.shapes, "M": x.shape[0]}), {"x": x}
+# per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance
+token_subset = row_subset("M")
 
 
 SPECS = {"group_quant": OpSpec(name="group_quant", title="Dynamic quantization (group / token / tensor)", axes=AXES,
