@@ -1,6 +1,7 @@
 """Adapters of the fused-experts kernels for the `experts` op.
 
-- `triton-experts`: kernels.fused_experts (standard sorted-token format), Triton.
+- `triton-experts`: kernels.fused_experts (standard sorted-token format), Triton; unquantized and the quantized
+  schemes of TRITON_QUANT (kernels.quant_gemm): fp8_w8a8 T/A/G128, int8_w8a8 T/A, w8a16/w4a16 A/G128 and _zp.
 - `triton-batched-experts`: kernels.batched_experts (batched format), the same Triton GEMM kernel.
 - `naive-batched-experts`: kernels.naive_batched, plain torch, a test aid (the seed table's "naive batched").
 - `torch-grouped-mm-experts`: kernels.torch_grouped_mm over torch._grouped_mm (CUTLASS, bf16, sm90/sm100).
@@ -35,7 +36,8 @@ _ALL_DTYPES = ("bfloat16", "float16", "float32")
 _ACT_CONVENTIONS = {"gate_order": "gate_first", "rounding": "round_once", **fk.SWIGLUOAI_PARAMS}
 
 #: quantized cells of the standard Triton path (kernels.quant_gemm): quant_type -> its formats
-TRITON_QUANT = {"fp8_w8a8": ("T", "A", "G128"), "int8_w8a8": ("T", "A")}
+TRITON_QUANT = {"fp8_w8a8": ("T", "A", "G128"), "int8_w8a8": ("T", "A"), "w8a16": ("A", "G128"),
+                "w8a16_zp": ("G128",), "w4a16": ("A", "G128"), "w4a16_zp": ("G128",)}
 TRITON_STANDARD = {"format": ("standard",), "quant_type": ("none", *TRITON_QUANT),
                    "quant_format": ("-", *sorted({f for fs in TRITON_QUANT.values() for f in fs})),
                    "activation": tuple(ACTIVATIONS), "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"),
@@ -56,10 +58,13 @@ TRITON_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "activation_o
                       "weight_placement": "accumulator", "accumulation": "fp32", "matmul_precision": "ieee",
                       "expert_map_convention": "exclude"}
 #: quantized cells: x and the intermediate are quantized by kernels.group_quant with the default recipe
-#: (float rule, eps 1e-10 on amax, correctly rounded x / s, int8 half to even), stated explicitly
+#: (float scale rule, eps 1e-10 on amax, correctly rounded x / s, int8 half to even), stated explicitly except
+#: scale_rule: act_quant is applied to every quant type's recipe, and MX recipes reject the float rule.
+#: Weight-only schemes multiply exact integers (q - zp) in x.dtype and scale the fp32 dot: no
+#: weight_dequant_dtype rounding.
 TRITON_QUANT_CONVENTIONS = {**TRITON_CONVENTIONS, "act_quant": {
-    "scale_rule": "float", "eps": 1e-10, "eps_placement": "amax", "scale_formula": "divide",
-    "application": "divide", "int8_rounding": "half_even"}}
+    "eps": 1e-10, "eps_placement": "amax", "scale_formula": "divide", "application": "divide",
+    "int8_rounding": "half_even"}}
 NAIVE_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_activation_output",
                      "matmul_precision": "ieee"}
 GROUPED_MM_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_activation_output",

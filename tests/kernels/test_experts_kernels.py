@@ -177,7 +177,8 @@ def test_grouped_mm_requires_names_the_device() -> None:
 # ----------------------------------------------------------------------------------------- quantized schemes
 
 _QUANT_CELLS = [("fp8_w8a8", "T"), ("fp8_w8a8", "A"), ("fp8_w8a8", "G128"), ("int8_w8a8", "T"),
-                ("int8_w8a8", "A")]
+                ("int8_w8a8", "A"), ("w8a16", "A"), ("w8a16", "G128"), ("w8a16_zp", "G128"), ("w4a16", "A"),
+                ("w4a16", "G128"), ("w4a16_zp", "G128")]
 
 
 @pytest.mark.parametrize(("qt", "qf"), _QUANT_CELLS)
@@ -212,7 +213,7 @@ def _run_quantized(qt: str, qf: str, found: dict[str, torch.Tensor], topk_w: tor
                    topk_ids: torch.Tensor) -> torch.Tensor:
     from kernels.quant_gemm import ExpertsQuant
 
-    q = ExpertsQuant(qt, qf, found["w13_scale"], found["w2_scale"])
+    q = ExpertsQuant(qt, qf, found["w13_scale"], found["w2_scale"], found.get("w13_zp"), found.get("w2_zp"))
     return fk.fused_experts(found["x"], found["w13"], found["w2"], topk_w, topk_ids, quant=q)
 
 
@@ -259,3 +260,24 @@ def test_per_tensor_intermediate_scale_covers_all_local_slots() -> None:
     small = (ids.cpu()[:, 0] == 0)
     err = (got - want)[small].abs().max().item()
     assert err <= 0.01 * want[small].abs().max().item(), err
+
+
+@pytest.mark.parametrize("qt", ["w8a16", "w4a16", "w4a16_zp"])
+def test_weight_only_group_scales_and_zero_points(qt: str) -> None:
+    """Weight-only G128: the weights' second K group is 100x the first (and shifted, for the zero points), so a
+    group's scale or zero point taken from the wrong K block, a swapped nibble or a wrong zero-point row shows."""
+    g = torch.Generator().manual_seed(13)
+    m, e, k_dim, n = 8, 2, 256, 128
+    x = torch.randn(m, k_dim, generator=g).to(torch.bfloat16).to(DEV)
+    w13 = torch.randn(e, 2 * n, k_dim, generator=g) / 16
+    w13[:, :, 128:] = w13[:, :, 128:] * 100 + (3.0 if qt.endswith("_zp") else 0.0)
+    w13[:, 1::2] += 0.5 if qt.endswith("_zp") else 0.0  # odd rows: their own zero points (packed along rows)
+    w2 = torch.randn(e, k_dim, n, generator=g) / 16
+    ids = (torch.arange(m) % e)[:, None].to(torch.int32).to(DEV)
+    tw = torch.ones(m, 1, device=DEV)
+    found, quant = _quantized_experts(qt, "G128", x, w13.to(DEV), w2.to(DEV))
+    got = _run_quantized(qt, "G128", found, tw, ids).double().cpu()
+    want = ref.fused_experts(x.cpu(), None, None, tw.cpu(), ids.cpu(), quant=quant,
+                             compute_dtype=torch.float64, out_dtype=torch.float64)
+    err = (got - want).abs().max().item()
+    assert err <= 0.01 * want.abs().max().item(), err
