@@ -257,6 +257,9 @@ def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: se
         inputs = spec.make_inputs(case, device.device)
         specs = spec.outputs(case, inputs)
     except Exception as e:  # a harness or case problem, not the kernel's
+        if not declared:  # e.g. the adapter's conventions do not apply to a cell it does not claim
+            return result("unsupported", f"undeclared cell ({why_not}) cannot be built with this adapter's "
+                          f"conventions: {type(e).__name__}: {e}", exception=f"{why_not}: {e}")
         return result("error", f"harness could not build the case: {type(e).__name__}: {e}")
     snapshot = {k: v.detach().clone().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
