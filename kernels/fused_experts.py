@@ -211,6 +211,7 @@ def _moe_gemm_kernel(
         a_rows = r.to(tl.int64)
         c_rows = r.to(tl.int64)
         w_rows = e.to(tl.int64) * rows_per_expert + r  # unused (no router weight in the batched format)
+        s_rows = w_rows  # activation scales of the flattened [E * T] rows
     else:
         if pid_m * BLOCK_M >= tl.load(num_post_ptr):
             return
@@ -220,6 +221,7 @@ def _moe_gemm_kernel(
         a_rows = ids // a_row_div
         c_rows = ids
         w_rows = ids
+        s_rows = a_rows
     e64 = e.to(tl.int64)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -247,7 +249,7 @@ def _moe_gemm_kernel(
     wg_ptrs = w_base + g_rows[None, :] * stride_wn + wk[:, None] * stride_wk
     wu_ptrs = w_base + u_rows[None, :] * stride_wn + wk[:, None] * stride_wk
     if A_SCALE:
-        as_ptrs = as_ptr + a_rows * stride_asm
+        as_ptrs = as_ptr + s_rows * stride_asm
     if W_SCALE:
         ws_base = ws_ptr + e64 * stride_wse
         wsg_ptrs = ws_base + (g_rows // WS_ROW_DIV) * stride_wsn
@@ -282,8 +284,10 @@ def _moe_gemm_kernel(
                 zg = tl.load(zpg_ptrs + grp * stride_zpg).to(tl.int32)
                 if W_CODES == 4:
                     zg = (zg >> ((g_rows % 2) * 4)) & 0xF
+            elif W_CODES == 8:  # implicit zero point: the middle of the code range
+                zg = tl.full([BLOCK_N], 128, tl.int32)
             else:
-                zg = tl.full([BLOCK_N], 128 if W_CODES == 8 else 8, tl.int32)
+                zg = tl.full([BLOCK_N], 8, tl.int32)
             qg = wg.to(tl.int32)
             if W_CODES == 4:
                 qg = (qg >> ((offs_k % 2) * 4)[:, None]) & 0xF
@@ -312,8 +316,10 @@ def _moe_gemm_kernel(
                     zu = tl.load(zpu_ptrs + grp * stride_zpg).to(tl.int32)
                     if W_CODES == 4:
                         zu = (zu >> ((u_rows % 2) * 4)) & 0xF
+                elif W_CODES == 8:  # implicit zero point: the middle of the code range
+                    zu = tl.full([BLOCK_N], 128, tl.int32)
                 else:
-                    zu = tl.full([BLOCK_N], 128 if W_CODES == 8 else 8, tl.int32)
+                    zu = tl.full([BLOCK_N], 8, tl.int32)
                 qu = wu.to(tl.int32)
                 if W_CODES == 4:
                     qu = (qu >> ((offs_k % 2) * 4)[:, None]) & 0xF

@@ -42,9 +42,8 @@ TRITON_STANDARD = {"format": ("standard",), "quant_type": ("none", *TRITON_QUANT
                    "quant_format": ("-", *sorted({f for fs in TRITON_QUANT.values() for f in fs})),
                    "activation": tuple(ACTIVATIONS), "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"),
                    "dtype": _ALL_DTYPES, "bias": ("N", "Y")}
-TRITON_BATCHED = {**TRITON_STANDARD, **_UNQUANTIZED, "format": ("batched",), "apply_weight_on_input": ("N",),
-                  "expert_map": ("N",)}
-NAIVE_BATCHED = dict(TRITON_BATCHED)
+TRITON_BATCHED = {**TRITON_STANDARD, "format": ("batched",), "apply_weight_on_input": ("N",), "expert_map": ("N",)}
+NAIVE_BATCHED = {**TRITON_BATCHED, **_UNQUANTIZED}
 #: no apply-weight-on-input: torch._grouped_mm rounds x.W13 to bf16 before any weight could be applied, so
 #: round(x.W) * w can never match the convention's round((w x).W)
 GROUPED_MM = {"format": ("standard", "batched"), **_UNQUANTIZED, "activation": tuple(ACTIVATIONS),
@@ -136,7 +135,8 @@ def _run_triton_batched(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     _check("triton-batched-experts", TRITON_BATCHED, case.features)
     _clear_tail(outputs)
     bk.batched_experts(inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"],
-                       activation=ACTIVATIONS[case.features["activation"]], out=outputs["out"], **_biases(inputs))
+                       activation=ACTIVATIONS[case.features["activation"]], out=outputs["out"],
+                       quant=_quant(case.features, inputs), **_biases(inputs))
 
 
 def _run_naive(case: Case, inputs: Tensors, outputs: Tensors) -> None:
@@ -194,8 +194,9 @@ TRITON = register(Adapter(
 
 TRITON_BATCHED_ADAPTER = register(Adapter(
     name="triton-batched-experts", op="experts", source="kernels.batched_experts", run=_run_triton_batched,
-    support=TRITON_BATCHED, generations=_TRITON_GENERATIONS, conventions=TRITON_CONVENTIONS,
+    support=TRITON_BATCHED, generations=_TRITON_GENERATIONS, conventions=TRITON_QUANT_CONVENTIONS,
     properties=frozenset({"deterministic"}), limits=_TRITON_LIMITS, interp_features=_interp_features,
+    requires=_triton_requires,
     description="Triton experts on the batched format [E, max_tokens, K] (GEMM1 + activation, GEMM2)",
 ), replace=True)
 

@@ -281,3 +281,33 @@ def test_weight_only_group_scales_and_zero_points(qt: str) -> None:
                              compute_dtype=torch.float64, out_dtype=torch.float64)
     err = (got - want).abs().max().item()
     assert err <= 0.01 * want.abs().max().item(), err
+
+
+@pytest.mark.parametrize(("qt", "qf"), [("fp8_w8a8", "T"), ("fp8_w8a8", "G128"), ("int8_w8a8", "A"),
+                                        ("w4a16_zp", "G128")])
+def test_batched_quantized_cells_pinned(qt: str, qf: str) -> None:
+    _judge(ea.TRITON_BATCHED_ADAPTER, seed=4, features={"format": "batched", "quant_type": qt, "quant_format": qf},
+           shapes={"E": 3, "K": 256, "N": 128, "max_tokens": 20})
+
+
+def test_batched_per_tensor_scale_ignores_rows_past_the_counts() -> None:
+    """Rows at or past an expert's count are no input: 1000x values there must not move the per-tensor x scale."""
+    from kernels.quant_gemm import ExpertsQuant
+
+    g = torch.Generator().manual_seed(14)
+    e, t, k_dim, n = 2, 8, 64, 64
+    x = torch.randn(e, t, k_dim, generator=g)
+    counts = torch.tensor([3, 5], dtype=torch.int32)
+    x[0, 3:] *= 1000
+    x[1, 5:] *= 1000
+    x = x.to(torch.bfloat16).to(DEV)
+    w13 = torch.randn(e, 2 * n, k_dim, generator=g) / 8
+    w2 = torch.randn(e, k_dim, n, generator=g) / 8
+    found, quant = _quantized_experts("fp8_w8a8", "T", x[0], w13.to(DEV), w2.to(DEV))
+    q = ExpertsQuant("fp8_w8a8", "T", found["w13_scale"], found["w2_scale"])
+    got = bk.batched_experts(x, counts.to(DEV), found["w13"], found["w2"], quant=q).double().cpu()
+    want = ref.batched_experts(x.cpu(), counts, None, None, quant=quant, compute_dtype=torch.float64,
+                               out_dtype=torch.float64)
+    for i, c in enumerate(counts.tolist()):
+        err = (got[i, :c] - want[i, :c]).abs().max().item()
+        assert err <= 0.01 * want[i, :c].abs().max().item(), err
