@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="markdown output (the JSON goes next to it, .json); '' to skip rendering")
     m.add_argument("--results-dir", default="results/local", help="where the JSONL results are written")
     m.add_argument("--jobs", type=int, default=None,
-                   help="worker processes (default: the CPU count; on CUDA two per GPU)")
+                   help="worker processes (default: the CPU count; on CUDA six per GPU, at most the CPU count)")
     m.add_argument("--case-timeout", type=float, default=300.0,
                    help="seconds one case may run before its worker is killed and the case marked (default 300)")
     m.set_defaults(func=_cmd_matrix)

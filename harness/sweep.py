@@ -9,16 +9,17 @@ Cell selection (`plan`):
          set, built greedily and deterministically: first over the cells the adapter declares (so every pair of
          declared values is exercised together in a cell the kernel accepts), then extended until every pair of
          values of any two axes that occurs in some applicable cell is covered.
-  Cases of a cell are its op's boundary cases (`OpSpec.boundary`); quick takes `cases_per_cell` of them, rotated
+  Cases of a cell are its op's boundary cases (`OpSpec.boundary`); a cell the adapter does not declare gets one
+  case (enough to show a clean rejection); quick takes `cases_per_cell` of them, rotated
   by the cell's position so that every boundary shape still appears across the cells. A case's seed is its index
   in the boundary list, so the same case has the same seed in every profile.
 
 Fault isolation (`run_sweep`): cases run in worker processes (never forked from a process that may hold a CUDA
-context: a fork server, else spawn; a pool sized to the CPU count,
-or a few per GPU), each writing its own results file, one flushed line per verdict. The parent hands out chunks
-of one adapter's cases, watches every worker, and when a case hangs past the per-case timeout (the worker is
-killed) or the worker dies (os._exit, a signal, a CUDA context lost to an illegal memory access), writes an
-`error` verdict for that case with the reason to its own file, starts a fresh worker and carries on with the rest.
+context: a fork server, else spawn; a pool sized to the CPU count, or six per GPU, at most one per CPU), each
+writing its own results file, one flushed line per verdict. The parent hands out chunks of one adapter's cases,
+watches every worker, and when a case hangs past the per-case timeout (the worker is killed) or the worker dies
+(os._exit, a signal, a CUDA context lost to an illegal memory access), writes an `error` verdict for that case with
+the reason to its own file, starts a fresh worker and carries on with the rest.
 """
 
 from __future__ import annotations
@@ -125,12 +126,13 @@ def plan(adapter: Any, profile: str = "quick") -> Plan:
     spec = ops.get(adapter.op)
     cells, selection, total = select_cells(spec, adapter, profile)
     position = {tuple(sorted(c.items())): i for i, c in enumerate(spec.all_cells())}
-    per_cell = CASES_PER_CELL[profile]
     cases = []
     for cell in cells:
         bounds = spec.boundary(adapter, cell)
         if not bounds:
             continue
+        # An undeclared cell needs one case to show a clean rejection (or "works but not claimed"), not all of them.
+        per_cell = CASES_PER_CELL[profile] if all(cell[a] in adapter.support.get(a, ()) for a in cell) else 1
         offset = position[tuple(sorted(cell.items()))] % len(bounds) if profile == "quick" else 0
         for seed in sorted({(offset + j) % len(bounds) for j in range(min(per_cell, len(bounds)))}):
             cases.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), seed=seed, **bounds[seed]))
@@ -306,7 +308,12 @@ def default_jobs(device: DeviceInfo) -> int:
     if device.is_cuda:
         import torch
 
-        return 2 * max(1, torch.cuda.device_count())
+        # the judging (inputs, oracle, comparisons) is CPU-heavy and kernels are short: several workers per GPU
+        return max(1, min(_cpus(), 6 * max(1, torch.cuda.device_count())))
+    return _cpus()
+
+
+def _cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
