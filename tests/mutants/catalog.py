@@ -199,7 +199,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("experts-expert-map-ignored", "triton-experts", _FE, (
         P("            lid = tl.load(map_ptr + lid, mask=ok, other=-1).to(tl.int32)\n",
           "            lid = tl.where(lid < num_local, lid, -1)\n", count=2),),
-        "expert map ignored (global ids used as local ids)", {"expert_map": ("Y",)}),
+        "expert map ignored (global ids used as local ids)", {"expert_map": ("Y",), "quant_type": ("none",)}),
     Mutant("experts-reduce-bf16-accumulation", "triton-experts", _FE, (
         P("acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0)",
           "acc = (acc + tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0))"
