@@ -153,7 +153,8 @@ def _unquantized_intermediate(case: Case, found: Mapping[str, torch.Tensor], qua
         return ref.expert_intermediates(x, w13, w2, torch.ones_like(ids, dtype=torch.float32), ids,
                                         activation=_activation(case), compute_dtype=torch.float64).a
     return ref.expert_intermediates(x, w13, w2, found["topk_weights"].cpu(), found["topk_ids"].cpu(),
-                                    activation=_activation(case), expert_map=found.get("expert_map"),
+                                    activation=_activation(case),
+                                    expert_map=found["expert_map"].cpu() if "expert_map" in found else None,
                                     compute_dtype=torch.float64).a
 
 
