@@ -155,6 +155,41 @@ def _align_kernel(topk_ids_ptr, map_ptr, sorted_ids_ptr, expert_ids_ptr, num_pos
 
 
 @triton.jit
+def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_zpg,
+                W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, INT_DOT: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
+                IEEE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc + a . w for one K block of one weight half (gate or up): integer weights offset by their zero point,
+    K-block scales (G128) applied per block, exact int32 dots for int8."""
+    if W_CODES != 0:
+        if HAS_ZP:
+            z = tl.load(zp_ptrs + grp * stride_zpg).to(tl.int32)
+            if W_CODES == 4:
+                z = (z >> ((rows % 2) * 4)) & 0xF
+        elif W_CODES == 8:  # implicit zero point: the middle of the code range
+            z = tl.full([BLOCK_N], 128, tl.int32)
+        else:
+            z = tl.full([BLOCK_N], 8, tl.int32)
+        q = w.to(tl.int32)
+        if W_CODES == 4:
+            q = (q >> ((offs_k % 2) * 4)[:, None]) & 0xF
+        w = (q - z[None, :]).to(a.dtype)
+    if SCALE_IN_LOOP:
+        sw = tl.load(ws_ptrs + grp * stride_wsg)
+        if INT_DOT:
+            part = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
+        else:
+            part = tl.dot(a, w, max_num_imprecise_acc=0)
+        acc += part * (sa[:, None] * sw[None, :])
+    elif INT_DOT:
+        acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
+    elif IEEE:
+        acc = tl.dot(a, w, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, w, acc, max_num_imprecise_acc=0)
+    return acc
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, counts_ptr,
@@ -248,6 +283,12 @@ def _moe_gemm_kernel(
         w_step = BLOCK_K
     wg_ptrs = w_base + g_rows[None, :] * stride_wn + wk[:, None] * stride_wk
     wu_ptrs = w_base + u_rows[None, :] * stride_wn + wk[:, None] * stride_wk
+    # defaults: every argument of _accumulate must exist in every specialization (unused ones are dead code)
+    sa = tl.full([BLOCK_M], 1.0, tl.float32)
+    wsg_ptrs = ws_ptr
+    wsu_ptrs = ws_ptr
+    zpg_ptrs = zp_ptr
+    zpu_ptrs = zp_ptr
     if A_SCALE:
         as_ptrs = as_ptr + s_rows * stride_asm
     if W_SCALE:
@@ -273,69 +314,17 @@ def _moe_gemm_kernel(
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
         grp = (kk * BLOCK_K) // GROUP_K
-        if SCALE_IN_LOOP:
-            if A_SCALE:
-                sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
-            else:
-                sa = tl.full([BLOCK_M], 1.0, tl.float32)
-            swg = tl.load(wsg_ptrs + grp * stride_wsg)
-        if W_CODES != 0:
-            if HAS_ZP:
-                zg = tl.load(zpg_ptrs + grp * stride_zpg).to(tl.int32)
-                if W_CODES == 4:
-                    zg = (zg >> ((g_rows % 2) * 4)) & 0xF
-            elif W_CODES == 8:  # implicit zero point: the middle of the code range
-                zg = tl.full([BLOCK_N], 128, tl.int32)
-            else:
-                zg = tl.full([BLOCK_N], 8, tl.int32)
-            qg = wg.to(tl.int32)
-            if W_CODES == 4:
-                qg = (qg >> ((offs_k % 2) * 4)[:, None]) & 0xF
-            wg = (qg - zg[None, :]).to(a.dtype)
-        if INT_DOT:
-            part_g = tl.dot(a, wg, out_dtype=tl.int32).to(tl.float32)
-        elif SCALE_IN_LOOP:
-            part_g = tl.dot(a, wg, max_num_imprecise_acc=0)
-        if SCALE_IN_LOOP:
-            acc_g += part_g * (sa[:, None] * swg[None, :])
-        elif INT_DOT:
-            acc_g += part_g
-        elif IEEE:
-            acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
-        else:
-            acc_g = tl.dot(a, wg, acc_g, max_num_imprecise_acc=0)
+        if SCALE_IN_LOOP and A_SCALE:
+            sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
+        acc_g = _accumulate(acc_g, a, wg, g_rows, offs_k, grp, sa, wsg_ptrs, stride_wsg, zpg_ptrs, stride_zpg,
+                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, BLOCK_N)
         if GATED:
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
                 wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
-            if SCALE_IN_LOOP:
-                swu = tl.load(wsu_ptrs + grp * stride_wsg)
-            if W_CODES != 0:
-                if HAS_ZP:
-                    zu = tl.load(zpu_ptrs + grp * stride_zpg).to(tl.int32)
-                    if W_CODES == 4:
-                        zu = (zu >> ((u_rows % 2) * 4)) & 0xF
-                elif W_CODES == 8:  # implicit zero point: the middle of the code range
-                    zu = tl.full([BLOCK_N], 128, tl.int32)
-                else:
-                    zu = tl.full([BLOCK_N], 8, tl.int32)
-                qu = wu.to(tl.int32)
-                if W_CODES == 4:
-                    qu = (qu >> ((offs_k % 2) * 4)[:, None]) & 0xF
-                wu = (qu - zu[None, :]).to(a.dtype)
-            if INT_DOT:
-                part_u = tl.dot(a, wu, out_dtype=tl.int32).to(tl.float32)
-            elif SCALE_IN_LOOP:
-                part_u = tl.dot(a, wu, max_num_imprecise_acc=0)
-            if SCALE_IN_LOOP:
-                acc_u += part_u * (sa[:, None] * swu[None, :])
-            elif INT_DOT:
-                acc_u += part_u
-            elif IEEE:
-                acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
-            else:
-                acc_u = tl.dot(a, wu, acc_u, max_num_imprecise_acc=0)
+            acc_u = _accumulate(acc_u, a, wu, u_rows, offs_k, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
+                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, BLOCK_N)
         a_ptrs += BLOCK_K * stride_ak
         wg_ptrs += w_step * stride_wk
         wu_ptrs += w_step * stride_wk
