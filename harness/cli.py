@@ -98,12 +98,34 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl "
           f"({sum(sum(c.values()) for c in totals.values())} verdicts)")
     if args.out and run_files:
-        md_path, json_path, _ = render_files(run_files, args.out, command=command,
-                                             shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl"])
-        print(f"matrix: {md_path} and {json_path}")
+        # The rendered matrix keeps the other generations' committed results (a CPU run must not drop sm90)
+        others = [] if args.only_this_run else committed_other_generations(dev.generation, args.results_dir)
+        folders = sorted({os.path.relpath(f.parent) for f in others})
+        md_path, json_path, _ = render_files(run_files + others, args.out, command=command,
+                                             shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
+        print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
+                                                      if folders else ""))
     if bad:
         print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
     return 1 if bad else 0
+
+
+def committed_other_generations(generation: str, results_dir: str, root: str | None = None) -> list:
+    """Matrix result files committed under `root` (default: the repository's results/) for generations other
+    than `generation`, outside `results_dir` and results/local: what a fresh sweep's rendering merges in."""
+    import re
+    from pathlib import Path
+
+    base = Path(root) if root is not None else Path(__file__).resolve().parent.parent / "results"
+    skip = {Path(results_dir).resolve(), (base / "local").resolve()}
+    found = []
+    for f in sorted(base.rglob("matrix-*.jsonl")) if base.is_dir() else []:
+        if any(f.resolve().is_relative_to(d) for d in skip):
+            continue
+        m = re.match(r"matrix-([a-z0-9]+)-", f.name)
+        if m and m.group(1) != generation:
+            found.append(f)
+    return found
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -222,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default="docs/SUPPORT_MATRIX.md",
                    help="markdown output (the JSON goes next to it, .json); '' to skip rendering")
     m.add_argument("--results-dir", default="results/local", help="where the JSONL results are written")
+    m.add_argument("--only-this-run", action="store_true",
+                   help="render only this sweep's results (default: also the committed results under results/ of "
+                        "the other generations, so a CPU run keeps the GPU columns)")
     m.add_argument("--jobs", type=int, default=None,
                    help="worker processes (default: the CPU count; on CUDA six per GPU, at most the CPU count)")
     m.add_argument("--case-timeout", type=float, default=300.0,

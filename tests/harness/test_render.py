@@ -65,3 +65,17 @@ def test_cli_renders_from_files_with_json_and_case_files(tmp_path: Path) -> None
     text = out.read_text(encoding="utf-8")
     assert text.startswith("# Kernel-feature support matrix") and "MATRIX.cases/" in text
     assert render_files([RESULTS], out)[2] == 20
+
+
+def test_a_fresh_sweep_merges_the_committed_results_of_other_generations(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from harness.cli import committed_other_generations
+
+    for rel in ("interp/matrix-interp-1-a-main.jsonl", "sm90/matrix/matrix-sm90-2-b-w1.jsonl",
+                "sm100/matrix-sm100-3-c-w2.jsonl", "local/matrix-sm90-4-d-w3.jsonl", "sm90/pytest/pytest-x.jsonl"):
+        f = tmp_path / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("")
+    names = [f.name for f in committed_other_generations("sm90", str(tmp_path / "local"), root=str(tmp_path))]
+    assert names == ["matrix-interp-1-a-main.jsonl", "matrix-sm100-3-c-w2.jsonl"]  # not sm90, not local, not pytest
+    names = [f.name for f in committed_other_generations("interp", str(tmp_path / "elsewhere"), root=str(tmp_path))]
+    assert names == ["matrix-sm100-3-c-w2.jsonl", "matrix-sm90-2-b-w1.jsonl"]
