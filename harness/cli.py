@@ -84,11 +84,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         return 2
     from harness.results import new_run_id
 
-    run_id = f"matrix-{dev.generation}-{new_run_id()}"
+    run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}"
     print(f"moe-harness {__version__}: sweeping {len(specs)} adapter(s) on {dev.generation} ({dev.device_name}), "
           f"profile {args.profile}", file=sys.stderr)
-    totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
-                       case_timeout=args.case_timeout, command=command)
+    try:
+        totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
+                           case_timeout=args.case_timeout, command=command, resume=bool(args.resume))
+    except ValueError as e:  # --resume of a run that has no results here
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     bad = sum(c["fail"] + c["error"] for c in totals.values())
     from pathlib import Path
 
@@ -244,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default="docs/SUPPORT_MATRIX.md",
                    help="markdown output (the JSON goes next to it, .json); '' to skip rendering")
     m.add_argument("--results-dir", default="results/local", help="where the JSONL results are written")
+    m.add_argument("--resume", metavar="RUN_ID",
+                   help="continue an interrupted sweep (e.g. matrix-sm90-20261121T074027-fa1972, the prefix of its "
+                        "result files in --results-dir): cases it already judged are not run again")
     m.add_argument("--only-this-run", action="store_true",
                    help="render only this sweep's results (default: also the committed results under results/ of "
                         "the other generations, so a CPU run keeps the GPU columns)")

@@ -323,18 +323,30 @@ def _cpus() -> int:
 def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str, *, profile: str = "quick",
               run_id: str | None = None, jobs: int | None = None, case_timeout: float = 120.0,
               command: str = "", out: IO[str] | None = sys.stderr,
-              on_plan: Callable[[str, Plan], None] | None = None) -> dict[str, Counter]:
+              on_plan: Callable[[str, Plan], None] | None = None, resume: bool = False) -> dict[str, Counter]:
     """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter.
 
     `adapter_specs` are registered names or module:object specs (workers resolve them the same way).
     Results go to `<results_dir>/<run_id>-w<slot>-<pid>.jsonl` (workers) and `<run_id>-main.jsonl` (metadata and
     the verdicts of cases whose worker hung or died).
+    resume: continue run `run_id` (its files in results_dir): cases it already judged are counted, not re-run,
+    so a sweep cut short (a time limit, a lost machine) finishes in a later call.
     """
     from harness import adapters
     from harness.device import git_state
     from harness.results import new_run_id
 
     run_id = run_id or f"matrix-{device.generation}-{new_run_id()}"
+    done: dict[str, Result] = {}
+    if resume:
+        from pathlib import Path
+
+        from harness.results import load_results
+
+        previous = sorted(Path(results_dir).glob(f"{run_id}-*.jsonl"))
+        if not previous:
+            raise ValueError(f"resume: no results of run {run_id!r} in {results_dir}")
+        done = {r.case.case_id: r for r in load_results(previous, strict=False)}
     main = ResultStore(results_dir, run_id=run_id, worker="main")
     commit, dirty = git_state()
     main.append_meta("run", {"generation": device.generation, "device": device.to_dict(), "profile": profile,
@@ -365,12 +377,16 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     total_cases = sum(len(p.cases) for _, _, p in planned)
     chunk_size = max(8, math.ceil(total_cases / (3 * n_jobs)))
     # biggest adapters first, so the long tail is short
+    finished: list[tuple[int, Result]] = []
     for adapter, spec_name, p in sorted(planned, key=lambda t: -len(t[2].cases)):
         items = []
         for case in p.cases:
             index = len(cases)
             cases[index] = case
             owner[index] = adapter
+            if case.case_id in done:  # judged before this resume
+                finished.append((index, done[case.case_id]))
+                continue
             items.append((index, case))
         for at in range(0, len(items), chunk_size):
             chunks.append(_Chunk(spec_name, items[at:at + chunk_size]))
@@ -382,6 +398,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
             print(f"  {p.adapter}: {p.selection} cells ({len(p.cells)} of {p.cells_total}), {len(p.cases)} cases",
                   file=out, flush=True)
     left_of = Counter(owner[i].name for i in cases)
+    if out is not None and resume:
+        print(f"resuming {run_id}: {len(finished)} of {len(cases)} cases already judged", file=out, flush=True)
 
     def mark(index: int, reason: str, kind: str, **metrics: Any) -> None:
         case, adapter = cases[index], owner[index]
@@ -398,6 +416,9 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
         left_of[name] -= 1
         if left_of[name] == 0 and not progress.tty:
             progress.note(f"{name}: " + ", ".join(f"{v} {k}" for k, v in sorted(totals[name].items())))
+
+    for index, r in finished:
+        account(index, r.verdict, r.declared)
 
     ctx = _context()
     devices = [device.device]
@@ -444,10 +465,13 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
             slot.conn.close()
         slot.proc, slot.conn, slot.chunk, slot.current = None, None, None, None
 
+    startup = {"failures": 0}  # workers that died before reporting ready, in a row
+
     def handle(slot: _Slot, msg: tuple) -> None:
         kind = msg[0]
         if kind == "ready":
             slot.ready = True
+            startup["failures"] = 0
         elif kind == "start":
             slot.current, slot.since = msg[1], time.monotonic()
         elif kind == "done":
@@ -495,7 +519,15 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
                     if slot.current is not None:
                         progress.note(f"worker {slot.index} died ({why}) on case {cases[slot.current].case_id} of "
                                       f"{cases[slot.current].adapter}; continuing")
+                    if not slot.ready:
+                        startup["failures"] += 1
                     retire(slot, f"worker process died ({why}) while running this case", "died")
+                    if startup["failures"] >= MAX_SILENT_DEATHS * len(slots):
+                        # workers cannot even start (a broken install, an unimportable __main__): stop respawning
+                        progress.note(f"worker processes fail to start ({why}); the remaining cases are marked")
+                        while chunks:
+                            for i, _ in chunks.popleft().items:
+                                mark(i, f"not run: worker processes fail to start ({why})", "died")
                 elif slot.current is not None and now - slot.since > case_timeout:
                     progress.note(f"case {cases[slot.current].case_id} of {cases[slot.current].adapter} hung past "
                                   f"{case_timeout:g}s; worker killed, continuing")

@@ -119,3 +119,22 @@ def test_every_registered_adapter_has_a_plan(profile: str) -> None:
             continue
         p = sweep.plan(a, profile)
         assert p.cases and len({c.case_id for c in p.cases}) == len(p.cases)
+
+
+def test_resume_finishes_an_interrupted_run_without_judging_twice(tmp_path: Path) -> None:
+    name = "reference-activation"
+    planned = sweep.plan(adapters.resolve(name), "quick").cases
+    sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=None)
+    # an interrupted run: keep the verdicts of the first half only
+    [worker_file] = list(tmp_path.glob("r-w*.jsonl"))
+    lines = worker_file.read_text().splitlines()
+    kept = lines[: len(lines) // 2]
+    worker_file.write_text("\n".join(kept) + "\n")
+    out = io.StringIO()
+    totals = sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=out, resume=True)
+    assert f"{len(kept)} of {len(planned)} cases already judged" in out.getvalue()
+    by_id = Counter(r.case.case_id for r in load_results([tmp_path]))
+    assert by_id == Counter(c.case_id for c in planned)  # every case once: the kept half was not re-run
+    assert sum(totals[name].values()) == len(planned)
+    with pytest.raises(ValueError, match="no results of run"):
+        sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="missing", jobs=1, out=None, resume=True)
