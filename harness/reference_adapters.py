@@ -80,7 +80,7 @@ def _run_experts(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     kw = experts_op._oracle_kwargs(case, {})
     biases = {b: inputs[b] for b in ("w13_bias", "w2_bias") if b in inputs}
     sch = experts_quant.scheme(case, {})
-    quant = None if sch is None else experts_quant.to_experts_quant(inputs, sch, None)
+    quant = None if sch is None else experts_quant.to_experts_quant(inputs, sch)
     w13, w2 = (inputs["w13"], inputs["w2"]) if quant is None else (None, None)
     if case.features["format"] == "batched":
         out = experts.batched_experts(inputs["x"], inputs["expert_num_tokens"], w13, w2, **kw, **biases, quant=quant)

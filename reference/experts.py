@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -132,6 +132,9 @@ class ExpertsQuant:
     intermediate_global_scale: torch.Tensor | None = None
     #: logical per-expert shapes ([W1, K], [K, N]); needed only when there are no local experts
     expert_shapes: tuple[tuple[int, int], tuple[int, int]] | None = None
+    #: dequantized weights per device: one oracle call dequantizes once, not in every function it goes through
+    _dequantized: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("w13", "w2"):
@@ -150,13 +153,19 @@ class ExpertsQuant:
                 raise ValueError(f"{name} must be a QuantRecipe or None, got {type(v).__name__}")
 
     def dequantized_weights(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """float64 [E, W1, K] and [E, K, N] on `device`: the exact values code * scale."""
-        if not self.w13:
-            (w1, k), (k2, n) = self.expert_shapes  # type: ignore[misc]
-            return (torch.zeros(0, w1, k, dtype=torch.float64, device=device),
-                    torch.zeros(0, k2, n, dtype=torch.float64, device=device))
-        return (torch.stack([dequantize(q, torch.float64) for q in self.w13]).to(device),
-                torch.stack([dequantize(q, torch.float64) for q in self.w2]).to(device))
+        """float64 [E, W1, K] and [E, K, N] on `device`: the exact values code * scale (computed once per device;
+        treat them as read-only)."""
+        key = str(torch.device(device))
+        if key not in self._dequantized:
+            if not self.w13:
+                (w1, k), (k2, n) = self.expert_shapes  # type: ignore[misc]
+                found = (torch.zeros(0, w1, k, dtype=torch.float64, device=device),
+                         torch.zeros(0, k2, n, dtype=torch.float64, device=device))
+            else:
+                found = (torch.stack([dequantize(q, torch.float64) for q in self.w13]).to(device),
+                         torch.stack([dequantize(q, torch.float64) for q in self.w2]).to(device))
+            self._dequantized[key] = found
+        return self._dequantized[key]
 
     def quantize_input(self, rows: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """x rows [R, K] quantized and dequantized (exactly, float64) by `act`; rows outside `valid` are zeroed

@@ -79,8 +79,8 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
             found["expert_map"] = gen.expert_map(case, e, device)
     sch = xq.scheme(case, {})
     if sch is not None:
-        xq.quantize_weights(case, found, sch, device)
-        xq.calibrate_act_global_scales(case, found, sch, {})
+        xq.quantize_weights(found, sch, device)
+        xq.calibrate_act_global_scales(case, found, sch)
     return found
 
 
@@ -184,13 +184,13 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     biases = {b: cpu[b] for b in ("w13_bias", "w2_bias") if b in cpu}
     tiny = float(torch.finfo(dt).smallest_normal)
     sch = xq.scheme(case, conventions)
-    quant = None if sch is None else xq.to_experts_quant(cpu, sch, None)
+    quant = None if sch is None else xq.to_experts_quant(cpu, sch)
     if quant is None:
         w13, w2 = cpu["w13"], cpu["w2"]
         w13_64, w2_64 = w13.double(), w2.double()
     else:
         w13 = w2 = None
-        w13_64, w2_64 = (t.to(dev) for t in quant.dequantized_weights(dev))
+        w13_64, w2_64 = quant.dequantized_weights(dev)
     if _batched(case):
         want = ref.batched_experts(cpu["x"], cpu["expert_num_tokens"], w13, w2, **kw, **biases, quant=quant,
                                    compute_dtype=torch.float64, out_dtype=torch.float64)

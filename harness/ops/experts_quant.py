@@ -105,11 +105,11 @@ def _code_view(codes: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
     return codes
 
 
-def _oracle_codes(codes: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+def _oracle_codes(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.uint8) if codes.dtype == torch.float8_e4m3fn else codes
 
 
-def quantize_weights(case: Case, found: dict[str, torch.Tensor], sch: Scheme, device: str) -> None:
+def quantize_weights(found: dict[str, torch.Tensor], sch: Scheme, device: str) -> None:
     """Replace found['w13'], found['w2'] (float) by their codes and add the scale inputs, per expert."""
     for name in ("w13", "w2"):
         w = found[name].float().cpu()
@@ -127,14 +127,13 @@ def quantize_weights(case: Case, found: dict[str, torch.Tensor], sch: Scheme, de
             found[f"{name}_global_scale"] = torch.stack([q.global_scale for q in qs]).to(device)
 
 
-def calibrate_act_global_scales(case: Case, found: dict[str, torch.Tensor], sch: Scheme,
-                                conventions: Mapping[str, Any]) -> None:
+def calibrate_act_global_scales(case: Case, found: dict[str, torch.Tensor], sch: Scheme) -> None:
     """NVFP4: static activation global scales from these inputs' amax (x) and the unquantized intermediate's."""
     if sch.act is None or sch.act.dtype != QuantDtype.NVFP4:
         return
     from reference.quant import _nvfp4_global  # the convention's formula, one place
 
-    quant = to_experts_quant(found, sch, None)
+    quant = to_experts_quant(found, sch)
     x = found["x"]
     rows = x.reshape(-1, x.shape[-1]).float().cpu()
     a = _unquantized_intermediate(case, found, quant)
@@ -164,12 +163,12 @@ def _activation(case: Case) -> str:
     return ACTIVATIONS[case.features["activation"]]
 
 
-def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme, shapes: Any) -> ref.ExpertsQuant:
+def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme) -> ref.ExpertsQuant:
     """The oracle's view of the quantized inputs: one QuantizedTensor per expert and the activation recipes."""
     per: dict[str, list[QuantizedTensor]] = {}
     logical: dict[str, tuple[int, int]] = {}
     for name in ("w13", "w2"):
-        codes = _oracle_codes(inputs[name], sch.weight).cpu()
+        codes = _oracle_codes(inputs[name]).cpu()
         scales = inputs[f"{name}_scale"].cpu()
         e = codes.shape[0]
         k = codes.shape[-1] * (2 if sch.weight.dtype in (QuantDtype.W4A16, QuantDtype.MXFP4, QuantDtype.NVFP4) else 1)

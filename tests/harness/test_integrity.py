@@ -177,7 +177,7 @@ def _quantized_reference(act_quant: dict, requant: bool = True) -> Callable:  # 
 
     def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
         sch = experts_quant.scheme(case, {"act_quant": act_quant})
-        quant = experts_quant.to_experts_quant(inputs, sch, None)
+        quant = experts_quant.to_experts_quant(inputs, sch)
         if not requant:
             quant = experts.ExpertsQuant(quant.w13, quant.w2, act=quant.act, intermediate=None)
         outputs["out"].copy_(experts.fused_experts(inputs["x"], None, None, inputs["topk_weights"],

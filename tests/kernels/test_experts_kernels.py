@@ -205,8 +205,8 @@ def _quantized_experts(qt: str, qf: str, x: torch.Tensor, w13: torch.Tensor, w2:
                 seed=0, shapes={}, dtypes={"x": "bfloat16"}, params={})
     sch = xq.scheme(case, ea.TRITON.conventions)
     found = {"x": x, "w13": w13, "w2": w2}
-    xq.quantize_weights(case, found, sch, str(x.device))
-    return found, xq.to_experts_quant(found, sch, None)
+    xq.quantize_weights(found, sch, str(x.device))
+    return found, xq.to_experts_quant(found, sch)
 
 
 def _run_quantized(qt: str, qf: str, found: dict[str, torch.Tensor], topk_w: torch.Tensor,

@@ -476,3 +476,13 @@ def test_quantized_scheme_bad_arguments() -> None:
         ExpertsQuant(q13, q2[:1])
     with pytest.raises(ValueError, match="act must be a QuantRecipe"):
         ExpertsQuant(q13, q2, act="fp8")  # type: ignore[arg-type]
+
+
+def test_dequantized_weights_are_computed_once_per_device() -> None:
+    g = torch.Generator().manual_seed(12)
+    q13, q2 = _quantized_weights(torch.randn(2, 16, 32, generator=g), torch.randn(2, 32, 8, generator=g),
+                                 QuantRecipe(unit="row"))
+    quant = ExpertsQuant(q13, q2)
+    w13, w2 = quant.dequantized_weights(torch.device("cpu"))
+    assert quant.dequantized_weights("cpu")[0] is w13  # the oracle's several passes share one dequantization
+    assert torch.equal(w2[1], dequantize(q2[1], F64))
