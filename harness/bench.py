@@ -4,6 +4,8 @@ Each op's benchmarks live in `harness/benchmarks/<op>.py`, which defines `cases(
 A `BenchCase` holds closures over pre-made inputs: our kernel, and the torch reference beside it. Times are the
 median of `triton.testing.do_bench` (warm-up, L2 flushed between repetitions); memory-bound stages are reported in
 GB/s against the copy bandwidth measured on the same device in the same run, compute-bound ones in TFLOP/s.
+Cases marked `graph` (the experts) report `kernel_us` from replays of a CUDA graph holding one call (the GPU time,
+as a serving engine's decode step runs it) and `eager_us` from Python calls (launch overhead included).
 
 `--op reference-experts` times the reference experts oracle at model shapes: it must be fast enough to be the oracle
 for real shapes (DeepSeek-V3-like M=4096, E=256, k=8, K=7168, N=512 in well under a second on one GPU).
@@ -43,6 +45,11 @@ class BenchCase:
     bytes_moved: int = 0
     flops: int = 0
     verify: Callable[[], str | None] | None = None  # None -> ok, else the reason it failed
+    #: time a CUDA graph of `kernel()` too (GPU time without Python launch overhead, as serving engines run
+    #: decode); `kernel` must then be capturable: no host synchronization
+    graph: bool = False
+    #: the roofline floor in seconds (0: not reported); the row gets "% of floor" = floor / time
+    floor_s: float = 0.0
 
 
 def do_bench(fn: Callable[[], Any], device: str) -> float:
@@ -52,6 +59,31 @@ def do_bench(fn: Callable[[], Any], device: str) -> float:
 
         return float(_tb(fn, warmup=25, rep=100, return_mode="median")) / 1e3
     return _time(fn, device)
+
+
+def do_bench_graph(fn: Callable[[], Any], reps: int = 50) -> float:
+    """Median seconds of one replay of a CUDA graph that holds one call of `fn`, with L2 flushed before each
+    replay (as do_bench does): the GPU time of the kernels, without the Python launch overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: JIT compiles, allocator growth
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    graph.replay()
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in events)
+    return times[len(times) // 2] / 1e3
 
 
 def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
@@ -114,7 +146,16 @@ def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict
             why = c.verify() if c.verify is not None else None
             row["verified"] = "yes" if c.verify is not None and why is None else ("no: " + why if why else "not run")
             t = do_bench(c.kernel, device)
+            if c.graph and device.startswith("cuda"):
+                row["eager_us"] = t * 1e6
+                try:
+                    t = do_bench_graph(c.kernel)
+                    row["timing"] = "graph"
+                except Exception as e:  # not capturable: the eager time stands, and the row says why
+                    row["timing"] = f"eager (no graph: {type(e).__name__})"
             row["kernel_us"] = t * 1e6
+            if c.floor_s:
+                row["% of floor"] = 100 * c.floor_s / t
             if c.bytes_moved:
                 row["GB/s"] = c.bytes_moved / t / 1e9
                 if bw:

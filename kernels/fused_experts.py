@@ -102,7 +102,7 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
 # ----------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel", "num_local"])
 def _align_kernel(topk_ids_ptr, map_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, numel, num_local,
                   HAS_MAP: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK: tl.constexpr,
                   EXPERTS: tl.constexpr):
@@ -189,7 +189,9 @@ def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, 
     return acc
 
 
-@triton.jit
+# Sizes that vary from call to call are not specialized on (divisibility by 16, == 1): one compile serves every M
+# and every routing. Strides, N and K still are (aligned rows vectorize their loads).
+@triton.jit(do_not_specialize=["num_valid", "rows_per_expert", "a_row_div", "num_pid_m", "num_pid_n"])
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, counts_ptr,
@@ -369,7 +371,7 @@ def _moe_gemm_kernel(
     tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "top_k"])
 def _reduce_kernel(y_ptr, out_ptr, topk_ids_ptr, map_ptr, M, K, top_k, stride_om, stride_ok,
                    HAS_MAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)

@@ -41,6 +41,15 @@ def _pad_last(t: torch.Tensor, multiple: int = ALIGN) -> torch.Tensor:
     return F.pad(t, (0, extra)) if extra else t
 
 
+def group_ends(key: torch.Tensor, groups: int) -> torch.Tensor:
+    """int32 cumulative end row of each group 0..groups-1 of `key` (values in [0, groups]; `groups` sorts last).
+    A scatter-add, not torch.bincount, which reads the maximum back to the host: this stays capturable in a
+    CUDA graph."""
+    counts = torch.zeros(groups + 1, dtype=torch.int64, device=key.device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    return counts[:groups].cumsum(0).to(torch.int32)
+
+
 def _gmm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
     """a [rows, K] or [E, T, K] times w [E, out, K]^T per group (K padded to ALIGN on both sides)."""
     return torch._grouped_mm(_pad_last(a), _pad_last(w).transpose(1, 2), offs=offs)
@@ -82,7 +91,7 @@ def grouped_mm_experts(
         ids = expert_map.long()[ids]
     key = torch.where(ids >= 0, ids, e)  # non-local slots sort after every group
     order = torch.argsort(key, stable=True)
-    offs = torch.bincount(key, minlength=e + 1)[:e].cumsum(0).to(torch.int32)
+    offs = group_ends(key, e)
     h = _gmm(x[order // top_k], w13, offs).float()
     w_sorted = topk_weights.reshape(-1)[order].float()[:, None]
     if apply_router_weight_on_input:
