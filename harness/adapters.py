@@ -39,7 +39,9 @@ class Adapter:
     adapter writes into them, or returns a dict of tensors that replace them (kernels that allocate).
     support: feature axis -> declared values. An axis the adapter omits is declared for no value.
     requires(device, features): a reason string when the cell cannot run on this device (e.g. fp8 needs sm89+).
-    limits: shape constraints the strategies respect (e.g. {"K_multiple": 16, "max_E": 512}).
+    limits: shape constraints the strategies respect (e.g. {"K_multiple": 16, "max_E": 512}). A `<dim>_multiple`
+    limit is also a support rule: the runner reports a case whose shape `<dim>` breaks it as unsupported (never a
+    failure), see `shape_unsupported`.
     interp_features: names of interpreter-fidelity features the kernel depends on (harness.interpreter); on
     `interp`, a cell depending on an unfixed one is reported not-verifiable, never pass.
     """
@@ -80,6 +82,14 @@ class Adapter:
             if why:
                 return False, why
         return True, ""
+
+    def shape_unsupported(self, shapes: Mapping[str, int]) -> str | None:
+        """Why the case shapes break one of the adapter's `<dim>_multiple` limits (None: they do not)."""
+        for key, mult in self.limits.items():
+            dim = key.removesuffix("_multiple")
+            if dim != key and dim in shapes and int(shapes[dim]) % int(mult):
+                return f"{self.name} needs {dim} to be a multiple of {mult}, got {dim}={shapes[dim]}"
+        return None
 
     def declared_cells(self, axes: Mapping[str, Iterable[str]]) -> list[dict[str, str]]:
         from itertools import product

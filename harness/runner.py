@@ -248,6 +248,8 @@ def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: se
 
     if device.generation not in adapter.generations:
         return result("unsupported", f"{adapter.name} does not run on {device.generation}")
+    if (why_shape := adapter.shape_unsupported(case.shapes)) is not None:
+        return result("unsupported", f"shape outside the adapter's limits: {why_shape}")
     if unverifiable and adapter.interp_features and device.generation == "interp":
         blocked = sorted(set(adapter.interp_features(case.features)) & unverifiable)
         if blocked:

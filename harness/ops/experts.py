@@ -252,16 +252,24 @@ def _multiple(cell: Mapping[str, str]) -> int:
     return {"G128": 128, "G32": 32, "G16": 16}.get(fmt, 2 if qt.startswith("w4a16") else 1)
 
 
+def _multiples(adapter: Adapter, cell: Mapping[str, str]) -> tuple[int, int]:
+    """(K, N) multiples: the cell's group and the adapter's `K_multiple` / `N_multiple` limits (e.g. 16 for a kernel
+    whose rows must be 16-byte aligned)."""
+    mult = _multiple(cell)
+    return (math.lcm(mult, int(adapter.limits.get("K_multiple", 1))),
+            math.lcm(mult, int(adapter.limits.get("N_multiple", 1))))
+
+
 def _fit(v: int, mult: int) -> int:
     return max(mult, -(-v // mult) * mult) if mult > 1 else v
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    mult = _multiple(cell)
+    k_mult, n_mult = _multiples(adapter, cell)
     e = draw(num_experts(min(lim(adapter, "max_E"), 64)))
     hidden = draw(boundary_sizes(limit(adapter, "block_K", 32), lim(adapter, "max_K"), minimum=1))
     n = draw(boundary_sizes(limit(adapter, "block_N", 32), lim(adapter, "max_N"), minimum=1))
-    hidden, n = _fit(hidden, mult), _fit(n, mult)
+    hidden, n = _fit(hidden, k_mult), _fit(n, n_mult)
     params: dict[str, Any] = _quant_params(adapter, cell)
     if cell["format"] == "batched":
         t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))
@@ -279,13 +287,13 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
 def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
     found = []
     block = lim(adapter, "block_M")
-    mult = _multiple(cell)
+    k_mult, n_mult = _multiples(adapter, cell)
     qparams = _quant_params(adapter, cell)
     for m, e, k, hidden, n, rout in ((1, 4, 2, 32, 16, "random"), (block + 1, 8, 2, 65, 33, "some_empty"),
                                      (2 * block - 1, 257, 4, 16, 16, "random"), (9, 8, 8, 48, 24, "one_expert")):
         if e > lim(adapter, "max_E"):
             continue
-        hidden, n = _fit(hidden, mult), _fit(n, mult)
+        hidden, n = _fit(hidden, k_mult), _fit(n, n_mult)
         if cell["format"] == "batched":
             found.append({"shapes": {"E": min(e, 16), "K": hidden, "N": n, "max_tokens": m},
                           "dtypes": {"x": cell["dtype"]}, "params": dict(qparams)})

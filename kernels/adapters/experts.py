@@ -5,6 +5,8 @@
 - `triton-batched-experts`: kernels.batched_experts (batched format), the same Triton GEMM kernel.
 - `naive-batched-experts`: kernels.naive_batched, plain torch, a test aid (the seed table's "naive batched").
 - `torch-grouped-mm-experts`: kernels.torch_grouped_mm over torch._grouped_mm (CUTLASS, bf16, sm90/sm100).
+- `torch-scaled-grouped-mm-experts`: kernels.torch_grouped_mm over torch._scaled_grouped_mm (CUTLASS fp8 rowwise,
+  sm90): fp8_w8a8 T/A, standard and batched; K and N multiples of 16 (the `K_multiple`/`N_multiple` limits).
 
 Each declares exactly the cells it implements; any other cell raises `Unsupported` naming the axis and value.
 """
@@ -69,6 +71,17 @@ NAIVE_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_act
 GROUPED_MM_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "gemm1_and_activation_output",
                           "weight_placement": "rounded_expert_output", "accumulation": "fp32",
                           "matmul_precision": "ieee"}
+#: fp8_w8a8 T/A over torch._scaled_grouped_mm. Unlike torch._grouped_mm, apply-weight-on-input is expressible: the
+#: weight multiplies GEMM1's fp32 row scale before the bf16 rounding. T is one scale per tensor (activations) and
+#: per expert (weights), passed as rowwise scales broadcast to every row / column.
+SCALED_GROUPED_MM = {"format": ("standard", "batched"), "quant_type": ("fp8_w8a8",),
+                     "quant_format": gk.SCALED_FORMATS, "activation": tuple(ACTIVATIONS),
+                     "apply_weight_on_input": ("N", "Y"), "expert_map": ("N", "Y"), "dtype": ("bfloat16",),
+                     "bias": ("N",)}
+#: GEMM outputs rounded to bf16 by torch (h before the activation, y before the router weight), activation and
+#: reduce in fp32; activations quantized by the Triton path's recipe (kernels.quant_gemm.quantize_activation)
+SCALED_GROUPED_MM_CONVENTIONS = {**GROUPED_MM_CONVENTIONS,
+                                 "act_quant": dict(TRITON_QUANT_CONVENTIONS["act_quant"])}
 
 
 def _check(name: str, support: Mapping[str, tuple[str, ...]], features: Mapping[str, str]) -> None:
@@ -169,6 +182,34 @@ def _grouped_mm_requires(device: DeviceInfo, features: Mapping[str, str]) -> str
     return None
 
 
+def run_scaled_grouped_mm(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    name = "torch-scaled-grouped-mm-experts"
+    _check(name, SCALED_GROUPED_MM, case.features)
+    f = case.features
+    k_dim, n = inputs["x"].shape[-1], inputs["w2"].shape[-1]
+    if k_dim % gk.SCALED_ALIGN or n % gk.SCALED_ALIGN:
+        raise Unsupported(f"{name} needs K and N multiples of {gk.SCALED_ALIGN}, got K={k_dim}, N={n}")
+    act = ACTIVATIONS[f["activation"]]
+    quant = {"w13_scale": inputs["w13_scale"], "w2_scale": inputs["w2_scale"], "quant_format": f["quant_format"]}
+    if f["format"] == "batched":
+        gk.scaled_grouped_mm_batched_experts(inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"],
+                                             activation=act, out=outputs["out"], **quant)
+    else:
+        gk.scaled_grouped_mm_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"],
+                                     inputs["topk_ids"], activation=act, expert_map=inputs.get("expert_map"),
+                                     apply_router_weight_on_input=f["apply_weight_on_input"] == "Y",
+                                     out=outputs["out"], **quant)
+
+
+def _scaled_grouped_mm_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    if not gk.scaled_available():
+        return f"torch {torch.__version__} has no torch._scaled_grouped_mm"
+    if device.capability is None or tuple(device.capability) != (9, 0):
+        return ("torch._scaled_grouped_mm's fp8 rowwise grouped kernel (CUTLASS) runs only on sm90 (compute "
+                "capability 9.0); elsewhere torch raises")
+    return None
+
+
 def _consistent_batched(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
     if features.get("format") == "batched" and (features.get("apply_weight_on_input") == "Y"
                                                 or features.get("expert_map") == "Y"):
@@ -178,6 +219,10 @@ def _consistent_batched(device: DeviceInfo, features: Mapping[str, str]) -> str 
 
 def _grouped_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
     return _consistent_batched(device, features) or _grouped_mm_requires(device, features)
+
+
+def _scaled_grouped_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    return _consistent_batched(device, features) or _scaled_grouped_mm_requires(device, features)
 
 
 _TRITON_GENERATIONS = ("interp", "sm80", "sm89", "sm90", "sm100", "sm120")
@@ -212,4 +257,15 @@ GROUPED_MM_ADAPTER = register(Adapter(
     properties=frozenset({"deterministic"}), limits={"max_E": gk.MAX_GROUPS}, requires=_grouped_requires,
     description="torch._grouped_mm (CUTLASS bf16 grouped GEMM) for both GEMMs; activation, router weight and "
                 "reduce in fp32 torch",
+), replace=True)
+
+SCALED_GROUPED_MM_ADAPTER = register(Adapter(
+    name="torch-scaled-grouped-mm-experts", op="experts", source="kernels.torch_grouped_mm",
+    run=run_scaled_grouped_mm, support=SCALED_GROUPED_MM, generations=("sm90",),
+    conventions=SCALED_GROUPED_MM_CONVENTIONS, properties=frozenset({"deterministic"}),
+    limits={"max_E": gk.MAX_GROUPS, "K_multiple": gk.SCALED_ALIGN, "N_multiple": gk.SCALED_ALIGN},
+    requires=_scaled_grouped_requires,
+    description="torch._scaled_grouped_mm (CUTLASS fp8 rowwise grouped GEMM, sm90) for both GEMMs, fp8_w8a8 "
+                "per-token/per-channel (A) and per-tensor/per-expert (T) scales; quantization by the Triton "
+                "recipe, activation, router weight and reduce in fp32 torch",
 ), replace=True)
