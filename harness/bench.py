@@ -64,18 +64,13 @@ def do_bench(fn: Callable[[], Any], device: str) -> float:
 def do_bench_graph(fn: Callable[[], Any], reps: int = 50) -> float:
     """Median seconds of one replay of a CUDA graph that holds one call of `fn`, with L2 flushed before each
     replay (as do_bench does): the GPU time of the kernels, without the Python launch overhead."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture: JIT compiles, allocator growth
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
+    fn()  # warm-up: JIT compiles, allocator growth
+    fn()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    graph.replay()
     for start, end in events:
         flush.zero_()
         start.record()

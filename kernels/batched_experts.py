@@ -28,6 +28,7 @@ from kernels.fused_experts import (
     _check_weights,
     choose_config,
     launch_gemm,
+    max_block_k,
 )
 
 if TYPE_CHECKING:
@@ -69,8 +70,9 @@ def batched_experts(
         return out
     counts = expert_num_tokens if expert_num_tokens.dtype == torch.int32 else expert_num_tokens.to(torch.int32)
     if configs is None:
-        configs = (choose_config(t, n, k_dim, x.dtype, gated=act in GATED),
-                   choose_config(t, k_dim, n, x.dtype, gated=False))
+        cap = max_block_k(quant)
+        configs = (choose_config(t, n, k_dim, x.dtype, gated=act in GATED, experts=e, max_block_k=cap),
+                   choose_config(t, k_dim, n, x.dtype, gated=False, experts=e, max_block_k=cap))
     c1, c2 = configs
     if c1.block_m != c2.block_m:
         raise ValueError("GEMM1 and GEMM2 configs must share block_m")

@@ -2,25 +2,28 @@
 
     out[t] = sum_j w[t, j] * (W2[e] . act(W13[e] . x[t] + b13[e]) + b2[e]),   e = local(topk_ids[t, j])
 
-Four launches, no host synchronization:
-1. `_align_kernel` (grid: local experts): the sorted-token layout (SEMANTICS.md 3). Each program histograms all
-   M*k routed slots (through the expert map), takes its expert's padded start from the exclusive prefix sum, and
-   writes its slots in ascending flattened index, sentinel padding up to a multiple of BLOCK_M, and its blocks'
-   expert ids. Slots of non-local experts get no block at all (the EXCLUDE convention); the reduce skips them.
+Launches, no host synchronization:
+1. `kernels.align.moe_align_block_size` (the align stage kernel, two or three launches): the sorted-token layout
+   (SEMANTICS.md 3): each local expert's slots in ascending flattened index, sentinel padding up to a multiple
+   of BLOCK_M, and each block's local expert id. Slots of non-local experts get no block at all (the EXCLUDE
+   convention); the reduce skips them. Decode batches of at most PER_SLOT_MAX slots skip it: each slot is
+   its own block (PER_SLOT), its expert read by the GEMM from topk_ids.
 2. `_moe_gemm_kernel` as GEMM1: gathers rows x[id // k], multiplies by W13[e]^T with the gate and up tiles of
    the same activation columns in two fp32 accumulators, applies the router weight (apply-on-input: on the fp32
    accumulator before the bias, which equals weighting x in exact arithmetic), adds b13, applies the activation in
    fp32 and stores `a` rounded once to x.dtype, one row per (token, slot).
 3. `_moe_gemm_kernel` as GEMM2: a . W2[e]^T in fp32, + b2, times the router weight on the fp32 accumulator
-   (WeightPlacement.ACCUMULATOR), stored unrounded to an fp32 buffer [M*k, K].
+   (WeightPlacement.ACCUMULATOR), each weighted slot stored rounded to x.dtype in a buffer [M*k, K] (half the
+   traffic of an fp32 buffer, which at M=4096 costs as much as a tenth of the weights' read).
 4. `_reduce_kernel`: sums the k slots of each token in fp32, in slot order (deterministic), skipping non-local
-   slots, and rounds once to the output dtype.
+   slots, and rounds once to the output dtype (Accumulation.ROUNDED_SLOTS).
 
 Numerics (what the oracle is told, see kernels/adapters/experts.py): tl.dot with fp32 accumulation (bf16/fp16
 products are exact; fp32 inputs use input_precision="ieee", never TF32); GEMM1's output h is never rounded; the
 activation output is rounded to x.dtype (IntermediateRounding.ACTIVATION_OUTPUT) with the activation computed in
-fp32 and rounded once (Rounding.ROUND_ONCE); GEMM2 and the reduce stay fp32 with one final rounding
-(Accumulation.FP32). No atomics anywhere: bitwise deterministic for a fixed tile config.
+fp32 and rounded once (Rounding.ROUND_ONCE); each weighted GEMM2 slot is rounded to x.dtype, and the reduce sums
+them in fp32 with one final rounding (Accumulation.ROUNDED_SLOTS). No atomics anywhere: bitwise deterministic
+for a fixed tile config.
 
 Offsets: row ids and expert offsets are int64 (M*k*K and E*2N*K can exceed 2**31); offsets inside one expert's
 weight are int32 (the launcher checks 2N*K < 2**31).
@@ -38,6 +41,8 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 import triton.language as tl
+
+from kernels.align import moe_align_block_size
 
 if TYPE_CHECKING:
     from kernels.quant_gemm import ExpertsQuant, QuantOperands
@@ -71,87 +76,47 @@ def _pow2(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(v, 1))))
 
 
-def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *, gated: bool) -> Config:
-    """Tiles for one GEMM whose output has `n` columns and whose reduction is `k` long.
+#: tiles per BLOCK_M, (block_n, block_k, num_warps, num_stages): the winners of an H200 sweep over the three
+#: benchmark models at M = 1..4096 (scripts/tune_experts.py; results/sm90/tune/). The gated GEMM1 holds two
+#: block_n-wide accumulators (gate and up), so its tiles are the narrow ones.
+_GATED_TILES = {16: (32, 256, 4, 3), 32: (64, 128, 4, 4), 64: (64, 64, 4, 4), 128: (64, 64, 8, 3)}
+_PLAIN_TILES = {16: (128, 128, 4, 3), 32: (128, 128, 4, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 3)}
+#: below this many programs a decode-size grid leaves SMs idle (132 on an H100/H200: two waves)
+_MIN_PROGRAMS = 264
 
-    Heuristic (sm90 in mind; the lead tunes it on the GPU):
+
+def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *, gated: bool,
+                  experts: int = 0, max_block_k: int = 0) -> Config:
+    """Tiles for one GEMM whose output has `n` columns and whose reduction is `k` long; `experts`: the expert
+    blocks the layout will hold (about min(E, M*k); 0 if unknown); `max_block_k`: a cap on BLOCK_K (a K-group
+    scale that BLOCK_K must divide; 0: none).
+
+    Heuristic (from the sweep in results/sm90/tune/, H200):
     - interpreter: one program per expert block and few, large tiles (numpy cost is per program);
-    - <= 16 rows per expert (decode): the weight read dominates, so BLOCK_M 16 and long BLOCK_K streams; the
-      gated GEMM1 loads two weight tiles, so its BLOCK_N is halved to keep the same bytes in flight;
-    - <= 48: BLOCK_M 32; <= 256: BLOCK_M 64 (keeps the padding waste of ragged experts small);
-    - larger: a standard grouped-GEMM tile, BLOCK_M 128, BLOCK_N 128 (64 per accumulator when gated),
-      BLOCK_K 64, 8 warps, grouped pid order (GROUP_M 8) for L2 reuse of the weight tiles.
-    fp32 inputs halve BLOCK_K (twice the bytes per element).
+    - BLOCK_M by the average rows per expert: <= 8 -> 16, <= 24 -> 32, <= 48 -> 64, else 128. A block as tall
+      as most experts' rows reads each expert's weights once; the second, mostly empty block of an expert just
+      above the average costs a whole weight read (Mixtral at 16 rows per expert: 355 us with 32, 436 with 16);
+    - BLOCK_N/BLOCK_K/warps/stages per BLOCK_M from the tables above; decode-size GEMMs whose grid would leave
+      SMs idle (e.g. Mixtral's GEMM2 at M=1: 2 experts x 32 column tiles) take 32-wide, 256-deep tiles instead;
+    - GROUP_M 1 for small blocks (few blocks per expert), 8 otherwise (L2 reuse of the weight tiles);
+    - fp32 inputs halve BLOCK_K (twice the bytes per element).
     """
     if interpreting():
         return Config(16, _pow2(n, 16, 128), _pow2(k, 16, 128), group_m=1, num_warps=4, num_stages=1)
-    wide = 2 if dtype == torch.float32 else 1
-    if rows_per_expert <= 16:
-        cfg = Config(16, 32 if gated else 64, 128 // wide, group_m=1, num_warps=4, num_stages=4)
-    elif rows_per_expert <= 48:
-        cfg = Config(32, 32 if gated else 64, 128 // wide, group_m=4, num_warps=4, num_stages=4)
-    elif rows_per_expert <= 256:
-        cfg = Config(64, 64 if gated else 128, 64 // wide, group_m=8, num_warps=4, num_stages=4)
-    else:
-        cfg = Config(128, 64 if gated else 128, 64 // wide, group_m=8, num_warps=8, num_stages=4 if gated else 3)
-    return cfg
+    bm = 16 if rows_per_expert <= 8 else 32 if rows_per_expert <= 24 else 64 if rows_per_expert <= 48 else 128
+    bn, bk, warps, stages = (_GATED_TILES if gated else _PLAIN_TILES)[bm]
+    if bm == 16 and experts and experts * triton.cdiv(n, bn) < _MIN_PROGRAMS:
+        bn, bk = 32, 256
+    if dtype == torch.float32:
+        bk //= 2
+    if max_block_k:
+        bk = min(bk, max_block_k)
+    return Config(bm, bn, bk, group_m=1 if bm <= 32 else 8, num_warps=warps, num_stages=stages)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------------------
-
-
-@triton.jit(do_not_specialize=["numel", "num_local"])
-def _align_kernel(topk_ids_ptr, map_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, numel, num_local,
-                  HAS_MAP: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK: tl.constexpr,
-                  EXPERTS: tl.constexpr):
-    """Program p lays out local experts [p*EXPERTS, (p+1)*EXPERTS)."""
-    bins = tl.arange(0, NUM_BINS)
-    offs = tl.arange(0, CHUNK)
-    # Pass 1: every program histograms all slots (non-local slots and the chunk's tail fall in bin num_local).
-    hist = tl.zeros([NUM_BINS], dtype=tl.int32)
-    for c0 in range(0, numel, CHUNK):
-        idx = c0 + offs
-        ok = idx < numel
-        lid = tl.load(topk_ids_ptr + idx, mask=ok, other=0).to(tl.int32)
-        if HAS_MAP:
-            lid = tl.load(map_ptr + lid, mask=ok, other=-1).to(tl.int32)
-        hist += tl.histogram(tl.where(ok & (lid >= 0), lid, num_local), NUM_BINS)
-    padded = tl.where(bins < num_local, (hist + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
-    if tl.program_id(0) == 0:
-        tl.store(num_post_ptr, tl.sum(padded, axis=0))
-    # This program's experts: their padded start (exclusive prefix sum), slot count and padded size.
-    ex = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
-    ex_ok = ex < num_local
-    start = tl.sum(tl.where(bins[None, :] < ex[:, None], padded[None, :], 0), axis=1)
-    count = tl.sum(tl.where(bins[None, :] == ex[:, None], hist[None, :], 0), axis=1)
-    size = tl.sum(tl.where(bins[None, :] == ex[:, None], padded[None, :], 0), axis=1)
-    # Pass 2: the slots of each of these experts, in ascending flattened index.
-    done = tl.zeros([EXPERTS], dtype=tl.int32)
-    for c0 in range(0, numel, CHUNK):
-        idx = c0 + offs
-        ok = idx < numel
-        lid = tl.load(topk_ids_ptr + idx, mask=ok, other=0).to(tl.int32)
-        if HAS_MAP:
-            lid = tl.load(map_ptr + lid, mask=ok, other=-1).to(tl.int32)
-        hit = (ok[:, None] & (lid[:, None] == ex[None, :])).to(tl.int32)  # [CHUNK, EXPERTS], <= 1 per row
-        rank = tl.cumsum(hit, axis=0)
-        pos = tl.sum(hit * (start + done - 1)[None, :] + hit * rank, axis=1)
-        tl.store(sorted_ids_ptr + pos, idx, mask=tl.sum(hit, axis=1) > 0)
-        done += tl.sum(hit, axis=0)
-    # Sentinel padding after each expert's slots.
-    pad = tl.arange(0, BLOCK_M)
-    tl.store(sorted_ids_ptr + (start + count)[:, None] + pad[None, :], numel,
-             mask=ex_ok[:, None] & (pad[None, :] < (size - count)[:, None]))
-    # The expert id of every block of these experts (the blocks are contiguous across the tile's experts).
-    first = tl.min(tl.where(ex_ok, start, 2**30), axis=0) // BLOCK_M
-    last = tl.max(tl.where(ex_ok, start + size, 0), axis=0) // BLOCK_M
-    for b0 in range(first, last, CHUNK):
-        blk = b0 + offs
-        row = blk[:, None] * BLOCK_M
-        inside = ex_ok[None, :] & (row >= start[None, :]) & (row < (start + size)[None, :])
-        tl.store(expert_ids_ptr + blk, tl.sum(tl.where(inside, ex[None, :], 0), axis=1), mask=blk < last)
 
 
 @triton.jit
@@ -211,11 +176,14 @@ def _moe_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
     GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
-    W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False,
+    W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
+    SLOT_MAP: tl.constexpr = False,
 ):
     """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
 
     Standard format: the block's rows are sorted_ids[pid_m*BLOCK_M:], A row = id // a_row_div, C row = id.
+    PER_SLOT (decode): block pid_m is the single slot pid_m (sorted_ids_ptr: the flat topk_ids; expert_ids_ptr:
+    the expert map when SLOT_MAP), so no layout has to be built.
     Batched format: block pid_m is rows [r0, r0+BLOCK_M) of expert pid_m // blocks_per_expert, valid below
     counts[e]; A and C rows are (e, r). WEIGHT_MODE: 0 none, 1 router weight before the bias (apply on input),
     2 after the bias (on the GEMM2 accumulator). ACT 0: none; gated ACT reads gate and up weight rows.
@@ -250,11 +218,20 @@ def _moe_gemm_kernel(
         w_rows = e.to(tl.int64) * rows_per_expert + r  # unused (no router weight in the batched format)
         s_rows = w_rows  # activation scales of the flattened [E * T] rows
     else:
-        if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-            return
-        ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + offs_r).to(tl.int64)
-        row_ok = ids < num_valid
-        e = tl.load(expert_ids_ptr + pid_m)
+        if PER_SLOT:  # block pid_m is routed slot pid_m alone: its expert straight from topk_ids (and the map)
+            e = tl.load(sorted_ids_ptr + pid_m).to(tl.int32)
+            if SLOT_MAP:
+                e = tl.load(expert_ids_ptr + e).to(tl.int32)
+            if e < 0:  # a non-local slot: no row here (the reduce skips it)
+                return
+            ids = (pid_m + offs_r * 0).to(tl.int64)
+            row_ok = offs_r == 0
+        else:
+            if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+                return
+            ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + offs_r).to(tl.int64)
+            row_ok = ids < num_valid
+            e = tl.load(expert_ids_ptr + pid_m)
         a_rows = ids // a_row_div
         c_rows = ids
         w_rows = ids
@@ -384,7 +361,7 @@ def _reduce_kernel(y_ptr, out_ptr, topk_ids_ptr, map_ptr, M, K, top_k, stride_om
         if HAS_MAP:
             lid = tl.load(map_ptr + tl.load(topk_ids_ptr + slot, mask=t < M, other=0), mask=t < M, other=-1)
             use = ok & (lid >= 0)[:, None]
-        acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0)
+        acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0).to(tl.float32)
     tl.store(out_ptr + t[:, None] * stride_om + offs[None, :] * stride_ok, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -403,30 +380,43 @@ class SortedTokens:
     num_post_padded: torch.Tensor
     max_blocks: int
     block_m: int
+    #: one block per routed slot: sorted_ids is the flat topk_ids, expert_ids the expert map (if `mapped`)
+    per_slot: bool = False
+    mapped: bool = False
+
+
+#: at most this many routed slots run one block per slot (no layout, no align launches): decode batches, where
+#: a token's k slots hit distinct experts and few tokens share one
+PER_SLOT_MAX = 16
+
+
+def slot_blocks(topk_ids: torch.Tensor, block_m: int, expert_map: torch.Tensor | None = None) -> SortedTokens:
+    """The per-slot layout: block i is slot i (flat topk_ids, int32/int64), its expert found by the GEMM."""
+    ids = topk_ids.reshape(-1)
+    mapped = expert_map is not None
+    return SortedTokens(ids, expert_map if mapped else ids, ids, ids.numel(), block_m, per_slot=True, mapped=mapped)
 
 
 def sort_tokens(topk_ids: torch.Tensor, num_local: int, block_m: int,
                 expert_map: torch.Tensor | None = None) -> SortedTokens:
-    """Build the sorted-token layout on the device (one launch, no host sync). num_local >= 1."""
-    numel = topk_ids.numel()
-    # Every local expert with slots takes >= 1 block; all slots fill at most cdiv(numel, block_m) full blocks.
+    """The sorted-token layout on the device (kernels.align, no host sync; slots of non-local experts excluded).
+    topk_ids: [M, k] or flat global ids; num_local >= 1 (w13.shape[0])."""
+    ids = topk_ids.reshape(1, -1)
+    numel = ids.shape[1]
+    num_experts = num_local if expert_map is None else expert_map.shape[0]
+    # interpreter: one chunk just covering the ids (the bitonic sort's numpy cost grows with the chunk)
+    chunk = _pow2(numel, 16, 1024) if interpreting() else None
+    sorted_ids, expert_ids, num_post = moe_align_block_size(
+        ids, block_m, num_experts, expert_map=expert_map, ep_convention="exclude", chunk=chunk)
+    # Every local expert with slots takes >= 1 block; all slots fill at most cdiv(numel, block_m) full blocks:
+    # a tighter grid than the buffers' capacity (which assumes every expert has slots).
     max_blocks = triton.cdiv(numel, block_m) + min(num_local, numel)
-    dev = topk_ids.device
-    sorted_ids = torch.empty(max(max_blocks * block_m, 1), dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(max(max_blocks, 1), dtype=torch.int32, device=dev)
-    num_post = torch.empty(1, dtype=torch.int32, device=dev)
-    ids = topk_ids.reshape(-1)
-    if not ids.is_contiguous():
-        ids = ids.contiguous()
-    # Interpreter: one program for all experts (numpy cost is per program and per op); GPU: 8 experts a program.
-    num_bins = _pow2(num_local + 1, 16, 1 << 16)
-    per_program = num_bins if interpreting() else 8
-    chunk = _pow2(numel, 16, 1024) if interpreting() else 512
-    _align_kernel[(triton.cdiv(num_local, per_program),)](
-        ids, expert_map if expert_map is not None else ids, sorted_ids, expert_ids, num_post, numel, num_local,
-        HAS_MAP=expert_map is not None, BLOCK_M=block_m, NUM_BINS=num_bins, CHUNK=chunk, EXPERTS=per_program,
-    )
     return SortedTokens(sorted_ids, expert_ids, num_post, max_blocks, block_m)
+
+
+def max_block_k(quant: ExpertsQuant | None) -> int:
+    """BLOCK_K cap of a scheme: K-group scales (G128) are applied per K block, so BLOCK_K must divide 128."""
+    return 128 if quant is not None and quant.quant_format == "G128" else 0
 
 
 def _act_code(activation: str) -> int:
@@ -485,6 +475,7 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         ACT=act, GATED=act in GATED, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, WEIGHT_MODE=weight_mode,
         BATCHED=batched, IEEE=a.dtype == torch.float32, EVEN_K=k_dim % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        PER_SLOT=bool(st and st.per_slot), SLOT_MAP=bool(st and st.mapped),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(q.constexprs(cfg.block_k) if q else {}),
     )
 
@@ -537,14 +528,19 @@ def fused_experts(
     if num_local == 0:  # no local expert: the partial sum is zero
         return out.zero_()
     if configs is None:
-        rows = numel / min(num_local, numel)
-        configs = (choose_config(rows, n, k_dim, x.dtype, gated=act in GATED),
-                   choose_config(rows, k_dim, n, x.dtype, gated=False))
+        blocks = min(num_local, numel)
+        rows = numel / blocks
+        cap = max_block_k(quant)
+        configs = (choose_config(rows, n, k_dim, x.dtype, gated=act in GATED, experts=blocks, max_block_k=cap),
+                   choose_config(rows, k_dim, n, x.dtype, gated=False, experts=blocks, max_block_k=cap))
     c1, c2 = configs
     if c1.block_m != c2.block_m:
         raise ValueError("GEMM1 and GEMM2 configs must share block_m")
     ids = topk_ids.reshape(-1).contiguous()
-    st = sort_tokens(ids, num_local, c1.block_m, expert_map)
+    if numel <= PER_SLOT_MAX:
+        st = slot_blocks(ids, c1.block_m, expert_map)
+    else:
+        st = sort_tokens(ids, num_local, c1.block_m, expert_map)
     rw = topk_weights.reshape(-1)
     if not rw.is_contiguous():
         rw = rw.contiguous()
@@ -566,7 +562,7 @@ def fused_experts(
         if quant.w8a8:  # the oracle's intermediate: a rounded to x.dtype, then re-quantized by the same recipe
             inter, a_s = quant.quantize_activation(inter)
         q2 = quant.operands("w2", a_s)
-    y = torch.empty(numel, k_dim, dtype=torch.float32, device=x.device)
+    y = torch.empty(numel, k_dim, dtype=io_dtype, device=x.device)  # weighted slots, rounded once
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
                 weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
                 sorted_tokens=st, num_valid=numel, q=q2)

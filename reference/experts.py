@@ -19,7 +19,9 @@ Conventions, each an explicit argument with its default:
 - `weight_placement` (`WeightPlacement`): ACCUMULATOR (default) multiplies the unrounded GEMM2 result by the
   weight; ROUNDED_EXPERT_OUTPUT multiplies y rounded to the output dtype.
 - `accumulation` (`Accumulation`): FP32 (default) sums the weighted slots in compute_dtype and rounds once;
-  SEQUENTIAL_OUT_DTYPE rounds every weighted slot and every partial sum to the output dtype (vLLM moe_sum).
+  SEQUENTIAL_OUT_DTYPE rounds every weighted slot and every partial sum to the output dtype (vLLM moe_sum);
+  ROUNDED_SLOTS rounds every weighted slot to the output dtype and sums them in compute_dtype (a GEMM2 that
+  stores its weighted output in the activation dtype, then an fp32 sum).
 - `apply_router_weight_on_input`: only for k = 1; the weight multiplies x (in compute_dtype, unrounded) before
   GEMM1 and the reduce does not apply it again.
 - `compute_dtype`: float32 (default) or float64. All matmuls run with fp32 matmul precision "highest" (true
@@ -85,6 +87,9 @@ class Accumulation(str, enum.Enum):
 
     FP32 = "fp32"  # in compute_dtype, one final rounding (SGLang, DeepGEMM, FlashInfer)
     SEQUENTIAL_OUT_DTYPE = "sequential_out_dtype"  # slot by slot, rounding each add to the output dtype
+    #: each weighted slot rounded to the output dtype (a kernel storing its GEMM2 output in that dtype), then
+    #: summed in compute_dtype and rounded once
+    ROUNDED_SLOTS = "rounded_slots"
 
 
 class IntermediateRounding(str, enum.Enum):
@@ -462,7 +467,9 @@ def fused_experts(
     else:
         weighted = y * topk_weights.to(cd).unsqueeze(-1)  # [M, k, K]
     weighted = weighted * inter.local.unsqueeze(-1)  # non-local slots contribute nothing
-    if accumulation == Accumulation.FP32:
+    if accumulation == Accumulation.ROUNDED_SLOTS:
+        weighted = weighted.to(od).to(cd)
+    if accumulation in (Accumulation.FP32, Accumulation.ROUNDED_SLOTS):
         return weighted.sum(dim=1).to(od)
     out = torch.zeros(x.shape[0], x.shape[1], dtype=od, device=x.device)
     for j in range(weighted.shape[1]):  # slot by slot (k is small), each add rounded to od

@@ -69,8 +69,10 @@ def _inputs(s: dict, m: int, weights: tuple[torch.Tensor, torch.Tensor], device:
             "topk_ids": ids.to(torch.int32).to(device)}
 
 
-def _verify(inputs: dict[str, torch.Tensor], out: Callable[[], torch.Tensor], adapter: str) -> Callable[[], str | None]:
-    """Judge sample rows of the full-size output against the oracle on the sub-problem of their experts."""
+def verify_rows(inputs: dict[str, torch.Tensor], out: Callable[[], torch.Tensor], adapter: str,
+                rows: list[int] | None = None) -> Callable[[], str | None]:
+    """Judge sample rows of a full-size output (default: the first 8 and the last) against the oracle on the
+    sub-problem of their experts: returns a check, None when it passes, else the reason."""
 
     def check() -> str | None:
         from harness import adapters
@@ -80,16 +82,16 @@ def _verify(inputs: dict[str, torch.Tensor], out: Callable[[], torch.Tensor], ad
         m = got.shape[0]
         if not bool(got.isfinite().all()):
             return "non-finite output"
-        rows = sorted(set(range(min(m, 8))) | {m - 1})
-        ids = inputs["topk_ids"][rows]
+        picked = sorted(set(rows) if rows else set(range(min(m, 8))) | {m - 1})
+        ids = inputs["topk_ids"][picked]
         used, local = torch.unique(ids, return_inverse=True)
-        sub = {"x": inputs["x"][rows], "w13": inputs["w13"][used], "w2": inputs["w2"][used],
-               "topk_weights": inputs["topk_weights"][rows], "topk_ids": local.to(torch.int32)}
+        sub = {"x": inputs["x"][picked], "w13": inputs["w13"][used], "w2": inputs["w2"][used],
+               "topk_weights": inputs["topk_weights"][picked], "topk_ids": local.to(torch.int32)}
         case = Case(op="experts", adapter=adapter, features=_FEATURES, seed=0,
-                    shapes={"M": len(rows), "E": len(used), "k": ids.shape[1], "K": sub["x"].shape[1],
+                    shapes={"M": len(picked), "E": len(used), "k": ids.shape[1], "K": sub["x"].shape[1],
                             "N": sub["w2"].shape[2]}, dtypes={"x": "bfloat16"})
         (chk,) = spec.expected(case, sub, adapters.resolve(adapter).conventions)
-        cmp = compare_bounded("out", got[rows], chk.expected, chk.bound)
+        cmp = compare_bounded("out", got[picked], chk.expected, chk.bound)
         return None if cmp.passed else cmp.reason
 
     return check
@@ -133,7 +135,7 @@ def cases(device: str, shapes: list[str]) -> list[BenchCase]:
                 return oracle(*args)
 
             found.append(BenchCase(name=label, adapter="triton-experts", kernel=ours, reference=ref,
-                                   bytes_moved=nbytes, flops=flops, verify=_verify(inp, ours, "triton-experts"),
+                                   bytes_moved=nbytes, flops=flops, verify=verify_rows(inp, ours, "triton-experts"),
                                    graph=True, floor_s=floor if cuda else 0.0))
             if grouped_ok:
                 def theirs(args=args) -> torch.Tensor:
@@ -141,6 +143,6 @@ def cases(device: str, shapes: list[str]) -> list[BenchCase]:
 
                 found.append(BenchCase(name=label, adapter="torch-grouped-mm-experts", kernel=theirs,
                                        bytes_moved=nbytes, flops=flops,
-                                       verify=_verify(inp, theirs, "torch-grouped-mm-experts"),
+                                       verify=verify_rows(inp, theirs, "torch-grouped-mm-experts"),
                                        graph=True, floor_s=floor))
     return found

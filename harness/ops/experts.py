@@ -229,7 +229,12 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         e_y = rounding_bracket(inter.y, e_y, dt)  # y is rounded to the output dtype before the weight
     wa = torch.ones_like(w) if on_input else w.abs()
     wy = (wa[..., None] * inter.y.abs() * inter.local[..., None]).sum(dim=1)
-    ey = (wa[..., None] * e_y * inter.local[..., None]).sum(dim=1)
+    e_slot = wa[..., None] * e_y
+    if red.get("accumulation") == ref.Accumulation.ROUNDED_SLOTS:
+        # each weighted slot is rounded to the output dtype: bracket it (its fp32 product adds 2u32 before that)
+        slot = inter.y if on_input else inter.y * w[..., None]
+        e_slot = rounding_bracket(slot, e_slot + 2 * UNIT_ROUNDOFF["float32"] * slot.abs(), dt)
+    ey = (e_slot * inter.local[..., None]).sum(dim=1)
     bound = ey + C_DOT * UNIT_ROUNDOFF["float32"] * math.sqrt(k) * wy + C_OUT * u_out * want.abs() + tiny
     if red.get("accumulation") == ref.Accumulation.SEQUENTIAL_OUT_DTYPE:
         bound = bound + k * u_out * wy  # every partial sum rounded to the output dtype

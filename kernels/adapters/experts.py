@@ -52,11 +52,12 @@ GROUPED_MM = {"format": ("standard", "batched"), **_UNQUANTIZED, "activation": t
               "apply_weight_on_input": ("N",), "expert_map": ("N", "Y"), "dtype": ("bfloat16",),
               "bias": ("N",)}
 
-#: Triton paths: h stays fp32, a is rounded to x.dtype, GEMM2 and reduce fp32 with one rounding, the router
-#: weight on the fp32 accumulator, fp32 inputs multiplied in IEEE fp32 (input_precision="ieee", never TF32),
+#: Triton paths: h stays fp32, a is rounded to x.dtype, the router weight on GEMM2's fp32 accumulator, each
+#: weighted slot stored in x.dtype and summed in fp32 with one rounding,
+#: fp32 inputs multiplied in IEEE fp32 (input_precision="ieee", never TF32),
 #: slots of non-local experts left out of the layout (and of the sum).
 TRITON_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "activation_output",
-                      "weight_placement": "accumulator", "accumulation": "fp32", "matmul_precision": "ieee",
+                      "weight_placement": "accumulator", "accumulation": "rounded_slots", "matmul_precision": "ieee",
                       "expert_map_convention": "exclude"}
 #: quantized cells: x and the intermediate are quantized by kernels.group_quant with the default recipe
 #: (float scale rule, eps 1e-10 on amax, correctly rounded x / s, int8 half to even), stated explicitly except

@@ -189,20 +189,24 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("experts-router-weight-twice", "triton-experts", _FE, (
         P("weight_mode=0 if apply_router_weight_on_input else 2", "weight_mode=2"),),
         "router weight applied twice (on the input and on the output)", {"apply_weight_on_input": ("Y",)}),
-    Mutant("experts-padding-rounded-down", "triton-experts", _FE, (
-        P("padded = tl.where(bins < num_local, (hist + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)",
-          "padded = tl.where(bins < num_local, hist // BLOCK_M * BLOCK_M, 0)"),),
-        "experts with a partial block get no block (their rows never computed)"),
+    Mutant("experts-grid-full-blocks-only", "triton-experts", _FE, (
+        P("max_blocks = triton.cdiv(numel, block_m) + min(num_local, numel)",
+          "max_blocks = triton.cdiv(numel, block_m)"),),
+        "GEMM grid sized for full blocks only: the last partial blocks are never computed"),
+    Mutant("experts-per-slot-wrong-expert", "triton-experts", _FE, (
+        P("e = tl.load(sorted_ids_ptr + pid_m).to(tl.int32)",
+          "e = (tl.load(sorted_ids_ptr + pid_m) * 0).to(tl.int32)"),),
+        "decode path (one block per slot): every slot computed with expert 0"),
     Mutant("experts-k-tail-off-by-one", "triton-experts", _FE, (
         P("k_ok = offs_k < K - kk * BLOCK_K", "k_ok = offs_k < K - kk * BLOCK_K - 1"),),
         "off-by-one mask at the K tile edge"),
     Mutant("experts-expert-map-ignored", "triton-experts", _FE, (
-        P("            lid = tl.load(map_ptr + lid, mask=ok, other=-1).to(tl.int32)\n",
-          "            lid = tl.where(lid < num_local, lid, -1)\n", count=2),),
+        P("ids, block_m, num_experts, expert_map=expert_map,", "ids, block_m, num_local, expert_map=None,"),
+        P("    if numel <= PER_SLOT_MAX:\n", "    if False:\n")),
         "expert map ignored (global ids used as local ids)", {"expert_map": ("Y",), "quant_type": ("none",)}),
     Mutant("experts-reduce-bf16-accumulation", "triton-experts", _FE, (
-        P("acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0)",
-          "acc = (acc + tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0))"
+        P("acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0).to(tl.float32)",
+          "acc = (acc + tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0).to(tl.float32))"
           ".to(out_ptr.dtype.element_ty).to(tl.float32)"),),
         "reduce accumulating in bf16 where fp32 is declared",
         {"dtype": ("bfloat16",), "apply_weight_on_input": ("N",)}),

@@ -209,6 +209,11 @@ def _weighted_reduce(y, tw, od, placement, accumulation):
         for j in range(k):
             acc += tw[:, j : j + 1].double() * y[:, j].double()
         return acc.to(od)
+    if accumulation == Accumulation.ROUNDED_SLOTS:
+        acc = torch.zeros(m, kd, dtype=F64)
+        for j in range(k):
+            acc += (tw[:, j : j + 1].double() * y[:, j].double()).to(od).double()
+        return acc.to(od)
     acc = torch.zeros(m, kd, dtype=od)
     for j in range(k):
         acc = (acc.double() + (tw[:, j : j + 1].double() * y[:, j].double()).to(od).double()).to(od)
