@@ -28,6 +28,13 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "float8_e5m2": 2.0**-3,
 }
 
+#: Relative accumulation error of Hopper fp8 tensor-core MMAs whose partial sums are promoted to fp32 only every
+#: few instructions (CUTLASS's default, torch._scaled_grouped_mm with use_fast_accum=False): between promotions
+#: the tensor core keeps about 14 bits (DeepSeek-V3 report), so up to 4 adds at 2**-13 of the partial magnitude.
+#: A kernel declares it with conventions["matmul_precision"] = "fp8_mma_promoted"; the term is this times the
+#: sum of |products|, on top of the fp32 term.
+FP8_MMA_REL = 2.0**-11
+
 #: Safety factor on the accumulation term. Random-walk growth is ~1 sigma at sqrt(K); 8 leaves room for the tail
 #: and for different summation orders (split-K, tiles) while staying far below the error of a real bug.
 C_DOT = 8.0
