@@ -83,6 +83,16 @@ def _sort_slots(topk_ids: torch.Tensor, expert_map: torch.Tensor | None,
     return key, order, group_ends(key, e)
 
 
+def _unsort_and_reduce(y: torch.Tensor, local: torch.Tensor, order: torch.Tensor, m: int, top_k: int,
+                       out: torch.Tensor) -> torch.Tensor:
+    """Weighted expert outputs y [M*k, K] (fp32, in sorted order) back to slot order, non-local rows (never
+    written past offs[-1]) zeroed, summed over the k slots in fp32 and rounded once into out [M, K]."""
+    slots = torch.empty_like(y)
+    slots[order] = torch.where(local, y, 0.0)
+    out.copy_(slots.view(m, top_k, -1).sum(dim=1))
+    return out
+
+
 def _gmm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
     """a [rows, K] or [E, T, K] times w [E, out, K]^T per group (K padded to ALIGN on both sides)."""
     return torch._grouped_mm(_pad_last(a), _pad_last(w).transpose(1, 2), offs=offs)
@@ -107,7 +117,7 @@ def grouped_mm_experts(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Standard format: x [M, K], w13 [E, 2N (N), K], w2 [E, K, N], topk_* [M, k]. Returns out [M, K]."""
-    m, k_dim = x.shape
+    m = x.shape[0]
     top_k = topk_ids.shape[1]
     e = w13.shape[0]
     if e > MAX_GROUPS:
@@ -128,11 +138,7 @@ def grouped_mm_experts(
     y = _gmm(a, w2, offs).float()
     if not apply_router_weight_on_input:
         y = y * w_sorted
-    y = torch.where((key[order] < e)[:, None], y, 0.0)  # rows past offs[-1] were never written
-    slots = torch.empty(numel, k_dim, dtype=torch.float32, device=x.device)
-    slots[order] = y
-    out.copy_(slots.view(m, top_k, k_dim).sum(dim=1))
-    return out
+    return _unsort_and_reduce(y, (key[order] < e)[:, None], order, m, top_k, out)
 
 
 def grouped_mm_batched_experts(
@@ -259,11 +265,7 @@ def scaled_grouped_mm_experts(
               offs).float()
     if not apply_router_weight_on_input:
         y = y * w_sorted[:, None]
-    y = torch.where(local, y, 0.0)
-    slots = torch.empty(numel, k_dim, dtype=torch.float32, device=x.device)
-    slots[order] = y
-    out.copy_(slots.view(m, top_k, k_dim).sum(dim=1))
-    return out
+    return _unsort_and_reduce(y, local, order, m, top_k, out)
 
 
 def scaled_grouped_mm_batched_experts(
