@@ -21,14 +21,12 @@ import torch
 import triton
 
 from kernels.fused_experts import (
-    GATED,
     SWIGLUOAI_PARAMS,
     Config,
     _act_code,
     _check_weights,
-    choose_config,
+    gemm_configs,
     launch_gemm,
-    max_block_k,
 )
 
 if TYPE_CHECKING:
@@ -69,13 +67,7 @@ def batched_experts(
     if e == 0 or t == 0 or k_dim == 0:
         return out
     counts = expert_num_tokens if expert_num_tokens.dtype == torch.int32 else expert_num_tokens.to(torch.int32)
-    if configs is None:
-        cap = max_block_k(quant)
-        configs = (choose_config(t, n, k_dim, x.dtype, gated=act in GATED, experts=e, max_block_k=cap),
-                   choose_config(t, k_dim, n, x.dtype, gated=False, experts=e, max_block_k=cap))
-    c1, c2 = configs
-    if c1.block_m != c2.block_m:
-        raise ValueError("GEMM1 and GEMM2 configs must share block_m")
+    c1, c2 = gemm_configs(configs, t, n, k_dim, x.dtype, act=act, experts=e, quant=quant)
     num_pid_m = e * triton.cdiv(t, c1.block_m)
     io_dtype = x.dtype
     q1 = q2 = None

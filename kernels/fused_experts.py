@@ -414,9 +414,18 @@ def sort_tokens(topk_ids: torch.Tensor, num_local: int, block_m: int,
     return SortedTokens(sorted_ids, expert_ids, num_post, max_blocks, block_m)
 
 
-def max_block_k(quant: ExpertsQuant | None) -> int:
-    """BLOCK_K cap of a scheme: K-group scales (G128) are applied per K block, so BLOCK_K must divide 128."""
-    return 128 if quant is not None and quant.quant_format == "G128" else 0
+def gemm_configs(configs: tuple[Config, Config] | None, rows_per_expert: float, n: int, k_dim: int,
+                 dtype: torch.dtype, *, act: int, experts: int, quant: ExpertsQuant | None) -> tuple[Config, Config]:
+    """The (GEMM1, GEMM2) tiles: the caller's, checked, or `choose_config`'s. A quantized scheme with K-group
+    scales (G128) caps BLOCK_K at 128: its scales are applied per K block, so BLOCK_K must divide the group."""
+    if configs is None:
+        cap = 128 if quant is not None and quant.quant_format == "G128" else 0
+        configs = (choose_config(rows_per_expert, n, k_dim, dtype, gated=act in GATED, experts=experts,
+                                 max_block_k=cap),
+                   choose_config(rows_per_expert, k_dim, n, dtype, gated=False, experts=experts, max_block_k=cap))
+    if configs[0].block_m != configs[1].block_m:
+        raise ValueError("GEMM1 and GEMM2 configs must share block_m")
+    return configs
 
 
 def _act_code(activation: str) -> int:
@@ -527,15 +536,8 @@ def fused_experts(
         return out
     if num_local == 0:  # no local expert: the partial sum is zero
         return out.zero_()
-    if configs is None:
-        blocks = min(num_local, numel)
-        rows = numel / blocks
-        cap = max_block_k(quant)
-        configs = (choose_config(rows, n, k_dim, x.dtype, gated=act in GATED, experts=blocks, max_block_k=cap),
-                   choose_config(rows, k_dim, n, x.dtype, gated=False, experts=blocks, max_block_k=cap))
-    c1, c2 = configs
-    if c1.block_m != c2.block_m:
-        raise ValueError("GEMM1 and GEMM2 configs must share block_m")
+    c1, c2 = gemm_configs(configs, numel / min(num_local, numel), n, k_dim, x.dtype, act=act,
+                          experts=min(num_local, numel), quant=quant)
     ids = topk_ids.reshape(-1).contiguous()
     if numel <= PER_SLOT_MAX:
         st = slot_blocks(ids, c1.block_m, expert_map)

@@ -82,7 +82,7 @@ def verify_rows(inputs: dict[str, torch.Tensor], out: Callable[[], torch.Tensor]
         m = got.shape[0]
         if not bool(got.isfinite().all()):
             return "non-finite output"
-        picked = sorted(set(rows) if rows else set(range(min(m, 8))) | {m - 1})
+        picked = sorted(set(rows)) if rows else sorted(set(range(min(m, 8))) | {m - 1})
         ids = inputs["topk_ids"][picked]
         used, local = torch.unique(ids, return_inverse=True)
         sub = {"x": inputs["x"][picked], "w13": inputs["w13"][used], "w2": inputs["w2"][used],
