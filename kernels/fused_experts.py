@@ -16,7 +16,12 @@ Launches, no host synchronization:
    (WeightPlacement.ACCUMULATOR), each weighted slot stored rounded to x.dtype in a buffer [M*k, K] (half the
    traffic of an fp32 buffer, which at M=4096 costs as much as a tenth of the weights' read).
 4. `_reduce_kernel`: sums the k slots of each token in fp32, in slot order (deterministic), skipping non-local
-   slots, and rounds once to the output dtype (Accumulation.ROUNDED_SLOTS).
+   slots, and rounds once to the output dtype (Accumulation.ROUNDED_SLOTS). Decode batches (PER_SLOT) need no
+   reduce launch: their GEMM2 runs one program row per token (PER_TOKEN), sums the token's weighted slots the
+   same way and stores the output row.
+
+Large M: an expert's last block is often mostly empty (about 128 rows per expert with BLOCK_M 128); with
+`Config.split_tail` a block whose valid rows fit in half of it runs a half-height tile (SPLIT_TAIL).
 
 Numerics (what the oracle is told, see kernels/adapters/experts.py): tl.dot with fp32 accumulation (bf16/fp16
 products are exact; fp32 inputs use input_precision="ieee", never TF32); GEMM1's output h is never rounded; the
@@ -70,6 +75,8 @@ class Config:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    #: blocks whose valid rows fit in half the block run a block_m/2-row tile (see _moe_gemm_kernel)
+    split_tail: bool = False
 
 
 def _pow2(v: int, lo: int, hi: int) -> int:
@@ -101,8 +108,9 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
     - GROUP_M 1 for small blocks (few blocks per expert), 8 otherwise (L2 reuse of the weight tiles);
     - fp32 inputs halve BLOCK_K (twice the bytes per element).
     """
-    if interpreting():
-        return Config(16, _pow2(n, 16, 128), _pow2(k, 16, 128), group_m=1, num_warps=4, num_stages=1)
+    if interpreting():  # split_tail: both tile heights run in every CI case
+        return Config(32, _pow2(n, 16, 128), _pow2(k, 16, 128), group_m=1, num_warps=4, num_stages=1,
+                      split_tail=True)
     bm = 16 if rows_per_expert <= 8 else 32 if rows_per_expert <= 24 else 64 if rows_per_expert <= 48 else 128
     bn, bk, warps, stages = (_GATED_TILES if gated else _PLAIN_TILES)[bm]
     if bm == 16 and experts and experts * triton.cdiv(n, bn) < _MIN_PROGRAMS:
@@ -154,13 +162,11 @@ def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, 
     return acc
 
 
-# Sizes that vary from call to call are not specialized on (divisibility by 16, == 1): one compile serves every M
-# and every routing. Strides, N and K still are (aligned rows vectorize their loads).
-@triton.jit(do_not_specialize=["num_valid", "rows_per_expert", "a_row_div", "num_pid_m", "num_pid_n"])
-def _moe_gemm_kernel(
-    a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, counts_ptr,
+@triton.jit
+def _expert_tile(
+    a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr,
     as_ptr, ws_ptr, zp_ptr,
+    e, row_start, count, pid_n,
     num_valid, N, K, rows_per_expert, a_row_div,
     stride_ae, stride_am, stride_ak,
     stride_we, stride_wn, stride_wk,
@@ -170,68 +176,32 @@ def _moe_gemm_kernel(
     stride_wse, stride_wsn, stride_wsg,
     stride_zpe, stride_zpn, stride_zpg,
     alpha, beta, limit,
-    num_pid_m, num_pid_n,
     ACT: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
     WEIGHT_MODE: tl.constexpr, BATCHED: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
-    GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
-    W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
-    SLOT_MAP: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_SCALE: tl.constexpr, W_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
+    GROUP_K: tl.constexpr, WS_ROW_DIV: tl.constexpr, INT_DOT: tl.constexpr,
+    W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr, STORE: tl.constexpr,
 ):
-    """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
-
-    Standard format: the block's rows are sorted_ids[pid_m*BLOCK_M:], A row = id // a_row_div, C row = id.
-    PER_SLOT (decode): block pid_m is the single slot pid_m (sorted_ids_ptr: the flat topk_ids; expert_ids_ptr:
-    the expert map when SLOT_MAP), so no layout has to be built.
-    Batched format: block pid_m is rows [r0, r0+BLOCK_M) of expert pid_m // blocks_per_expert, valid below
-    counts[e]; A and C rows are (e, r). WEIGHT_MODE: 0 none, 1 router weight before the bias (apply on input),
-    2 after the bias (on the GEMM2 accumulator). ACT 0: none; gated ACT reads gate and up weight rows.
-
-    Quantized operands (kernels/quant_gemm.py builds the arguments): A_SCALE: A holds codes with one fp32 scale
-    per (A row, K group) at as_ptr + row*stride_asm + group*stride_asg (strides 0 for one scale); W_SCALE: one
-    per (expert, weight row // WS_ROW_DIV, K group). SCALE_IN_LOOP: scales vary along K (groups of GROUP_K, a
-    multiple of BLOCK_K), so each K block's dot is scaled before it joins the accumulator; otherwise the scales
-    multiply the finished accumulator. INT_DOT: int8 operands, int32 dot per K block. W_CODES: 0 weights in
-    the dot's dtype; 8: uint8 codes with zero point (implicit 128); 4: two uint4 codes a byte along K (low
-    nibble first), zero point implicit 8 or explicit (uint4 packed along rows). (q - zp) is an integer of at
-    most 9 bits, exact in bf16/fp16, so the dot multiplies exactly and the scale goes onto its fp32 result.
-    """
-    pid = tl.program_id(0)
-    in_group = GROUP_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % size_m
-    pid_n = (pid % in_group) // size_m
-
+    """One BLOCK_M x BLOCK_N output tile of expert e: rows from `row_start` (standard: an offset into
+    sorted_ids; batched: the expert's first row, valid below `count`; PER_SLOT: the slot), columns of tile
+    pid_n. BLOCK_M may be half the layout's block (a tail block whose valid rows fit in its first half).
+    Returns the fp32 tile after the epilogue; STORE: also stores it, rounded to C's dtype."""
     offs_r = tl.arange(0, BLOCK_M)
     if BATCHED:
-        blocks_per_e = (rows_per_expert + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: a nested jit call
-        e = pid_m // blocks_per_e
-        r0 = (pid_m % blocks_per_e) * BLOCK_M
-        if r0 >= tl.load(counts_ptr + e):
-            return
-        r = r0 + offs_r
-        row_ok = r < tl.load(counts_ptr + e)
+        r = row_start + offs_r
+        row_ok = r < count
         a_rows = r.to(tl.int64)
         c_rows = r.to(tl.int64)
         w_rows = e.to(tl.int64) * rows_per_expert + r  # unused (no router weight in the batched format)
         s_rows = w_rows  # activation scales of the flattened [E * T] rows
     else:
-        if PER_SLOT:  # block pid_m is routed slot pid_m alone: its expert straight from topk_ids (and the map)
-            e = tl.load(sorted_ids_ptr + pid_m).to(tl.int32)
-            if SLOT_MAP:
-                e = tl.load(expert_ids_ptr + e).to(tl.int32)
-            if e < 0:  # a non-local slot: no row here (the reduce skips it)
-                return
-            ids = (pid_m + offs_r * 0).to(tl.int64)
+        if PER_SLOT:
+            ids = (row_start + offs_r * 0).to(tl.int64)
             row_ok = offs_r == 0
         else:
-            if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-                return
-            ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + offs_r).to(tl.int64)
+            ids = tl.load(sorted_ids_ptr + row_start + offs_r).to(tl.int64)
             row_ok = ids < num_valid
-            e = tl.load(expert_ids_ptr + pid_m)
         a_rows = ids // a_row_div
         c_rows = ids
         w_rows = ids
@@ -344,8 +314,133 @@ def _moe_gemm_kernel(
     if WEIGHT_MODE == 2:
         rw = tl.load(rw_ptr + w_rows, mask=row_ok, other=0.0).to(tl.float32)
         out = out * rw[:, None]
-    c_ptrs = c_ptr + e64 * stride_ce + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    if STORE:
+        c_ptrs = c_ptr + e64 * stride_ce + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    return out
+
+
+
+
+# Sizes that vary from call to call are not specialized on (divisibility by 16, == 1): one compile serves every M
+# and every routing. Strides, N and K still are (aligned rows vectorize their loads).
+@triton.jit(do_not_specialize=["num_valid", "rows_per_expert", "a_row_div", "num_pid_m", "num_pid_n"])
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, counts_ptr,
+    as_ptr, ws_ptr, zp_ptr,
+    num_valid, N, K, rows_per_expert, a_row_div,
+    stride_ae, stride_am, stride_ak,
+    stride_we, stride_wn, stride_wk,
+    stride_be, stride_bn,
+    stride_ce, stride_cm, stride_cn,
+    stride_asm, stride_asg,
+    stride_wse, stride_wsn, stride_wsg,
+    stride_zpe, stride_zpn, stride_zpg,
+    alpha, beta, limit,
+    num_pid_m, num_pid_n,
+    ACT: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    WEIGHT_MODE: tl.constexpr, BATCHED: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
+    GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
+    W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
+    SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False, PER_TOKEN: tl.constexpr = False,
+):
+    """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
+
+    Standard format: the block's rows are sorted_ids[pid_m*BLOCK_M:], A row = id // a_row_div, C row = id.
+    PER_SLOT (decode): block pid_m is the single slot pid_m (sorted_ids_ptr: the flat topk_ids; expert_ids_ptr:
+    the expert map when SLOT_MAP), so no layout has to be built.
+    Batched format: block pid_m is rows [r0, r0+BLOCK_M) of expert pid_m // blocks_per_expert, valid below
+    counts[e]; A and C rows are (e, r). WEIGHT_MODE: 0 none, 1 router weight before the bias (apply on input),
+    2 after the bias (on the GEMM2 accumulator). ACT 0: none; gated ACT reads gate and up weight rows.
+
+    Quantized operands (kernels/quant_gemm.py builds the arguments): A_SCALE: A holds codes with one fp32 scale
+    per (A row, K group) at as_ptr + row*stride_asm + group*stride_asg (strides 0 for one scale); W_SCALE: one
+    per (expert, weight row // WS_ROW_DIV, K group). SCALE_IN_LOOP: scales vary along K (groups of GROUP_K, a
+    multiple of BLOCK_K), so each K block's dot is scaled before it joins the accumulator; otherwise the scales
+    multiply the finished accumulator. INT_DOT: int8 operands, int32 dot per K block. W_CODES: 0 weights in
+    the dot's dtype; 8: uint8 codes with zero point (implicit 128); 4: two uint4 codes a byte along K (low
+    nibble first), zero point implicit 8 or explicit (uint4 packed along rows). (q - zp) is an integer of at
+    most 9 bits, exact in bf16/fp16, so the dot multiplies exactly and the scale goes onto its fp32 result.
+
+    PER_TOKEN (decode GEMM2 with the reduce; with PER_SLOT): program pid_m is token pid_m, which sums its
+    rows_per_expert (= k) slots in slot order: each weighted slot rounded to C's dtype, summed in fp32 and
+    stored rounded once into C = out (Accumulation.ROUNDED_SLOTS, like _reduce_kernel); non-local slots skipped.
+
+    SPLIT_TAIL: a block whose valid rows fit in its first half (an expert's last, mostly empty block) runs a
+    BLOCK_M/2-row tile: half the MMA work, the same weight reads.
+    """
+    pid = tl.program_id(0)
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+
+    count = 0
+    if PER_TOKEN:
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for j in range(0, rows_per_expert):
+            slot = pid_m * rows_per_expert + j
+            e = tl.load(sorted_ids_ptr + slot).to(tl.int32)
+            if SLOT_MAP:
+                e = tl.load(expert_ids_ptr + e).to(tl.int32)
+            if e >= 0:
+                part = _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e,
+                                    slot, count, pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae,
+                                    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_be, stride_bn,
+                                    stride_ce, stride_cm, stride_cn, stride_asm, stride_asg, stride_wse, stride_wsn,
+                                    stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT, GATED,
+                                    INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, EVEN_K, BLOCK_M, BLOCK_N,
+                                    BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES,
+                                    HAS_ZP, True, False)
+                total += part.to(c_ptr.dtype.element_ty).to(tl.float32)
+        offs_r = tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + pid_m.to(tl.int64) * stride_cm + offs_r[:, None] * 0 + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=(offs_r == 0)[:, None] & (offs_n < N)[None, :])
+        return
+    if BATCHED:
+        blocks_per_e = (rows_per_expert + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: a nested jit call
+        e = pid_m // blocks_per_e
+        row_start = (pid_m % blocks_per_e) * BLOCK_M
+        count = tl.load(counts_ptr + e)
+        if row_start >= count:
+            return
+        tail = count - row_start <= BLOCK_M // 2
+    elif PER_SLOT:  # block pid_m is routed slot pid_m alone: its expert straight from topk_ids (and the map)
+        e = tl.load(sorted_ids_ptr + pid_m).to(tl.int32)
+        if SLOT_MAP:
+            e = tl.load(expert_ids_ptr + e).to(tl.int32)
+        if e < 0:  # a non-local slot: no row here (the reduce skips it)
+            return
+        row_start = pid_m
+        tail = False
+    else:
+        row_start = pid_m * BLOCK_M
+        if row_start >= tl.load(num_post_ptr):
+            return
+        e = tl.load(expert_ids_ptr + pid_m)
+        # valid rows are a prefix of the block: a sentinel at the middle row means they fit in the first half
+        tail = tl.load(sorted_ids_ptr + row_start + BLOCK_M // 2) >= num_valid
+    if SPLIT_TAIL:  # (never with PER_SLOT)
+        if tail:
+            _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e, row_start,
+                         count, pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae, stride_am, stride_ak,
+                         stride_we, stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn,
+                         stride_asm, stride_asg, stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn,
+                         stride_zpg, alpha, beta, limit, ACT, GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED,
+                         IEEE, EVEN_K, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K,
+                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, True)
+            return
+    _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e, row_start, count,
+                 pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae, stride_am, stride_ak, stride_we,
+                 stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn, stride_asm, stride_asg,
+                 stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT,
+                 GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, A_SCALE,
+                 W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, True)
 
 
 @triton.jit(do_not_specialize=["M", "top_k"])
@@ -425,6 +520,8 @@ def gemm_configs(configs: tuple[Config, Config] | None, rows_per_expert: float, 
                    choose_config(rows_per_expert, k_dim, n, dtype, gated=False, experts=experts, max_block_k=cap))
     if configs[0].block_m != configs[1].block_m:
         raise ValueError("GEMM1 and GEMM2 configs must share block_m")
+    if any(c.split_tail and c.block_m < 32 for c in configs):
+        raise ValueError("split_tail needs block_m >= 32 (its half-height tile is at least 16 rows for tl.dot)")
     return configs
 
 
@@ -457,9 +554,14 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
                 weight_mode: int, n: int, num_pid_m: int, a_row_div: int = 1, sorted_tokens: SortedTokens | None
                 = None, counts: torch.Tensor | None = None, rows_per_expert: int = 0, num_valid: int = 0,
                 alpha: float = 0.0, beta: float = 0.0, limit: float = 0.0,
-                q: QuantOperands | None = None) -> None:
+                q: QuantOperands | None = None, per_token: int = 0) -> None:
     """One grouped GEMM over expert blocks (standard: `sorted_tokens`; batched: `counts`, 3-D a and c).
-    q: scales / zero points / code format of quantized operands (kernels.quant_gemm)."""
+    q: scales / zero points / code format of quantized operands (kernels.quant_gemm). per_token = k (per-slot
+    layouts only): GEMM2 with the reduce, one program row per token (num_pid_m = M), c = the output [M, K]."""
+    if per_token:
+        if not (sorted_tokens and sorted_tokens.per_slot):
+            raise ValueError("per_token needs the per-slot layout")
+        rows_per_expert = per_token
     batched = counts is not None
     k_dim = a.shape[-1]
     if batched:
@@ -485,6 +587,7 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         BATCHED=batched, IEEE=a.dtype == torch.float32, EVEN_K=k_dim % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         PER_SLOT=bool(st and st.per_slot), SLOT_MAP=bool(st and st.mapped),
+        SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot), PER_TOKEN=bool(per_token),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(q.constexprs(cfg.block_k) if q else {}),
     )
 
@@ -564,9 +667,15 @@ def fused_experts(
         if quant.w8a8:  # the oracle's intermediate: a rounded to x.dtype, then re-quantized by the same recipe
             inter, a_s = quant.quantize_activation(inter)
         q2 = quant.operands("w2", a_s)
+    w2_mode = 0 if apply_router_weight_on_input else 2
+    if st.per_slot:  # decode: GEMM2 sums each token's slots itself (no y buffer, no reduce launch)
+        launch_gemm(inter, w2, w2_bias, out, rw, c2, act=0, interleaved=False,
+                    weight_mode=w2_mode, n=k_dim, num_pid_m=m,
+                    sorted_tokens=st, num_valid=numel, q=q2, per_token=top_k)
+        return out
     y = torch.empty(numel, k_dim, dtype=io_dtype, device=x.device)  # weighted slots, rounded once
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
-                weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
+                weight_mode=w2_mode, n=k_dim, num_pid_m=st.max_blocks,
                 sorted_tokens=st, num_valid=numel, q=q2)
     # interpreter: a few large tiles; GPU: 4 tokens x 256 columns a program (enough programs at M = 1)
     block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (4, _pow2(k_dim, 16, 256))

@@ -7,6 +7,10 @@ too, so each line says what the heuristic leaves on the table. Compiles run firs
 small problem with the same specialization (the GEMM kernel does not specialize on M or the routing).
 
     python scripts/tune_experts.py --out tune.jsonl [--shape deepseek-v3] [--m 1 4096] [--workers 12]
+    python scripts/tune_experts.py --split --out split.jsonl     # choose_config's tiles, split tail off vs on
+
+--split times, for every BLOCK_M the rows allow, choose_config's tile tables with `split_tail` off and on (a
+tail block whose rows fit in half the block runs a half-height tile).
 
 Every timing is a JSON line in --out; a summary table goes to stdout.
 """
@@ -26,7 +30,7 @@ import torch
 
 from harness.bench import SHAPES, do_bench_graph
 from harness.benchmarks.experts import M_VALUES, _inputs, _weights
-from kernels.fused_experts import Config, choose_config, fused_experts
+from kernels.fused_experts import _GATED_TILES, _PLAIN_TILES, Config, choose_config, fused_experts
 
 # (block_n, block_k, num_warps, num_stages); gated GEMM1 holds two block_n-wide accumulators
 GEMM1 = {
@@ -66,6 +70,13 @@ def block_ms(rows: float) -> list[int]:
 def cfg(bm: int, t: tuple[int, int, int, int], group_m: int) -> Config:
     bn, bk, w, s = t
     return Config(bm, bn, bk, group_m=group_m, num_warps=w, num_stages=s)
+
+
+def table_pair(bm: int, split: bool) -> tuple[Config, Config]:
+    """choose_config's tiles for this BLOCK_M (its tables), with or without the split tail."""
+    gm = 1 if bm <= 32 else 8
+    (n1, k1, w1, s1), (n2, k2, w2, s2) = _GATED_TILES[bm], _PLAIN_TILES[bm]
+    return (Config(bm, n1, k1, gm, w1, s1, split_tail=split), Config(bm, n2, k2, gm, w2, s2, split_tail=split))
 
 
 def plans(bm: int) -> list[tuple[Config, Config]]:
@@ -112,6 +123,7 @@ def main() -> int:
     ap.add_argument("--m", nargs="*", type=int, default=list(M_VALUES))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--split", action="store_true", help="only the tables' tiles, split tail off and on")
     args = ap.parse_args()
     dev = "cuda"
     points = []
@@ -121,7 +133,10 @@ def main() -> int:
             numel = m * s["k"]
             points.append((name, m, numel / min(s["E"], numel)))
     bms = sorted({bm for *_, rows in points for bm in block_ms(rows)})
-    precompile([p for bm in bms for p in plans(bm)], args.workers)
+    if args.split:
+        precompile([table_pair(bm, sp) for bm in bms for sp in (False, True) if bm >= 32 or not sp], args.workers)
+    else:
+        precompile([p for bm in bms for p in plans(bm)], args.workers)
     summary = []
     with args.out.open("w") as log:
         for name in args.shape:
@@ -150,7 +165,13 @@ def main() -> int:
                            choose_config(rows, s["K"], s["N"], torch.bfloat16, gated=False))
                 t_default = timed(*default, "default")
                 best = (t_default, default)
-                for bm in block_ms(rows):
+                if args.split:
+                    for bm in block_ms(rows):
+                        for sp in (False, True) if bm >= 32 else (False,):
+                            t = timed(*table_pair(bm, sp), f"split={sp}")
+                            if t < best[0]:
+                                best = (t, table_pair(bm, sp))
+                for bm in ([] if args.split else block_ms(rows)):
                     gm = 1 if bm <= 32 else 8
                     c2 = cfg(bm, GEMM2[bm][0], gm)
                     _, c1 = min(((timed(cfg(bm, t, gm), c2, "gemm1"), cfg(bm, t, gm)) for t in GEMM1[bm]),

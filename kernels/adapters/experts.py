@@ -230,8 +230,9 @@ def _scaled_grouped_requires(device: DeviceInfo, features: Mapping[str, str]) ->
 
 
 _TRITON_GENERATIONS = ("interp", "sm80", "sm89", "sm90", "sm100", "sm120")
-#: strategies: block_M is the smallest tile (shape edges around it); E up to 512 so the boundary cases include E=257
-_TRITON_LIMITS = {"block_M": 16, "max_E": 512}
+#: strategies: shape edges around block_M = 32, the interpreter's block (its split tail runs 16-row tiles, so an
+#: expert with more than 16 rows takes the full tile); E up to 512 so the boundary cases include E=257
+_TRITON_LIMITS = {"block_M": 32, "max_E": 512}
 
 TRITON = register(Adapter(
     name="triton-experts", op="experts", source="kernels.fused_experts", run=_run_triton, support=TRITON_STANDARD,

@@ -135,6 +135,42 @@ def test_triton_batched_counts_zero_and_full() -> None:
         assert bool(got[i, c:].isnan().all()), f"expert {i}: rows past the count were written"
 
 
+@pytest.mark.parametrize("fmt", ["standard", "batched"])
+def test_split_tail_at_the_half_block_boundary(fmt: str) -> None:
+    """SPLIT_TAIL runs a block whose valid rows fit in its first half as a half-height tile: experts with
+    15, 16, 17, 31, 32 and 33 rows (block 32, half 16) put a block on each side of the switch."""
+    torch.manual_seed(11)
+    counts = [15, 16, 17, 31, 32, 33, 0, 1]
+    e, hidden, n = len(counts), 48, 40
+    w13 = (torch.randn(e, 2 * n, hidden) / hidden**0.5).bfloat16().to(DEV)
+    w2 = (torch.randn(e, hidden, n) / n**0.5).bfloat16().to(DEV)
+    cfg = fk.Config(32, 32, 16, group_m=1, num_warps=4, num_stages=2, split_tail=True)
+    if fmt == "batched":
+        t = max(counts)
+        x = torch.randn(e, t, hidden).bfloat16().to(DEV)
+        cnt = torch.tensor(counts, dtype=torch.int32, device=DEV)
+        got = bk.batched_experts(x, cnt, w13, w2, configs=(cfg, cfg), out=torch.full_like(x, float("nan")))
+        want = ref.batched_experts(x, cnt, w13, w2, compute_dtype=torch.float64, out_dtype=torch.float64)
+        pairs = [(got[i, :c], want[i, :c]) for i, c in enumerate(counts)]
+    else:
+        ids = torch.repeat_interleave(torch.arange(e), torch.tensor(counts))
+        ids = ids[torch.randperm(len(ids))].to(torch.int32)[:, None].to(DEV)
+        x = torch.randn(ids.shape[0], hidden).bfloat16().to(DEV)
+        weights = torch.rand(ids.shape, device=DEV) + 0.5
+        got = fk.fused_experts(x, w13, w2, weights, ids, configs=(cfg, cfg))
+        want = ref.fused_experts(x, w13, w2, weights, ids, compute_dtype=torch.float64, out_dtype=torch.float64)
+        pairs = [(got, want)]
+    for g, w in pairs:
+        err = (g.double() - w).abs()
+        assert bool((err <= 2**-7 * w.abs() + 2e-2).all()), f"max error {err.max()} (rows {g.shape[0]})"
+
+
+def test_split_tail_needs_block_m_32() -> None:
+    cfg = fk.Config(16, 32, 32, split_tail=True)
+    with pytest.raises(ValueError, match="split_tail"):
+        fk.gemm_configs((cfg, cfg), 4.0, 32, 32, torch.bfloat16, act=1, experts=4, quant=None)
+
+
 @pytest.mark.parametrize("gpu_branch", [False, True])
 def test_tile_heuristic_invariants(gpu_branch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if gpu_branch:  # the tiles a GPU gets (the interpreter has its own branch)

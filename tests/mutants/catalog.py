@@ -187,7 +187,7 @@ MUTANTS: tuple[Mutant, ...] = (
           "launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=False,"),),
         "swigluoai weights read as halves instead of interleaved", {"activation": ("swigluoai",)}),
     Mutant("experts-router-weight-twice", "triton-experts", _FE, (
-        P("weight_mode=0 if apply_router_weight_on_input else 2", "weight_mode=2"),),
+        P("w2_mode = 0 if apply_router_weight_on_input else 2", "w2_mode = 2"),),
         "router weight applied twice (on the input and on the output)", {"apply_weight_on_input": ("Y",)}),
     Mutant("experts-grid-full-blocks-only", "triton-experts", _FE, (
         P("max_blocks = triton.cdiv(numel, block_m) + min(num_local, numel)",
@@ -197,6 +197,13 @@ MUTANTS: tuple[Mutant, ...] = (
         P("e = tl.load(sorted_ids_ptr + pid_m).to(tl.int32)",
           "e = (tl.load(sorted_ids_ptr + pid_m) * 0).to(tl.int32)"),),
         "decode path (one block per slot): every slot computed with expert 0"),
+    Mutant("experts-split-tail-always", "triton-experts", _FE, (
+        P("tail = tl.load(sorted_ids_ptr + row_start + BLOCK_M // 2) >= num_valid",
+          "tail = tl.load(sorted_ids_ptr + row_start + BLOCK_M // 2) >= 0"),),
+        "every block run as a half-height tile: the second half of full blocks never computed"),
+    Mutant("experts-per-token-drops-last-slot", "triton-experts", _FE, (
+        P("for j in range(0, rows_per_expert):", "for j in range(0, rows_per_expert - 1):"),),
+        "decode GEMM2 with the reduce: each token's last slot never added"),
     Mutant("experts-k-tail-off-by-one", "triton-experts", _FE, (
         P("k_ok = offs_k < K - kk * BLOCK_K", "k_ok = offs_k < K - kk * BLOCK_K - 1"),),
         "off-by-one mask at the K tile edge"),
