@@ -16,9 +16,9 @@ Launches, no host synchronization:
    (WeightPlacement.ACCUMULATOR), each weighted slot stored rounded to x.dtype in a buffer [M*k, K] (half the
    traffic of an fp32 buffer, which at M=4096 costs as much as a tenth of the weights' read).
 4. `_reduce_kernel`: sums the k slots of each token in fp32, in slot order (deterministic), skipping non-local
-   slots, and rounds once to the output dtype (Accumulation.ROUNDED_SLOTS). Decode batches (PER_SLOT) need no
-   reduce launch: their GEMM2 runs one program row per token (PER_TOKEN), sums the token's weighted slots the
-   same way and stores the output row.
+   slots, and rounds once to the output dtype (Accumulation.ROUNDED_SLOTS). (A decode GEMM2 that summed each
+   token's slots itself, saving this launch, measured slower on an H200: 74 against 65 us at DeepSeek-V3 M=1;
+   a program looping over k experts' weights runs k short pipelines one after another.)
 
 Large M: an expert's last block is often mostly empty (about 128 rows per expert with BLOCK_M 128); with
 `Config.split_tail` a block whose valid rows fit in half of it runs a half-height tile (SPLIT_TAIL).
@@ -105,6 +105,9 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
       above the average costs a whole weight read (Mixtral at 16 rows per expert: 355 us with 32, 436 with 16);
     - BLOCK_N/BLOCK_K/warps/stages per BLOCK_M from the tables above; decode-size GEMMs whose grid would leave
       SMs idle (e.g. Mixtral's GEMM2 at M=1: 2 experts x 32 column tiles) take 32-wide, 256-deep tiles instead;
+    - split tail at BLOCK_M 128 only: its half-height (64-row) tail tile won at every point of an H200 sweep
+      (DeepSeek-V3 M=4096: 2491 against 2744 us; Qwen3 M=1024: 379 against 391), while at BLOCK_M 64 and 32 it
+      lost as often as it won (results/sm90/tune/split.jsonl);
     - GROUP_M 1 for small blocks (few blocks per expert), 8 otherwise (L2 reuse of the weight tiles);
     - fp32 inputs halve BLOCK_K (twice the bytes per element).
     """
@@ -119,7 +122,8 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
         bk //= 2
     if max_block_k:
         bk = min(bk, max_block_k)
-    return Config(bm, bn, bk, group_m=1 if bm <= 32 else 8, num_warps=warps, num_stages=stages)
+    return Config(bm, bn, bk, group_m=1 if bm <= 32 else 8, num_warps=warps, num_stages=stages,
+                  split_tail=bm == 128)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -181,12 +185,11 @@ def _expert_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     A_SCALE: tl.constexpr, W_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     GROUP_K: tl.constexpr, WS_ROW_DIV: tl.constexpr, INT_DOT: tl.constexpr,
-    W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr, STORE: tl.constexpr,
+    W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N output tile of expert e: rows from `row_start` (standard: an offset into
     sorted_ids; batched: the expert's first row, valid below `count`; PER_SLOT: the slot), columns of tile
-    pid_n. BLOCK_M may be half the layout's block (a tail block whose valid rows fit in its first half).
-    Returns the fp32 tile after the epilogue; STORE: also stores it, rounded to C's dtype."""
+    pid_n. BLOCK_M may be half the layout's block (a tail block whose valid rows fit in its first half)."""
     offs_r = tl.arange(0, BLOCK_M)
     if BATCHED:
         r = row_start + offs_r
@@ -314,10 +317,8 @@ def _expert_tile(
     if WEIGHT_MODE == 2:
         rw = tl.load(rw_ptr + w_rows, mask=row_ok, other=0.0).to(tl.float32)
         out = out * rw[:, None]
-    if STORE:
-        c_ptrs = c_ptr + e64 * stride_ce + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
-    return out
+    c_ptrs = c_ptr + e64 * stride_ce + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
 
@@ -345,7 +346,7 @@ def _moe_gemm_kernel(
     A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
     GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
     W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
-    SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False, PER_TOKEN: tl.constexpr = False,
+    SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False,
 ):
     """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
 
@@ -365,10 +366,6 @@ def _moe_gemm_kernel(
     nibble first), zero point implicit 8 or explicit (uint4 packed along rows). (q - zp) is an integer of at
     most 9 bits, exact in bf16/fp16, so the dot multiplies exactly and the scale goes onto its fp32 result.
 
-    PER_TOKEN (decode GEMM2 with the reduce; with PER_SLOT): program pid_m is token pid_m, which sums its
-    rows_per_expert (= k) slots in slot order: each weighted slot rounded to C's dtype, summed in fp32 and
-    stored rounded once into C = out (Accumulation.ROUNDED_SLOTS, like _reduce_kernel); non-local slots skipped.
-
     SPLIT_TAIL: a block whose valid rows fit in its first half (an expert's last, mostly empty block) runs a
     BLOCK_M/2-row tile: half the MMA work, the same weight reads.
     """
@@ -380,28 +377,6 @@ def _moe_gemm_kernel(
     pid_n = (pid % in_group) // size_m
 
     count = 0
-    if PER_TOKEN:
-        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for j in range(0, rows_per_expert):
-            slot = pid_m * rows_per_expert + j
-            e = tl.load(sorted_ids_ptr + slot).to(tl.int32)
-            if SLOT_MAP:
-                e = tl.load(expert_ids_ptr + e).to(tl.int32)
-            if e >= 0:
-                part = _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e,
-                                    slot, count, pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae,
-                                    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_be, stride_bn,
-                                    stride_ce, stride_cm, stride_cn, stride_asm, stride_asg, stride_wse, stride_wsn,
-                                    stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT, GATED,
-                                    INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, EVEN_K, BLOCK_M, BLOCK_N,
-                                    BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES,
-                                    HAS_ZP, True, False)
-                total += part.to(c_ptr.dtype.element_ty).to(tl.float32)
-        offs_r = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + pid_m.to(tl.int64) * stride_cm + offs_r[:, None] * 0 + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=(offs_r == 0)[:, None] & (offs_n < N)[None, :])
-        return
     if BATCHED:
         blocks_per_e = (rows_per_expert + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: a nested jit call
         e = pid_m // blocks_per_e
@@ -433,14 +408,14 @@ def _moe_gemm_kernel(
                          stride_asm, stride_asg, stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn,
                          stride_zpg, alpha, beta, limit, ACT, GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED,
                          IEEE, EVEN_K, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K,
-                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, True)
+                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT)
             return
     _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e, row_start, count,
                  pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae, stride_am, stride_ak, stride_we,
                  stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn, stride_asm, stride_asg,
                  stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT,
                  GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, A_SCALE,
-                 W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, True)
+                 W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT)
 
 
 @triton.jit(do_not_specialize=["M", "top_k"])
@@ -554,14 +529,9 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
                 weight_mode: int, n: int, num_pid_m: int, a_row_div: int = 1, sorted_tokens: SortedTokens | None
                 = None, counts: torch.Tensor | None = None, rows_per_expert: int = 0, num_valid: int = 0,
                 alpha: float = 0.0, beta: float = 0.0, limit: float = 0.0,
-                q: QuantOperands | None = None, per_token: int = 0) -> None:
+                q: QuantOperands | None = None) -> None:
     """One grouped GEMM over expert blocks (standard: `sorted_tokens`; batched: `counts`, 3-D a and c).
-    q: scales / zero points / code format of quantized operands (kernels.quant_gemm). per_token = k (per-slot
-    layouts only): GEMM2 with the reduce, one program row per token (num_pid_m = M), c = the output [M, K]."""
-    if per_token:
-        if not (sorted_tokens and sorted_tokens.per_slot):
-            raise ValueError("per_token needs the per-slot layout")
-        rows_per_expert = per_token
+    q: scales / zero points / code format of quantized operands (kernels.quant_gemm)."""
     batched = counts is not None
     k_dim = a.shape[-1]
     if batched:
@@ -587,7 +557,7 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         BATCHED=batched, IEEE=a.dtype == torch.float32, EVEN_K=k_dim % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         PER_SLOT=bool(st and st.per_slot), SLOT_MAP=bool(st and st.mapped),
-        SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot), PER_TOKEN=bool(per_token),
+        SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(q.constexprs(cfg.block_k) if q else {}),
     )
 
@@ -668,11 +638,6 @@ def fused_experts(
             inter, a_s = quant.quantize_activation(inter)
         q2 = quant.operands("w2", a_s)
     w2_mode = 0 if apply_router_weight_on_input else 2
-    if st.per_slot:  # decode: GEMM2 sums each token's slots itself (no y buffer, no reduce launch)
-        launch_gemm(inter, w2, w2_bias, out, rw, c2, act=0, interleaved=False,
-                    weight_mode=w2_mode, n=k_dim, num_pid_m=m,
-                    sorted_tokens=st, num_valid=numel, q=q2, per_token=top_k)
-        return out
     y = torch.empty(numel, k_dim, dtype=io_dtype, device=x.device)  # weighted slots, rounded once
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
                 weight_mode=w2_mode, n=k_dim, num_pid_m=st.max_blocks,

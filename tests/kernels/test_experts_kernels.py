@@ -184,6 +184,7 @@ def test_tile_heuristic_invariants(gpu_branch: bool, monkeypatch: pytest.MonkeyP
                     assert c1.block_m == c2.block_m >= 16
                     assert min(c1.block_n, c1.block_k, c2.block_n, c2.block_k) >= 16
                     assert not cap or (cap % c1.block_k == 0 and cap % c2.block_k == 0)
+                    fk.gemm_configs((c1, c2), rows, 512, 7168, dt, act=1, experts=experts, quant=None)
 
 
 # The grouped-GEMM adapter's own code (sorting, offsets, padding to 16 bytes, masking of non-local slots,

@@ -201,9 +201,6 @@ MUTANTS: tuple[Mutant, ...] = (
         P("tail = tl.load(sorted_ids_ptr + row_start + BLOCK_M // 2) >= num_valid",
           "tail = tl.load(sorted_ids_ptr + row_start + BLOCK_M // 2) >= 0"),),
         "every block run as a half-height tile: the second half of full blocks never computed"),
-    Mutant("experts-per-token-drops-last-slot", "triton-experts", _FE, (
-        P("for j in range(0, rows_per_expert):", "for j in range(0, rows_per_expert - 1):"),),
-        "decode GEMM2 with the reduce: each token's last slot never added"),
     Mutant("experts-k-tail-off-by-one", "triton-experts", _FE, (
         P("k_ok = offs_k < K - kk * BLOCK_K", "k_ok = offs_k < K - kk * BLOCK_K - 1"),),
         "off-by-one mask at the K tile edge"),
