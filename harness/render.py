@@ -148,15 +148,20 @@ def _selection_text(sel: Mapping[str, Mapping[str, Any]], infos: Mapping[str, Ma
     """How the cells of one generation's run(s) were chosen, per op."""
     if not sel:
         return "not recorded"
-    per_op: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    per_op: dict[str, list[tuple[str, Mapping[str, Any]]]] = defaultdict(list)
     for a, s in sel.items():
-        per_op[infos.get(a, {}).get("op", a)].append(s)
+        per_op[infos.get(a, {}).get("op", a)].append((a, s))
     pairwise = []
     for op in sorted(per_op):
-        ss = [s for s in per_op[op] if s.get("selection") == "pairwise"]
+        ss = [s for _, s in per_op[op] if s.get("selection") == "pairwise"]
         if ss:
             lo, hi = min(s["cells"] for s in ss), max(s["cells"] for s in ss)
-            pairwise.append(f"{op} {lo if lo == hi else f'{lo}-{hi}'} of {ss[0]['cells_total']}")
+            text = f"{op} {lo if lo == hi else f'{lo}-{hi}'} of {ss[0]['cells_total']}"
+            # runs of different profiles merged: say which adapters had every cell
+            every = sorted(a for a, s in per_op[op] if s.get("selection") != "pairwise")
+            if every:
+                text += f" (every cell for {', '.join(every)})"
+            pairwise.append(text)
     limit = next((m.get("quick_all_cells") for m in run_meta if m.get("quick_all_cells")), None)
     cases = sorted({m.get("cases_per_cell") for m in run_meta if m.get("cases_per_cell")})
     per_case = f"; up to {', '.join(map(str, cases))} cases per cell" if cases else ""

@@ -12,6 +12,7 @@ metadata records existed are read unchanged.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -132,7 +133,7 @@ def _result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files.extend(sorted(p.rglob("*.jsonl")))
+            files.extend(sorted([*p.rglob("*.jsonl"), *p.rglob("*.jsonl.gz")]))
         elif p.exists():
             files.append(p)
         else:
@@ -148,7 +149,8 @@ def _generations() -> tuple[str, ...]:
 
 def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[Result | dict[str, Any]]:
     for path in _result_files(paths):
-        with open(path, encoding="utf-8") as fh:
+        # committed archives may be gzipped (a full matrix sweep is tens of MB of JSONL)
+        with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as fh:
             lines = fh.read().split("\n")
         last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
         for lineno, line in enumerate(lines):
@@ -171,7 +173,8 @@ def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[
 
 
 def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> Iterator[Result]:
-    """Results from files and directories (searched recursively for *.jsonl); metadata records are skipped.
+    """Results from files and directories (searched recursively for *.jsonl and *.jsonl.gz); metadata records are
+    skipped.
 
     A truncated final line (a process killed mid-write) is skipped. A bad line elsewhere raises
     `ResultsFileError` naming file and line, unless `strict` is False (then it is skipped).

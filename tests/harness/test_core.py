@@ -54,6 +54,18 @@ def test_store_flushes_each_record_and_loader_tolerates_truncated_last_line(tmp_
     assert [r.verdict for r in results] == ["pass", "fail"] and results[0].case == CASE
 
 
+def test_loader_reads_gzipped_archives(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Committed sweeps are gzipped: a folder of .jsonl and .jsonl.gz reads as one set, either file alone too."""
+    import gzip
+
+    lines = [json.dumps(Result(case=CASE, verdict=v).to_dict()) for v in ("pass", "fail", "unsupported")]
+    (tmp_path / "a.jsonl").write_text(lines[0] + "\n")
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(lines[1] + "\n" + lines[2] + "\n")
+    assert sorted(r.verdict for r in load_results([tmp_path])) == ["fail", "pass", "unsupported"]
+    assert [r.verdict for r in load_results([tmp_path / "b.jsonl.gz"])] == ["fail", "unsupported"]
+
+
 def test_loader_reports_real_corruption_with_file_and_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     p = tmp_path / "bad.jsonl"
     p.write_text("not json\n" + json.dumps(Result(case=CASE, verdict="pass").to_dict()) + "\n")

@@ -79,3 +79,16 @@ def test_a_fresh_sweep_merges_the_committed_results_of_other_generations(tmp_pat
     assert names == ["matrix-interp-1-a-main.jsonl", "matrix-sm100-3-c-w2.jsonl"]  # not sm90, not local, not pytest
     names = [f.name for f in committed_other_generations("interp", str(tmp_path / "elsewhere"), root=str(tmp_path))]
     assert names == ["matrix-sm100-3-c-w2.jsonl", "matrix-sm90-2-b-w1.jsonl"]
+
+
+def test_selection_names_the_adapters_swept_in_full_next_to_a_pairwise_run() -> None:
+    """A quick (pairwise) sweep merged with a full sweep of some adapters of the same op: the provenance must not
+    read as if every adapter of the op had only the pairwise cells."""
+    from harness.render import _selection_text
+
+    sel = {"quick-kernel": {"selection": "pairwise", "cells": 58, "cells_total": 2640},
+           "full-kernel": {"selection": "all", "cells": 2640, "cells_total": 2640}}
+    infos = {"quick-kernel": {"op": "experts"}, "full-kernel": {"op": "experts"}}
+    text = _selection_text(sel, infos, [])
+    assert "experts 58 of 2640 (every cell for full-kernel)" in text
+    assert "(every cell" not in _selection_text({"quick-kernel": sel["quick-kernel"]}, infos, [])
