@@ -637,10 +637,9 @@ def fused_experts(
         if quant.w8a8:  # the oracle's intermediate: a rounded to x.dtype, then re-quantized by the same recipe
             inter, a_s = quant.quantize_activation(inter)
         q2 = quant.operands("w2", a_s)
-    w2_mode = 0 if apply_router_weight_on_input else 2
     y = torch.empty(numel, k_dim, dtype=io_dtype, device=x.device)  # weighted slots, rounded once
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
-                weight_mode=w2_mode, n=k_dim, num_pid_m=st.max_blocks,
+                weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
                 sorted_tokens=st, num_valid=numel, q=q2)
     # interpreter: a few large tiles; GPU: 4 tokens x 256 columns a program (enough programs at M = 1)
     block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (4, _pow2(k_dim, 16, 256))

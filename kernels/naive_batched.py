@@ -13,10 +13,12 @@ taken from `reference`), so the test aid is independent of the oracle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ACTIVATIONS", "naive_batched_experts"]
+__all__ = ["ACTIVATIONS", "activation_fn", "naive_batched_experts"]
 
 SWIGLUOAI = {"alpha": 1.702, "beta": 1.0, "limit": 7.0}
 
@@ -42,6 +44,13 @@ ACTIVATIONS = {"silu_and_mul": _silu_mul, "gelu_and_mul": _gelu_mul, "swigluoai"
                "silu_no_mul": F.silu, "gelu_no_mul": F.gelu}
 
 
+def activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The fp32 implementation of activation `name`; ValueError naming the choices for any other name."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
+    return ACTIVATIONS[name]
+
+
 def naive_batched_experts(
     x: torch.Tensor,
     expert_num_tokens: torch.Tensor,
@@ -54,9 +63,7 @@ def naive_batched_experts(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Experts on x [E, T, K]; rows at or past expert_num_tokens[e] of `out` are left as they were."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    act = ACTIVATIONS[activation]
+    act = activation_fn(activation)
     if out is None:
         out = torch.zeros_like(x)
     saved = torch.get_float32_matmul_precision()

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.naive_batched import ACTIVATIONS
+from kernels.naive_batched import activation_fn
 
 __all__ = ["ALIGN", "available", "grouped_mm_batched_experts", "grouped_mm_experts", "scaled_available",
            "scaled_grouped_mm_batched_experts", "scaled_grouped_mm_experts"]
@@ -83,6 +83,20 @@ def _sort_slots(topk_ids: torch.Tensor, expert_map: torch.Tensor | None,
     return key, order, group_ends(key, e)
 
 
+def _route(x: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, e: int,
+           out: torch.Tensor | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    """out (allocated when None) and the sorted slots (order, group ends, local mask of the sorted rows), or None
+    when out is already the answer: no routed slot (out as given) or no local expert (zeros)."""
+    if out is None:
+        out = torch.empty_like(x)
+    if topk_ids.numel() == 0:
+        return out, None
+    if e == 0:
+        return out.zero_(), None
+    key, order, offs = _sort_slots(topk_ids, expert_map, e)
+    return out, (order, offs, (key[order] < e)[:, None])  # non-local rows lie past offs[-1]
+
+
 def _unsort_and_reduce(y: torch.Tensor, local: torch.Tensor, order: torch.Tensor, m: int, top_k: int,
                        out: torch.Tensor) -> torch.Tensor:
     """Weighted expert outputs y [M*k, K] (fp32, in sorted order) back to slot order, non-local rows (never
@@ -99,9 +113,7 @@ def _gmm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None) -> torch.T
 
 
 def _act(h: torch.Tensor, activation: str) -> torch.Tensor:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    return ACTIVATIONS[activation](h)
+    return activation_fn(activation)(h)
 
 
 def grouped_mm_experts(
@@ -122,14 +134,10 @@ def grouped_mm_experts(
     e = w13.shape[0]
     if e > MAX_GROUPS:
         raise ValueError(f"torch._grouped_mm takes fewer than 1024 groups, got {e} experts")
-    if out is None:
-        out = torch.empty_like(x)
-    numel = m * top_k
-    if numel == 0:
+    out, slots = _route(x, topk_ids, expert_map, e, out)
+    if slots is None:
         return out
-    if e == 0:
-        return out.zero_()
-    key, order, offs = _sort_slots(topk_ids, expert_map, e)
+    order, offs, local = slots
     h = _gmm(x[order // top_k], w13, offs).float()
     w_sorted = topk_weights.reshape(-1)[order].float()[:, None]
     if apply_router_weight_on_input:
@@ -138,7 +146,7 @@ def grouped_mm_experts(
     y = _gmm(a, w2, offs).float()
     if not apply_router_weight_on_input:
         y = y * w_sorted
-    return _unsort_and_reduce(y, (key[order] < e)[:, None], order, m, top_k, out)
+    return _unsort_and_reduce(y, local, order, m, top_k, out)
 
 
 def grouped_mm_batched_experts(
@@ -239,15 +247,10 @@ def scaled_grouped_mm_experts(
     m, k_dim = x.shape
     top_k = topk_ids.shape[1]
     e = w13.shape[0]
-    if out is None:
-        out = torch.empty_like(x)
-    numel = m * top_k
-    if numel == 0:
+    out, slots = _route(x, topk_ids, expert_map, e, out)
+    if slots is None:
         return out
-    if e == 0:
-        return out.zero_()
-    key, order, offs = _sort_slots(topk_ids, expert_map, e)
-    local = (key[order] < e)[:, None]  # sorted rows of local slots (the others lie past offs[-1])
+    order, offs, local = slots
     # x quantized once over all M tokens (a per-tensor scale covers every token), then gathered into slot order
     codes, xs = _quantize(x, quant_format)
     src = order // top_k
@@ -261,7 +264,7 @@ def scaled_grouped_mm_experts(
     # rows past offs[-1] were never written: zero them before a per-tensor scale reads them
     a = torch.where(local, a, torch.zeros((), dtype=a.dtype, device=a.device))
     a_codes, a_s = _quantize(a, quant_format)
-    y = _sgmm(a_codes, w2, _row_scale(a_s, numel, quant_format), _weight_scale(w2_scale, e, k_dim, quant_format),
+    y = _sgmm(a_codes, w2, _row_scale(a_s, m * top_k, quant_format), _weight_scale(w2_scale, e, k_dim, quant_format),
               offs).float()
     if not apply_router_weight_on_input:
         y = y * w_sorted[:, None]

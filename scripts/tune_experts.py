@@ -72,6 +72,11 @@ def cfg(bm: int, t: tuple[int, int, int, int], group_m: int) -> Config:
     return Config(bm, bn, bk, group_m=group_m, num_warps=w, num_stages=s)
 
 
+def splits(bm: int) -> tuple[bool, ...]:
+    """split_tail values to time at this BLOCK_M (its half-height tile needs 16 rows for tl.dot)."""
+    return (False, True) if bm >= 32 else (False,)
+
+
 def table_pair(bm: int, split: bool) -> tuple[Config, Config]:
     """choose_config's tiles for this BLOCK_M (its tables), with or without the split tail."""
     gm = 1 if bm <= 32 else 8
@@ -134,7 +139,7 @@ def main() -> int:
             points.append((name, m, numel / min(s["E"], numel)))
     bms = sorted({bm for *_, rows in points for bm in block_ms(rows)})
     if args.split:
-        precompile([table_pair(bm, sp) for bm in bms for sp in (False, True) if bm >= 32 or not sp], args.workers)
+        precompile([table_pair(bm, sp) for bm in bms for sp in splits(bm)], args.workers)
     else:
         precompile([p for bm in bms for p in plans(bm)], args.workers)
     summary = []
@@ -167,7 +172,7 @@ def main() -> int:
                 best = (t_default, default)
                 if args.split:
                     for bm in block_ms(rows):
-                        for sp in (False, True) if bm >= 32 else (False,):
+                        for sp in splits(bm):
                             t = timed(*table_pair(bm, sp), f"split={sp}")
                             if t < best[0]:
                                 best = (t, table_pair(bm, sp))

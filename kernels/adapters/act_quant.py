@@ -10,6 +10,7 @@ from harness.adapters import Adapter, Unsupported, register
 from harness.case import Case
 from kernels import act_quant as kern
 from kernels.activation import GATED, PARAMS
+from kernels.adapters import activation as activation_adapter
 
 SUPPORT = {
     "activation": tuple(a for a in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "swigluoai",
@@ -53,13 +54,9 @@ def run(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Te
 
 
 def interp_features(features: Mapping[str, str]) -> set[str]:
-    """Interpreter fixes the kernel depends on: fp8 stores, bf16 loads, libdevice tanh, int reductions."""
-    need = {"load_store", "reduce_fp32", "fp8_cast"}
-    if features.get("dtype") == "bfloat16":
-        need.add("bf16_cast")
-    if features.get("activation") == "gelu_tanh_and_mul":
-        need.add("libdevice_tanh")
-    return need
+    """Interpreter fixes the kernel depends on: the activation kernel's (bf16 loads, libdevice tanh), plus fp8
+    stores and fp32 reductions (the group amax)."""
+    return activation_adapter.interp_features(features) | {"reduce_fp32", "fp8_cast"}
 
 
 ADAPTER = register(Adapter(

@@ -335,27 +335,38 @@ def test_batched_quantized_cells_pinned(qt: str, qf: str) -> None:
            shapes={"E": 3, "K": 256, "N": 128, "max_tokens": 20})
 
 
-def test_batched_per_tensor_scale_ignores_rows_past_the_counts() -> None:
-    """Rows at or past an expert's count are no input: 1000x values there must not move the per-tensor x scale."""
-    from kernels.quant_gemm import ExpertsQuant
-
-    g = torch.Generator().manual_seed(14)
-    e, t, k_dim, n = 2, 8, 64, 64
+def _blown_up_past_counts(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x [2, 8, 64] bf16 on DEV, counts [3, 5] on the CPU, w13, w2 fp32 on the CPU): the rows of x at or past
+    the counts are 1000x the others, so a per-tensor scale that reads them loses the valid rows' precision."""
+    g = torch.Generator().manual_seed(seed)
+    e, t, k_dim = 2, 8, 64
     x = torch.randn(e, t, k_dim, generator=g)
     counts = torch.tensor([3, 5], dtype=torch.int32)
     x[0, 3:] *= 1000
     x[1, 5:] *= 1000
-    x = x.to(torch.bfloat16).to(DEV)
     w13 = torch.randn(e, 2 * n, k_dim, generator=g) / 8
     w2 = torch.randn(e, k_dim, n, generator=g) / 8
+    return x.to(torch.bfloat16).to(DEV), counts, w13, w2
+
+
+def _check_rows_below_counts(got: torch.Tensor, want: torch.Tensor, counts: torch.Tensor) -> None:
+    """Each expert's rows below its count within 1% of the largest expected magnitude."""
+    for i, c in enumerate(counts.tolist()):
+        err = (got[i, :c].double().cpu() - want[i, :c]).abs().max().item()
+        assert err <= 0.01 * want[i, :c].abs().max().item(), err
+
+
+def test_batched_per_tensor_scale_ignores_rows_past_the_counts() -> None:
+    """Rows at or past an expert's count are no input: 1000x values there must not move the per-tensor x scale."""
+    from kernels.quant_gemm import ExpertsQuant
+
+    x, counts, w13, w2 = _blown_up_past_counts(seed=14, n=64)
     found, quant = _quantized_experts("fp8_w8a8", "T", x[0], w13.to(DEV), w2.to(DEV))
     q = ExpertsQuant("fp8_w8a8", "T", found["w13_scale"], found["w2_scale"])
     got = bk.batched_experts(x, counts.to(DEV), found["w13"], found["w2"], quant=q).double().cpu()
     want = ref.batched_experts(x.cpu(), counts, None, None, quant=quant, compute_dtype=torch.float64,
                                out_dtype=torch.float64)
-    for i, c in enumerate(counts.tolist()):
-        err = (got[i, :c] - want[i, :c]).abs().max().item()
-        assert err <= 0.01 * want[i, :c].abs().max().item(), err
+    _check_rows_below_counts(got, want, counts)
 
 
 # ------------------------------------------------------------------------- torch._scaled_grouped_mm (fp8 rowwise)
@@ -528,24 +539,14 @@ def test_scaled_grouped_mm_batched_ignores_rows_past_the_counts(qf: str, fake_sc
                                                                  ) -> None:
     """Rows at or past an expert's count are no input: 1000x values there must not move a per-tensor scale (x's or
     the intermediate's); the harness's random rows past the counts look like the others, so judge it here."""
-    g = torch.Generator().manual_seed(15)
-    e, t, k_dim, n = 2, 8, 64, 32
-    x = torch.randn(e, t, k_dim, generator=g)
-    counts = torch.tensor([3, 5], dtype=torch.int32)
-    x[0, 3:] *= 1000
-    x[1, 5:] *= 1000
-    x = x.to(torch.bfloat16).to(DEV)
-    w13 = torch.randn(e, 2 * n, k_dim, generator=g) / 8
-    w2 = torch.randn(e, k_dim, n, generator=g) / 8
+    x, counts, w13, w2 = _blown_up_past_counts(seed=15, n=32)
     found, quant = _quantized_experts("fp8_w8a8", qf, x[0], w13.to(DEV), w2.to(DEV))
     got = gk.scaled_grouped_mm_batched_experts(x, counts.to(DEV), found["w13"], found["w2"], quant_format=qf,
                                                w13_scale=found["w13_scale"], w2_scale=found["w2_scale"])
     want = ref.batched_experts(x.cpu(), counts, None, None, quant=quant, compute_dtype=torch.float64,
                                out_dtype=torch.float64,
                                intermediate_rounding=ref.IntermediateRounding.GEMM1_AND_ACTIVATION_OUTPUT)
-    for i, c in enumerate(counts.tolist()):
-        err = (got[i, :c].double().cpu() - want[i, :c]).abs().max().item()
-        assert err <= 0.01 * want[i, :c].abs().max().item(), err
+    _check_rows_below_counts(got, want, counts)
     assert len(fake_scaled_grouped_mm) == 2
 
 

@@ -187,7 +187,7 @@ MUTANTS: tuple[Mutant, ...] = (
           "launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=False,"),),
         "swigluoai weights read as halves instead of interleaved", {"activation": ("swigluoai",)}),
     Mutant("experts-router-weight-twice", "triton-experts", _FE, (
-        P("w2_mode = 0 if apply_router_weight_on_input else 2", "w2_mode = 2"),),
+        P("weight_mode=0 if apply_router_weight_on_input else 2", "weight_mode=2"),),
         "router weight applied twice (on the input and on the output)", {"apply_weight_on_input": ("Y",)}),
     Mutant("experts-grid-full-blocks-only", "triton-experts", _FE, (
         P("max_blocks = triton.cdiv(numel, block_m) + min(num_local, numel)",
