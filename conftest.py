@@ -20,7 +20,7 @@ if os.environ.get("TRITON_INTERPRET") is None:
 
 import pytest
 
-from harness.profiles import register_profiles
+from harness.engine.profiles import register_profiles
 
 register_profiles()
 
@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def device_info(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    from harness.device import detect
+    from harness.core.device import detect
 
     return detect(request.config.getoption("--device"))
 
@@ -54,14 +54,14 @@ def device_info(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def unverifiable() -> set[str]:
     """Interpreter features that could not be made faithful (cells depending on them are not-verifiable)."""
-    from harness.interpreter import unverifiable_here
+    from harness.engine.interpreter import unverifiable_here
 
     return unverifiable_here()
 
 
 @pytest.fixture(scope="session")
 def result_store(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    from harness.results import ResultStore, new_run_id
+    from harness.store.results import ResultStore, new_run_id
 
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or new_run_id()
     store = ResultStore(request.config.getoption("--results-dir"), run_id=f"pytest-{run_id}",
@@ -71,12 +71,12 @@ def result_store(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def
 
 
 def selected_adapters(config: pytest.Config) -> list[str]:
-    from harness import adapters
+    from harness import registry
 
     wanted = config.getoption("--adapter")
     if wanted:
-        return [adapters.resolve(w).name for w in wanted]
-    return [a.name for a in adapters.all_adapters()]
+        return [registry.resolve(w).name for w in wanted]
+    return [a.name for a in registry.all_adapters()]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

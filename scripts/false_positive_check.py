@@ -31,7 +31,7 @@ def _setup() -> None:
 
         if not torch.cuda.is_available():
             os.environ["TRITON_INTERPRET"] = "1"
-    from harness.profiles import register_profiles
+    from harness.engine.profiles import register_profiles
 
     register_profiles()
 
@@ -40,8 +40,8 @@ def _search(adapter, device, unverifiable, seed_value: int):  # type: ignore[no-
     """One seeded ci-profile search; the first failing Result (stopping there), or None."""
     from hypothesis import Phase, given, seed, settings
 
-    from harness import runner
-    from harness import strategies as hs
+    from harness.engine import runner
+    from harness.engine import strategies as hs
 
     cells = hs.declared_cells(adapter, device)
     found: list = []
@@ -67,12 +67,12 @@ def _search(adapter, device, unverifiable, seed_value: int):  # type: ignore[no-
 
 def _adapter_seeds(name: str, seeds: int) -> tuple[str, int, int, list[str], float]:
     _setup()
-    from harness import adapters
-    from harness.device import detect
-    from harness.interpreter import unverifiable_here
+    from harness import registry
+    from harness.core.device import detect
+    from harness.engine.interpreter import unverifiable_here
 
     dev, unv = detect("auto"), unverifiable_here()
-    a = adapters.resolve(name)
+    a = registry.resolve(name)
     t0 = time.perf_counter()
     passed, problems = 0, []
     for s in range(seeds):
@@ -86,8 +86,8 @@ def _adapter_seeds(name: str, seeds: int) -> tuple[str, int, int, list[str], flo
 
 def _mutant_seeds(name: str, seeds: int) -> tuple[str, int, int, list[str], float]:
     _setup()
-    from harness.device import detect
-    from harness.interpreter import unverifiable_here
+    from harness.core.device import detect
+    from harness.engine.interpreter import unverifiable_here
     from tests.mutants.build import build
     from tests.mutants.catalog import MUTANTS
 
@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         names = args.adapter or [m.name for m in MUTANTS]
         work, label = _mutant_seeds, "caught"
     else:
-        from harness import adapters
-        from harness.device import detect
+        from harness import registry
+        from harness.core.device import detect
 
         dev = detect("auto")
-        names = args.adapter or [a.name for a in adapters.all_adapters()
+        names = args.adapter or [a.name for a in registry.all_adapters()
                                  if a.source.startswith("kernels.") and not a.test_aid
                                  and dev.generation in a.generations]
         work, label = _adapter_seeds, "passed"

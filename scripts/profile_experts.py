@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.bench import SHAPES
-from harness.benchmarks.experts import _inputs, _weights
+from harness.commands.bench import SHAPES
+from harness.commands.bench.experts import _inputs, _weights
 from kernels.fused_experts import fused_experts
 
 

@@ -2,7 +2,7 @@
 
 For every (shape, M) of `harness/benchmarks/experts.py`: the candidate BLOCK_M values for its rows per expert, and
 for each, a list of GEMM1 tiles (timed with that BLOCK_M's default GEMM2 tile), then GEMM2 tiles (with the best
-GEMM1 tile). Times are CUDA-graph replays (`harness.bench.do_bench_graph`). The default (`choose_config`) is timed
+GEMM1 tile). Times are CUDA-graph replays (`harness.commands.bench`). The default (`choose_config`) is timed
 too, so each line says what the heuristic leaves on the table. Compiles run first, in a pool of processes, on a
 small problem with the same specialization (the GEMM kernel does not specialize on M or the routing).
 
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from harness.bench import SHAPES, do_bench_graph
-from harness.benchmarks.experts import M_VALUES, _inputs, _weights
+from harness.commands.bench import SHAPES, do_bench_graph
+from harness.commands.bench.experts import M_VALUES, _inputs, _weights
 from kernels.fused_experts import _GATED_TILES, _PLAIN_TILES, Config, choose_config, fused_experts
 
 # (block_n, block_k, num_warps, num_stages); gated GEMM1 holds two block_n-wide accumulators

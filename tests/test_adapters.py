@@ -15,10 +15,11 @@ import zlib
 import pytest
 from hypothesis import example, given, seed, settings
 
-from harness import adapters, ops, runner
-from harness import strategies as hs
-from harness.case import Case
-from harness.results import Result
+from harness import ops, registry
+from harness.core.case import Case
+from harness.engine import runner
+from harness.engine import strategies as hs
+from harness.store.results import Result
 
 #: Pinned regressions (run first, every time, as hypothesis @example): cases that once failed, by adapter.
 REGRESSIONS: dict[str, list[Case]] = {
@@ -43,7 +44,7 @@ def _explain(r: Result) -> str:
 
 
 def test_declared_cases_pass(adapter_name, shard, device_info, result_store, unverifiable) -> None:  # type: ignore[no-untyped-def]
-    adapter = adapters.resolve(adapter_name)
+    adapter = registry.resolve(adapter_name)
     cells = hs.declared_cells(adapter, device_info)
     if not cells:
         pytest.skip(f"{adapter_name} declares no cell on {device_info.generation} (reported as unsupported)")
@@ -72,7 +73,7 @@ def _normalized(text: str) -> str:
 
 
 def test_undeclared_cells_rejected_cleanly(adapter_name, device_info, result_store) -> None:  # type: ignore[no-untyped-def]
-    adapter = adapters.resolve(adapter_name)
+    adapter = registry.resolve(adapter_name)
     spec = ops.get(adapter.op)
     cells = hs.undeclared_cells(adapter, device_info)
     if device_info.generation not in adapter.generations:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import adapters, runner
+from harness import registry
 from harness.cli import main
-from harness.results import ResultStore, load_results
+from harness.engine import runner
+from harness.store.results import ResultStore, load_results
 from tests import test_adapters as generic
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "my_kernel"
@@ -21,7 +22,7 @@ SPEC = "my_moe_kernel.harness_adapter:ADAPTER"
 @pytest.fixture
 def example_on_path(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.syspath_prepend(str(EXAMPLE))  # as `pip install -e examples/my_kernel` would
-    return adapters.resolve(SPEC)
+    return registry.resolve(SPEC)
 
 
 def test_generic_tests_pass_on_the_example(example_on_path, device_info, unverifiable, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -63,7 +64,7 @@ def test_entry_point_of_the_example_resolves(example_on_path) -> None:  # type: 
     import tomllib
 
     project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
-    entry_points = project["entry-points"][adapters.ENTRY_POINT_GROUP]
+    entry_points = project["entry-points"][registry.ENTRY_POINT_GROUP]
     assert entry_points == {"my-silu-mul": SPEC}
     for name, target in entry_points.items():
-        assert adapters.resolve(target).name == name
+        assert registry.resolve(target).name == name

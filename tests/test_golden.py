@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness import golden
+from harness.commands import golden
 
 CASES = sorted(golden.cases())
 

@@ -51,15 +51,15 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness import inputs as gen
-from harness.adapters import Adapter
-from harness.case import Case
-from harness.compare import Comparison, bits
-from harness.errors import elementwise_bound, unit_roundoff
+from harness.core import inputs as gen
+from harness.core.case import Case
+from harness.core.compare import Comparison, bits
+from harness.core.errors import elementwise_bound, unit_roundoff
+from harness.core.sizes import boundary_sizes, scale
 from harness.ops import activation as act_op
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim, row_subset
-from harness.strategies import boundary_sizes, scale
+from harness.registry import Adapter
 from reference import activations as ref
 from reference.quant import QuantRecipe, logical_scales, quantize
 from reference.scales import ScaleLayout, compute_scale, to_layout, unpack_ue8m0

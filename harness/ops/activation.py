@@ -12,13 +12,13 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness import inputs as gen
-from harness.adapters import Adapter
-from harness.case import Case
-from harness.errors import elementwise_bound
+from harness.core import inputs as gen
+from harness.core.case import Case
+from harness.core.errors import elementwise_bound
+from harness.core.sizes import boundary_sizes
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim
-from harness.strategies import boundary_sizes
+from harness.registry import Adapter
 from reference import activations as ref
 
 DTYPES = ("bfloat16", "float16", "float32")

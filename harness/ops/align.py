@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness import inputs as gen
-from harness.adapters import Adapter
-from harness.case import Case
+from harness.core import inputs as gen
+from harness.core.case import Case
+from harness.core.sizes import boundary_sizes, local_experts, num_experts, top_k
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim
-from harness.strategies import boundary_sizes, local_experts, num_experts, top_k
+from harness.registry import Adapter
 from reference import permute as ref
 
 AXES = (

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.compare import Comparison
+from harness.core.compare import Comparison
 
 if TYPE_CHECKING:
     from hypothesis.strategies import DrawFn
 
-    from harness.adapters import Adapter
-    from harness.case import Case
+    from harness.core.case import Case
+    from harness.registry import Adapter
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from harness.adapters import Adapter
-from harness.compare import Comparison
-from harness.strategies import limit, scale
+from harness.core.compare import Comparison
+from harness.core.sizes import limit, scale
+from harness.registry import Adapter
 
 #: Default size limits per scale (an adapter's `limits` override them).
 DEFAULT_LIMITS: dict[str, dict[str, int]] = {

@@ -1,6 +1,6 @@
 """Op spec `experts`: end-to-end fused experts, standard (sorted-token) and batched formats (SEMANTICS.md 6).
 
-Judged `bounded` with the error model of harness.errors, propagated through the layer:
+Judged `bounded` with the error model of harness.core.errors, propagated through the layer:
   GEMM1   e_h = C_DOT * u_acc * sqrt(K) * (|x| . |W13|)            (+ u_in * |h| if h is stored rounded)
   act     e_a = |d act/d gate| e_h_gate + |d act/d up| e_h_up + u_inter * |a| + fp32 ulps * |a|
   GEMM2   e_y = C_DOT * u_acc * sqrt(N) * (|a| . |W2|) + (e_a . |W2|)
@@ -17,15 +17,15 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness import inputs as gen
-from harness.adapters import Adapter
-from harness.case import Case
-from harness.errors import C_DOT, C_OUT, FP8_MMA_REL, UNIT_ROUNDOFF, rounding_bracket, unit_roundoff
+from harness.core import inputs as gen
+from harness.core.case import Case
+from harness.core.errors import C_DOT, C_OUT, FP8_MMA_REL, UNIT_ROUNDOFF, rounding_bracket, unit_roundoff
+from harness.core.sizes import boundary_sizes, limit, local_experts, num_experts, top_k
 from harness.ops import experts_quant as xq
 from harness.ops.activation import operand_magnitude, oracle_kwargs
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
-from harness.strategies import boundary_sizes, limit, local_experts, num_experts, top_k
+from harness.registry import Adapter
 from reference import activations as acts
 from reference import experts as ref
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from harness.case import Case
+from harness.core.case import Case
 from reference import experts as ref
 from reference.quant import QuantDtype, QuantizedTensor, QuantRecipe, QuantUnit, dequantize, quantize
 from reference.scales import compute_scale

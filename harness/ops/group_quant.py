@@ -37,13 +37,13 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness import inputs as gen
-from harness.adapters import Adapter, Unsupported
-from harness.case import Case
-from harness.compare import compare_exact
+from harness.core import inputs as gen
+from harness.core.case import Case
+from harness.core.compare import compare_exact
+from harness.core.sizes import boundary_sizes
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim, row_subset
-from harness.strategies import boundary_sizes
+from harness.registry import Adapter, Unsupported
 from reference import formats
 from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize
 from reference.scales import ScaleLayout, from_layout, ue8m0_round_up

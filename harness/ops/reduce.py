@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness import inputs as gen
-from harness.adapters import Adapter
-from harness.case import Case
-from harness.errors import C_DOT, UNIT_ROUNDOFF, unit_roundoff
+from harness.core import inputs as gen
+from harness.core.case import Case
+from harness.core.errors import C_DOT, UNIT_ROUNDOFF, unit_roundoff
+from harness.core.sizes import boundary_sizes, local_experts, num_experts, top_k
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
-from harness.strategies import boundary_sizes, local_experts, num_experts, top_k
+from harness.registry import Adapter
 from reference import reduce as ref
 
 AXES = (

@@ -15,14 +15,14 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness import inputs as gen
-from harness.adapters import Adapter
-from harness.case import Case
-from harness.compare import compare_bounded
-from harness.errors import UNIT_ROUNDOFF
+from harness.core import inputs as gen
+from harness.core.case import Case
+from harness.core.compare import compare_bounded
+from harness.core.errors import UNIT_ROUNDOFF
+from harness.core.sizes import boundary_sizes, num_experts, top_k
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim, rows_where, yes
-from harness.strategies import boundary_sizes, num_experts, top_k
+from harness.registry import Adapter
 from reference import routing as ref
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")

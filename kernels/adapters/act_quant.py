@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import torch
 
-from harness.adapters import Adapter, Unsupported, register
-from harness.case import Case
+from harness.core.case import Case
+from harness.registry import Adapter, Unsupported, register
 from kernels import act_quant as kern
 from kernels.activation import GATED, PARAMS
 from kernels.adapters import activation as activation_adapter

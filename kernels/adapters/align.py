@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters import Adapter, Unsupported, register
-from harness.case import Case
+from harness.core.case import Case
+from harness.registry import Adapter, Unsupported, register
 from kernels import align as kernel
 
 BLOCK_SIZES = ("16", "32", "64", "128")

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 
 import torch
 
-from harness.adapters import Adapter, Unsupported, register
-from harness.case import Case
-from harness.device import DeviceInfo
+from harness.core.case import Case
+from harness.core.device import DeviceInfo
+from harness.registry import Adapter, Unsupported, register
 from kernels import batched_experts as bk
 from kernels import fused_experts as fk
 from kernels import naive_batched as nk
@@ -83,7 +83,7 @@ SCALED_GROUPED_MM = {"format": ("standard", "batched"), "quant_type": ("fp8_w8a8
 #: reduce in fp32; activations quantized by the Triton path's recipe (kernels.quant_gemm.quantize_activation)
 #: the CUTLASS fp8 kernel (use_fast_accum=False) promotes its tensor-core partial sums to fp32 only every few MMAs:
 #: measured on an H200, its outputs are not those of an fp32 accumulation of the same codes near bf16 rounding
-#: boundaries, so it declares that precision (harness.errors.FP8_MMA_REL)
+#: boundaries, so it declares that precision (harness.core.errors.FP8_MMA_REL)
 SCALED_GROUPED_MM_CONVENTIONS = {**GROUPED_MM_CONVENTIONS, "matmul_precision": "fp8_mma_promoted",
                                  "act_quant": dict(TRITON_QUANT_CONVENTIONS["act_quant"])}
 

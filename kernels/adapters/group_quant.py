@@ -16,10 +16,10 @@ from collections.abc import Mapping
 
 import torch
 
-from harness.adapters import Adapter, Unsupported, register
-from harness.case import Case
-from harness.device import DeviceInfo
+from harness.core.case import Case
+from harness.core.device import DeviceInfo
 from harness.ops.group_quant import AXES
+from harness.registry import Adapter, Unsupported, register
 from kernels.group_quant import group_quant
 
 SUPPORT: dict[str, tuple[str, ...]] = {a.name: a.values for a in AXES}

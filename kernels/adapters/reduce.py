@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 import torch
 
-from harness.adapters import Adapter, Unsupported, register
-from harness.case import Case
-from harness.device import DeviceInfo
+from harness.core.case import Case
+from harness.core.device import DeviceInfo
+from harness.registry import Adapter, Unsupported, register
 from kernels import reduce as kernel
 
 SUPPORT = {

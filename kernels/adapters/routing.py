@@ -13,10 +13,10 @@ from collections.abc import Mapping
 
 import torch
 
-from harness.adapters import Adapter, Unsupported, register
-from harness.case import Case
-from harness.device import GENERATIONS, DeviceInfo
+from harness.core.case import Case
+from harness.core.device import GENERATIONS, DeviceInfo
 from harness.ops.routing import GROUPED_AXES, ROUTING_AXES
+from harness.registry import Adapter, Unsupported, register
 from kernels import routing as kr
 
 _SOURCE = "kernels.routing"

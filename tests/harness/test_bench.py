@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.bench import BenchCase, exit_code, run_cases
+from harness.commands.bench import BenchCase, exit_code, run_cases
 
 
 def _boom() -> None:

@@ -13,15 +13,15 @@ import subprocess
 
 import pytest
 
-from harness.bisect import BisectError, bisect
-from harness.case import Case
 from harness.cli import main
-from harness.replay import CASE_FILE_KIND
+from harness.commands.bisect import BisectError, bisect
+from harness.core.case import Case
+from harness.store.casefiles import CASE_FILE_KIND
 
 ADAPTER = '''\
 import torch
 
-from harness.adapters import Adapter
+from harness.registry import Adapter
 
 
 def run(case, inputs, outputs):

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from harness.case import Case
-from harness.compare import compare_bounded, compare_codes, compare_exact, compare_set
-from harness.results import Result, ResultsFileError, ResultStore, load_results
+from harness.core.case import Case
+from harness.core.compare import compare_bounded, compare_codes, compare_exact, compare_set
+from harness.store.results import Result, ResultsFileError, ResultStore, load_results
 
 CASE = Case(op="experts", adapter="a", features={"activation": "silu"}, shapes={"M": 3, "K": 8}, seed=5,
             dtypes={"x": "bfloat16"}, params={"local_experts": 2, "scale": 2.5}, layout={"non_contiguous": True})
@@ -104,7 +104,7 @@ def test_bounded_reports_margin_and_fails_nan() -> None:
 
 
 def test_commit_override_for_copied_trees(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from harness.device import git_state
+    from harness.core.device import git_state
 
     monkeypatch.setenv("MOE_HARNESS_COMMIT", "0123abc+dirty")
     assert git_state() == ("0123abc", True)

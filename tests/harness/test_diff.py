@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from harness.case import Case
 from harness.cli import main
-from harness.diff import diff, load_side, to_markdown
-from harness.results import Result, ResultStore
+from harness.commands.diff import diff, load_side, to_markdown
+from harness.core.case import Case
+from harness.store.results import Result, ResultStore
 
 
 def _r(adapter: str, act: str, dtype: str, seed: int, verdict: str, gen: str, t: float = 1.0) -> Result:

@@ -7,10 +7,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from harness import adapters, ops, runner
-from harness.adapters import Adapter
-from harness.case import Case
-from harness.device import detect
+from harness import ops, registry
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.engine import runner
+from harness.registry import Adapter
 
 DEV = detect("cpu")
 
@@ -20,7 +21,7 @@ def _case(op: str, name: str, features: dict[str, str], fields: dict) -> Case:
 
 
 def _wrong(base: str, name: str, run: Callable, **kw) -> Adapter:  # type: ignore[type-arg]
-    ref = adapters.resolve(base)
+    ref = registry.resolve(base)
     return Adapter(name=name, op=ref.op, source="tests", run=run, support=ref.support,
                    requires=ref.requires, conventions=kw.pop("conventions", ref.conventions), **kw)
 
@@ -36,7 +37,7 @@ RED_FIELDS = {"shapes": {"M": 17, "E": 8, "k": 4, "K": 64}, "dtypes": {"expert_o
 
 
 def _reference_run(base: str) -> Callable:  # type: ignore[type-arg]
-    return adapters.resolve(base).run
+    return registry.resolve(base).run
 
 
 def _judge(adapter: Adapter, cell: dict, fields: dict):  # type: ignore[no-untyped-def]
@@ -140,7 +141,7 @@ def test_exception_in_declared_cell_is_an_error_with_the_message() -> None:
 
 
 def test_exception_in_undeclared_cell_is_unsupported() -> None:
-    ref = adapters.resolve("reference-activation")
+    ref = registry.resolve("reference-activation")
     narrow = Adapter(name="narrow", op="activation", source="tests", run=raises,
                      support={**ref.support, "dtype": ("float32",)})
     r = _judge(narrow, ACT_CELL, ACT_FIELDS)
@@ -151,7 +152,7 @@ def test_correct_reference_passes_the_same_cases() -> None:
     for base, cell, fields in (("reference-activation", ACT_CELL, ACT_FIELDS),
                                ("reference-experts", EXP_CELL, EXP_FIELDS),
                                ("reference-reduce", RED_CELL, RED_FIELDS)):
-        r = _judge(adapters.resolve(base), cell, fields)
+        r = _judge(registry.resolve(base), cell, fields)
         assert r.verdict == "pass", r.reason
 
 
@@ -159,7 +160,7 @@ def test_every_op_spec_has_axes_and_boundary_cases() -> None:
     for op in ops.available():
         spec = ops.get(op)
         assert spec.axes and all(a.values for a in spec.axes)
-        for a in adapters.all_adapters(op):
+        for a in registry.all_adapters(op):
             for cell in spec.all_cells()[:3]:
                 assert spec.boundary(a, cell), f"{op}: no boundary case for {cell}"
 

@@ -1,4 +1,4 @@
-"""harness.interpreter: each interpreter fix checked with a tiny Triton kernel against torch.
+"""harness.engine.interpreter: each interpreter fix checked with a tiny Triton kernel against torch.
 
 On CPU the kernels run in Triton's interpreter (the root conftest sets TRITON_INTERPRET=1); on a GPU the same
 kernels are compiled and checked against the same expectations, so the expectations are sm_90 hardware numerics.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.interpreter import FidelityReport, install, unverifiable_features
+from harness.engine.interpreter import FidelityReport, install, unverifiable_features
 
 REPORT = install()  # before any kernel runs
 
@@ -95,7 +95,7 @@ def test_unknown_version_patches_nothing_and_reports_unfixed() -> None:
     code = textwrap.dedent(
         """
         import torch, triton, triton.language as tl
-        from harness.interpreter import install, unverifiable_features
+        from harness.engine.interpreter import install, unverifiable_features
         rep = install(triton_version="0.0.1")
         assert not rep.verified and all(i.status == "unfixed" for i in rep.issues), rep.as_table()
         assert {"bf16_dot", "fp8_cast", "libdevice_erf", "autotune"} <= unverifiable_features(rep)
@@ -119,7 +119,7 @@ def test_unknown_version_patches_nothing_and_reports_unfixed() -> None:
 def test_report_table_and_unverifiable_from_unfixed() -> None:
     rep = FidelityReport("x", True, False, [i for i in REPORT.issues])
     assert "triton x" in rep.as_table()
-    from harness.interpreter import IssueStatus
+    from harness.engine.interpreter import IssueStatus
 
     issue = IssueStatus("a", "unfixed", "d", frozenset({"f1", "f2"}))
     ok = IssueStatus("b", "fixed", "d", frozenset({"f3"}))

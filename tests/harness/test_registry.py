@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from harness import adapters
-from harness.device import detect
+from harness import registry
+from harness.core.device import detect
 
 # a module-level adapter, resolvable as "tests.harness.test_registry:EXTERNAL"
-EXTERNAL = adapters.Adapter(name="external-example", op="activation", source="tests",
-                            run=adapters.resolve("reference-activation").run,
+EXTERNAL = registry.Adapter(name="external-example", op="activation", source="tests",
+                            run=registry.resolve("reference-activation").run,
                             support={"activation": ("silu_and_mul",), "dtype": ("float32",)})
 
 
 def test_resolve_module_object_registers_the_adapter() -> None:
-    a = adapters.resolve("tests.harness.test_registry:EXTERNAL")
-    assert a is EXTERNAL and adapters.resolve("external-example") is EXTERNAL
+    a = registry.resolve("tests.harness.test_registry:EXTERNAL")
+    assert a is EXTERNAL and registry.resolve("external-example") is EXTERNAL
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -26,7 +26,7 @@ def test_resolve_module_object_registers_the_adapter() -> None:
 ])
 def test_bad_adapter_specs_get_clear_errors(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        adapters.resolve(spec)
+        registry.resolve(spec)
 
 
 def test_declares_names_the_undeclared_feature() -> None:
@@ -37,6 +37,6 @@ def test_declares_names_the_undeclared_feature() -> None:
 
 def test_adapter_validates_its_declaration() -> None:
     with pytest.raises(ValueError, match="op must be one of"):
-        adapters.Adapter(name="x", op="gemm", source="", run=EXTERNAL.run, support={})
+        registry.Adapter(name="x", op="gemm", source="", run=EXTERNAL.run, support={})
     with pytest.raises(ValueError, match="unknown generation"):
-        adapters.Adapter(name="x", op="reduce", source="", run=EXTERNAL.run, support={}, generations=("sm75x",))
+        registry.Adapter(name="x", op="reduce", source="", run=EXTERNAL.run, support={}, generations=("sm75x",))

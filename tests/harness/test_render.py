@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from harness import cli
-from harness.render import build, render_files, to_markdown
-from harness.results import load_meta, load_results
+from harness.store.render import build, render_files, to_markdown
+from harness.store.results import load_meta, load_results
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RESULTS = FIXTURES / "matrix_results.jsonl"
@@ -68,7 +68,7 @@ def test_cli_renders_from_files_with_json_and_case_files(tmp_path: Path) -> None
 
 
 def test_a_fresh_sweep_merges_the_committed_results_of_other_generations(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from harness.cli import committed_other_generations
+    from harness.commands.matrix import committed_other_generations
 
     for rel in ("interp/matrix-interp-1-a-main.jsonl", "sm90/matrix/matrix-sm90-2-b-w1.jsonl",
                 "sm100/matrix-sm100-3-c-w2.jsonl", "local/matrix-sm90-4-d-w3.jsonl", "sm90/pytest/pytest-x.jsonl"):
@@ -84,7 +84,7 @@ def test_a_fresh_sweep_merges_the_committed_results_of_other_generations(tmp_pat
 def test_selection_names_the_adapters_swept_in_full_next_to_a_pairwise_run() -> None:
     """A quick (pairwise) sweep merged with a full sweep of some adapters of the same op: the provenance must not
     read as if every adapter of the op had only the pairwise cells."""
-    from harness.render import _selection_text
+    from harness.store.render import _selection_text
 
     sel = {"quick-kernel": {"selection": "pairwise", "cells": 58, "cells_total": 2640},
            "full-kernel": {"selection": "all", "cells": 2640, "cells_total": 2640}}

@@ -14,24 +14,15 @@ import time
 
 import pytest
 
-from harness import adapters, runner
-from harness.adapters import Adapter
-from harness.case import Case
+from harness import registry
 from harness.cli import main
-from harness.device import detect
-from harness.replay import (
-    CASE_FILE_KIND,
-    EXIT_BAD_FILE,
-    EXIT_FAIL,
-    EXIT_PASS,
-    EXIT_UNTESTABLE,
-    exit_code_for,
-    parse_case_file,
-    read_case_file,
-    replay,
-    write_case_file,
-)
-from harness.results import ResultStore
+from harness.commands.replay import EXIT_BAD_FILE, EXIT_FAIL, EXIT_PASS, EXIT_UNTESTABLE, exit_code_for, replay
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.engine import runner
+from harness.registry import Adapter
+from harness.store.casefiles import CASE_FILE_KIND, parse_case_file, read_case_file, write_case_file
+from harness.store.results import ResultStore
 
 CELL = {"activation": "silu_and_mul", "dtype": "float32"}
 SUPPORT = {"activation": ("silu_and_mul",), "dtype": ("float32",)}
@@ -39,7 +30,7 @@ HERE = "tests.harness.test_replay"
 
 
 def _reference(case, inputs, outputs):  # type: ignore[no-untyped-def]
-    adapters.resolve("reference-activation").run(case, inputs, outputs)
+    registry.resolve("reference-activation").run(case, inputs, outputs)
 
 
 def _off_by_one(case, inputs, outputs):  # type: ignore[no-untyped-def]
@@ -76,8 +67,8 @@ def _case_file(tmp_path, adapter: Adapter, obj: str) -> str:  # type: ignore[no-
 
 
 def test_failure_writes_a_case_file_and_replay_reproduces_it(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    adapters.register(WRONG, replace=True)
-    adapters.register(PASSING, replace=True)
+    registry.register(WRONG, replace=True)
+    registry.register(PASSING, replace=True)
     dev = detect("cpu")
     bad, good = runner.judge(_case(WRONG), WRONG, dev), runner.judge(_case(PASSING), PASSING, dev)
     assert (bad.verdict, good.verdict) == ("fail", "pass")
@@ -137,7 +128,7 @@ def test_older_case_formats_are_read(tmp_path) -> None:  # type: ignore[no-untyp
     case = _case(PASSING)
     bare = tmp_path / "bare.json"
     bare.write_text(case.to_json())
-    rendered = tmp_path / "rendered.json"  # harness.render's SUPPORT_MATRIX.cases files
+    rendered = tmp_path / "rendered.json"  # harness.store.render's SUPPORT_MATRIX.cases files
     rendered.write_text(json.dumps({"case": case.to_dict(), "generation": "sm90", "verdict": "fail"}))
     assert read_case_file(bare).adapter_specs == ["replay-passing"]
     cf = read_case_file(rendered)

@@ -20,17 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import adapters, cli, runner
-from harness.adapters import Adapter
-from harness.case import Case
-from harness.device import detect
-from harness.results import load_results
+from harness import cli, registry
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.engine import runner
+from harness.registry import Adapter
+from harness.store.results import load_results
 
 DEV = detect("cpu")
 ROOT = Path(__file__).resolve().parents[2]
 CELL = {"activation": "silu_and_mul", "dtype": "float32"}
 FIELDS = {"shapes": {"T": 9, "N": 33}, "dtypes": {"x": "float32"}}
-_reference = adapters.resolve("reference-activation")
+_reference = registry.resolve("reference-activation")
 
 
 def _like(name: str, run) -> Adapter:  # type: ignore[no-untyped-def]

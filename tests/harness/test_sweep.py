@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import adapters, ops, sweep
-from harness.device import detect
-from harness.results import load_meta, load_results
+from harness import ops, registry, sweep
+from harness.core.device import detect
+from harness.store.results import load_meta, load_results
 
 FAKE = "tests.harness.fixtures.fake_adapters:FAULTY"
 
@@ -35,14 +35,14 @@ def test_pairwise_cover_covers_every_pair_that_occurs() -> None:
     assert len(sweep.pairwise_cover([("only",), ("one",)])) == 2  # one axis: every value
 
 
-def _narrow_experts() -> adapters.Adapter:
+def _narrow_experts() -> registry.Adapter:
     """Declares the first value of every experts axis, two activations and both expert maps."""
     spec = ops.get("experts")
     support = {a.name: a.values[:1] for a in spec.axes}
     support["activation"] = spec.axes[spec.axis_names().index("activation")].values[:2]
     support["expert_map"] = ("N", "Y")
-    return adapters.Adapter(name="narrow-experts", op="experts", source="tests", support=support,
-                            run=adapters.resolve("reference-experts").run)
+    return registry.Adapter(name="narrow-experts", op="experts", source="tests", support=support,
+                            run=registry.resolve("reference-experts").run)
 
 
 def test_quick_plan_is_pairwise_over_declared_cells_first_and_full_is_the_product() -> None:
@@ -70,7 +70,7 @@ def test_quick_plan_is_pairwise_over_declared_cells_first_and_full_is_the_produc
 def test_fault_isolation_marks_the_faulty_cases_and_loses_nothing(tmp_path: Path) -> None:
     from tests.harness.fixtures import fake_adapters
 
-    faulty = adapters.resolve(FAKE)
+    faulty = registry.resolve(FAKE)
     planned = sweep.plan(faulty, "quick").cases
     faults = fake_adapters.faulty_cases()
     assert sorted(faults.values()) == ["exit", "hang", "raise", "signal"]
@@ -112,7 +112,7 @@ def test_a_truncated_last_line_is_skipped(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("profile", ["quick"])
 def test_every_registered_adapter_has_a_plan(profile: str) -> None:
-    for a in adapters.all_adapters():
+    for a in registry.all_adapters():
         try:
             ops.get(a.op)
         except ValueError:
@@ -123,7 +123,7 @@ def test_every_registered_adapter_has_a_plan(profile: str) -> None:
 
 def test_resume_finishes_an_interrupted_run_without_judging_twice(tmp_path: Path) -> None:
     name = "reference-activation"
-    planned = sweep.plan(adapters.resolve(name), "quick").cases
+    planned = sweep.plan(registry.resolve(name), "quick").cases
     sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=None)
     # an interrupted run: keep the verdicts of the first half only
     [worker_file] = list(tmp_path.glob("r-w*.jsonl"))

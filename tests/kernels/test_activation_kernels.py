@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import adapters, runner
-from harness.case import Case
-from harness.errors import elementwise_bound
+from harness import registry
+from harness.core.case import Case
+from harness.core.errors import elementwise_bound
+from harness.engine import runner
 from harness.ops import act_quant as aq_op
 from harness.ops import activation as act_op
 from kernels import act_quant as aq
@@ -26,7 +27,7 @@ AQ = "triton-act-quant"
 
 
 def _judge(adapter: str, device_info, unverifiable, **fields) -> None:  # type: ignore[no-untyped-def]
-    a = adapters.resolve(adapter)
+    a = registry.resolve(adapter)
     case = Case(op=a.op, adapter=a.name, **fields)
     r = runner.judge(case, a, device_info, unverifiable=unverifiable)
     assert r.verdict in ("pass", "not-verifiable"), f"{r.verdict}: {r.reason}\n{case.to_json()}"
@@ -155,10 +156,10 @@ def test_launcher_errors_name_the_argument(fn, args, kwargs, words) -> None:  # 
 
 
 def test_undeclared_cell_rejected_by_name() -> None:
-    a = adapters.resolve(AQ)
+    a = registry.resolve(AQ)
     case = Case(op="act_quant", adapter=AQ, **_aq_fields("silu_and_mul", "float32", 128, "float", "packed_ue8m0",
                                                          None, 2, 1))
-    with pytest.raises(adapters.Unsupported, match="packed_ue8m0"):
+    with pytest.raises(registry.Unsupported, match="packed_ue8m0"):
         a.run(case, {"x": torch.zeros(2, 256)}, {})
 
 
@@ -171,7 +172,7 @@ def test_all_zero_groups_use_eps(rule, device_info, unverifiable) -> None:  # ty
     x[1] = 0.0  # whole row: both groups
     x[2, :128] = 0.0  # gate of group 0 only: silu(0) * up = 0
     codes, scales = aq.act_quant(x.to(device_info.device), scale_rule=rule)
-    checks = aq_op.expected(case, {"x": x}, adapters.resolve(AQ).conventions)
+    checks = aq_op.expected(case, {"x": x}, registry.resolve(AQ).conventions)
     outs = {"codes": codes.cpu(), "scales": scales.cpu()}
     for chk in checks:
         verdict = chk.judge(outs[chk.name], outs)

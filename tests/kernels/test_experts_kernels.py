@@ -19,10 +19,11 @@ import dataclasses
 import pytest
 import torch
 
-from harness import adapters, runner
-from harness.case import Case
-from harness.device import detect
-from harness.interpreter import unverifiable_here
+from harness import registry
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.engine import runner
+from harness.engine.interpreter import unverifiable_here
 from reference import experts as ref
 from reference import permute
 
@@ -38,7 +39,7 @@ _BASE = {"format": "standard", "quant_type": "none", "quant_format": "-", "activ
          "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
 
 
-def _judge(adapter: adapters.Adapter, seed: int = 0, routing: str = "random", params: dict | None = None,
+def _judge(adapter: registry.Adapter, seed: int = 0, routing: str = "random", params: dict | None = None,
            **kw) -> None:
     features = {**_BASE, **kw.pop("features", {})}
     shapes = kw.pop("shapes")
@@ -514,7 +515,7 @@ def test_scaled_grouped_mm_strategies_respect_the_alignment() -> None:
     from hypothesis import given, settings
 
     from harness import ops
-    from harness import strategies as hs
+    from harness.engine import strategies as hs
 
     a = ea.SCALED_GROUPED_MM_ADAPTER
     spec = ops.get("experts")
@@ -558,7 +559,7 @@ def test_intermediate_offsets_beyond_int32() -> None:
     """M*k*N > 2**31: intermediate rows past element 2**31 are addressed with int64 offsets. Rows of tokens at
     the start and the end of the batch (whose slots sit beyond 2**31 elements) are judged by the op spec's oracle
     on the sub-problem of their experts."""
-    from harness.benchmarks.experts import verify_rows
+    from harness.commands.bench.experts import verify_rows
 
     if torch.cuda.get_device_properties(0).total_memory < _BIG_GIB << 30:
         pytest.skip(f"needs {_BIG_GIB} GiB of GPU memory")

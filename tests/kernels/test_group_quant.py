@@ -10,12 +10,12 @@ import torch
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from harness import runner  # noqa: E402
-from harness.adapters import Adapter  # noqa: E402
-from harness.case import Case  # noqa: E402
-from harness.device import detect  # noqa: E402
-from harness.interpreter import unverifiable_here  # noqa: E402
+from harness.core.case import Case  # noqa: E402
+from harness.core.device import detect  # noqa: E402
+from harness.engine import runner  # noqa: E402
+from harness.engine.interpreter import unverifiable_here  # noqa: E402
 from harness.ops import group_quant as spec  # noqa: E402
+from harness.registry import Adapter  # noqa: E402
 from kernels import group_quant as gq  # noqa: E402
 from reference.quant import QuantRecipe, quantize  # noqa: E402
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.errors import UNIT_ROUNDOFF
-from harness.interpreter import unverifiable_here
+from harness.core.errors import UNIT_ROUNDOFF
+from harness.engine.interpreter import unverifiable_here
 from kernels import reduce as kred
 from reference import reduce as ref
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import kernels.adapters.routing  # noqa: F401  (registers the adapters)
-from harness import adapters, runner
-from harness.case import Case
-from harness.device import detect
+from harness import registry
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.engine import runner
 from kernels import routing as kr
 from reference import routing as ref
 
@@ -27,7 +28,7 @@ def _judge(op: str, features: dict[str, str], m: int, e: int, k: int, routing: s
     adapter = "triton-routing" if op == "routing" else "triton-grouped-routing"
     case = Case(op=op, adapter=adapter, features=features, shapes={"M": m, "E": e, "k": k}, seed=7,
                 dtypes={"router_logits": features["logits_dtype"]}, routing=routing, params=params)
-    r = runner.judge(case, adapters.resolve(adapter), DEV)
+    r = runner.judge(case, registry.resolve(adapter), DEV)
     assert r.verdict == "pass", f"{r.verdict}: {r.reason}\n{case.to_json()}"
 
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from unittest import mock
 
-from harness import adapters
-from harness.adapters import Adapter
+from harness import registry
+from harness.registry import Adapter
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _adapter_module_of(base: Adapter) -> str:
 
 def build(m: Mutant) -> Adapter:
     """The mutant's adapter (not registered)."""
-    base = adapters.resolve(m.base)
+    base = registry.resolve(m.base)
     adapter_mod_name = _adapter_module_of(base)
     safe = m.name.replace("-", "_")
     src = patched_source(m)
@@ -93,7 +93,7 @@ def build(m: Mutant) -> Adapter:
         made.append(a)
         return a
 
-    with mock.patch.object(adapters, "register", capture):
+    with mock.patch.object(registry, "register", capture):
         amod = _load(f"mutants.{safe}.adapter", adapter_src, adapter_mod_name)
     if kernel_swap is not None:
         original, mutated = kernel_swap

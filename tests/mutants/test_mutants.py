@@ -15,9 +15,10 @@ import zlib
 import pytest
 from hypothesis import Phase, given, seed, settings
 
-from harness import ops, runner
-from harness import strategies as hs
-from harness.results import Result
+from harness import ops
+from harness.engine import runner
+from harness.engine import strategies as hs
+from harness.store.results import Result
 from tests.mutants.build import build, patched_source
 from tests.mutants.catalog import MUTANTS
 

@@ -1,1 +1,0 @@
-"""Benchmarks per op: each module `<op>.py` defines `cases(device, shapes) -> list[harness.bench.BenchCase]`."""

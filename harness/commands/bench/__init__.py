@@ -1,0 +1,233 @@
+"""`python -m harness bench --op OP`: timings on the GPU (never asserted in tests).
+
+Each op's benchmarks live in `harness/benchmarks/<op>.py`, which defines `cases(device, shapes) -> list[BenchCase]`.
+A `BenchCase` holds closures over pre-made inputs: our kernel, and the torch reference beside it. Times are the
+median of `triton.testing.do_bench` (warm-up, L2 flushed between repetitions); memory-bound stages are reported in
+GB/s against the copy bandwidth measured on the same device in the same run, compute-bound ones in TFLOP/s.
+Cases marked `graph` (the experts) report `kernel_us` from replays of a CUDA graph holding one call (the GPU time,
+as a serving engine's decode step runs it) and `eager_us` from Python calls (launch overhead included).
+
+`--op reference-experts` times the reference experts oracle at model shapes: it must be fast enough to be the oracle
+for real shapes (DeepSeek-V3-like M=4096, E=256, k=8, K=7168, N=512 in well under a second on one GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.core.device import prepare_interpreter
+
+SHAPES = {
+    "deepseek-v3": {"M": 4096, "E": 256, "k": 8, "K": 7168, "N": 512},
+    "mixtral-tp2": {"M": 4096, "E": 8, "k": 2, "K": 4096, "N": 7168},
+    "qwen3-30b-a3b": {"M": 4096, "E": 128, "k": 8, "K": 2048, "N": 768},
+}
+
+
+@dataclass
+class BenchCase:
+    """One timed configuration: `kernel()` and `reference()` run once each on inputs made beforehand.
+
+    bytes_moved: the minimum HBM traffic of the op (inputs read once + outputs written once), for GB/s.
+    flops: for compute-bound ops (0: not reported).
+    verified: whether the same process verified this kernel configuration (set by `verify`, if given).
+    """
+
+    name: str
+    adapter: str
+    kernel: Callable[[], Any]
+    reference: Callable[[], Any] | None = None
+    bytes_moved: int = 0
+    flops: int = 0
+    verify: Callable[[], str | None] | None = None  # None -> ok, else the reason it failed
+    #: time a CUDA graph of `kernel()` too (GPU time without Python launch overhead, as serving engines run
+    #: decode); `kernel` must then be capturable: no host synchronization
+    graph: bool = False
+    #: the roofline floor in seconds (0: not reported); the row gets "% of floor" = floor / time
+    floor_s: float = 0.0
+
+
+def do_bench(fn: Callable[[], Any], device: str) -> float:
+    """Median seconds of `fn` (triton's do_bench on CUDA; perf_counter loop elsewhere)."""
+    if device.startswith("cuda"):
+        from triton.testing import do_bench as _tb
+
+        return float(_tb(fn, warmup=25, rep=100, return_mode="median")) / 1e3
+    return _time(fn, device)
+
+
+def do_bench_graph(fn: Callable[[], Any], reps: int = 50) -> float:
+    """Median seconds of one replay of a CUDA graph that holds one call of `fn`, with L2 flushed before each
+    replay (as do_bench does): the GPU time of the kernels, without the Python launch overhead."""
+    fn()  # warm-up: JIT compiles, allocator growth
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in events)
+    return times[len(times) // 2] / 1e3
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (read + write counted), on a buffer far beyond L2."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    t = do_bench(lambda: dst.copy_(src), device)
+    return 2 * nbytes / t
+
+
+def _time(fn: Callable[[], Any], device: str, reps: int = 3) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_reference_experts(device: str, shapes: list[str], dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    from reference.experts import fused_experts
+
+    rows = []
+    for name in shapes:
+        s = SHAPES[name]
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(s["M"], s["K"], generator=g, device=device).to(dtype)
+        w13 = (torch.randn(s["E"], 2 * s["N"], s["K"], generator=g, device=device) / s["K"] ** 0.5).to(dtype)
+        w2 = (torch.randn(s["E"], s["K"], s["N"], generator=g, device=device) / s["N"] ** 0.5).to(dtype)
+        logits = torch.randn(s["M"], s["E"], generator=g, device=device)
+        w, ids = torch.topk(logits.softmax(-1), s["k"], dim=-1)
+        ids = ids.to(torch.int32)
+        for compute in (torch.float32,):
+            t = _time(lambda: fused_experts(x, w13, w2, w, ids, compute_dtype=compute), device)  # noqa: B023
+            flops = 2 * s["M"] * s["k"] * (2 * s["N"] * s["K"] + s["K"] * s["N"])
+            rows.append({"shape": name, **s, "compute": str(compute).removeprefix("torch."), "median_s": t,
+                         "tflops": flops / t / 1e12})
+    return rows
+
+
+def bench_ops() -> list[str]:
+    """Ops that have benchmarks (modules of harness/benchmarks)."""
+    import harness.commands.bench as pkg
+
+    return sorted(i.name for i in pkgutil.iter_modules(pkg.__path__))
+
+
+def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict]:
+    """Time every case; a case whose kernel raises is reported with its error, the others still run."""
+    bw = copy_bandwidth(device) if device.startswith("cuda") else 0.0
+    rows = []
+    for c in cases:
+        row: dict[str, Any] = {"case": c.name, "adapter": c.adapter}
+        try:
+            why = c.verify() if c.verify is not None else None
+            row["verified"] = "yes" if c.verify is not None and why is None else ("no: " + why if why else "not run")
+            t = do_bench(c.kernel, device)
+            if c.graph and device.startswith("cuda"):
+                row["eager_us"] = t * 1e6
+                try:
+                    t = do_bench_graph(c.kernel)
+                    row["timing"] = "graph"
+                except Exception as e:  # not capturable: the eager time stands, and the row says why
+                    row["timing"] = f"eager (no graph: {type(e).__name__})"
+            row["kernel_us"] = t * 1e6
+            if c.floor_s:
+                row["% of floor"] = 100 * c.floor_s / t
+            if c.bytes_moved:
+                row["GB/s"] = c.bytes_moved / t / 1e9
+                if bw:
+                    row["% of copy"] = 100 * c.bytes_moved / t / bw
+            if c.flops:
+                row["TFLOP/s"] = c.flops / t / 1e12
+            if c.reference is not None:
+                tr = do_bench(c.reference, device)
+                row["torch_ref_us"] = tr * 1e6
+                row["speedup"] = tr / t
+        except Exception as e:  # one failing kernel must not hide the rest
+            row["error"] = f"{type(e).__name__}: {e}"[:200]
+        rows.append(row)
+        if out is not None:
+            print(f"  {c.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in row.items() if k not in ("case",)), file=out, flush=True)
+    if bw:
+        rows.append({"case": "device copy bandwidth (measured)", "adapter": "-", "GB/s": bw / 1e9})
+    return rows
+
+
+def main_bench(op: str, device: str, shapes: list[str]) -> int:
+    import sys
+
+    from tabulate import tabulate
+
+    if op == "reference-experts":
+        rows = bench_reference_experts(device, shapes)
+        print(tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="github"))
+        return 0
+    known = bench_ops()
+    if op not in known:
+        print(f"error: unknown bench op {op!r}; available: reference-experts, {', '.join(known)}", file=sys.stderr)
+        return 2
+    if not device.startswith("cuda"):
+        print(f"note: timing on {device}: Triton kernels run in the interpreter here, numbers are not meaningful",
+              file=sys.stderr)
+    module = importlib.import_module(f"harness.commands.bench.{op}")
+    cases = module.cases(device, shapes)
+    rows = run_cases(cases, device, out=sys.stderr)
+    print(tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="github"))
+    return exit_code(rows)
+
+
+def exit_code(rows: list[dict]) -> int:
+    """1 when a timed kernel raised or failed its verification (unverified variants, e.g. CUDA-graph replays of a
+    verified configuration, do not count), else 0."""
+    return 1 if any("error" in r or str(r.get("verified", "")).startswith("no:") for r in rows) else 0
+
+
+# -- command line -------------------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> int:
+    prepare_interpreter(args.device)
+
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.op not in ("reference-experts",) and args.shape == []:
+        return main_bench(args.op, device, [])
+    unknown = [s for s in args.shape if s not in SHAPES]
+    if unknown:
+        print(f"error: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)
+        return 2
+    return main_bench(args.op, device, args.shape or ["deepseek-v3"])
+
+
+def add_parser(sub: Any) -> None:
+    """Add the command to the `python -m harness` subparsers."""
+    b = sub.add_parser("bench", help="time kernels (or the oracle) on this device")
+    b.add_argument("--op", required=True, help="what to time: an op (routing, group_quant, ...) or reference-experts")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--shape", action="append", default=[], help="model shape(s): deepseek-v3, mixtral-tp2, ...")
+    b.set_defaults(func=run)

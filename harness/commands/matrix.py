@@ -1,0 +1,137 @@
+"""`python -m harness matrix`: sweep the adapters on this device, record every verdict, render the support matrix
+(or, with --from, render recorded results without running anything)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from harness import __version__
+from harness.core.device import prepare_interpreter
+
+# -- command line -------------------------------------------------------------------------------------------------
+
+def _matrix_command(args: argparse.Namespace) -> str:
+    """The command line that regenerates the output (shown in the rendered header)."""
+    import shlex
+
+    words = ["python", "-m", "harness", "matrix"]
+    if args.sources:
+        words += ["--from", *args.sources]
+    else:
+        if args.device != "auto":
+            words += ["--device", args.device]
+        words += ["--profile", args.profile]
+        for a in args.adapter:
+            words += ["--adapter", a]
+    if args.out != "docs/SUPPORT_MATRIX.md":
+        words += ["--out", args.out]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    command = _matrix_command(args)
+    if args.sources:
+        from harness.store.render import render_files
+        from harness.store.results import ResultsFileError
+
+        try:
+            md_path, json_path, n = render_files(args.sources, args.out, command=command)
+        except (ResultsFileError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"rendered {n} verdicts from {len(args.sources)} source(s) into {md_path} and {json_path}")
+        return 0
+
+    prepare_interpreter(args.device)
+    from harness import registry
+    from harness.core.device import detect
+    from harness.sweep import run_sweep
+
+    try:
+        dev = detect(args.device)
+        specs = list(args.adapter) or [a.name for a in registry.all_adapters()]
+        for spec in specs:
+            registry.resolve(spec)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from harness.store.results import new_run_id
+
+    run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}"
+    print(f"moe-harness {__version__}: sweeping {len(specs)} adapter(s) on {dev.generation} ({dev.device_name}), "
+          f"profile {args.profile}", file=sys.stderr)
+    try:
+        totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
+                           case_timeout=args.case_timeout, command=command, resume=bool(args.resume))
+    except ValueError as e:  # --resume of a run that has no results here
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    bad = sum(c["fail"] + c["error"] for c in totals.values())
+    from pathlib import Path
+
+    from harness.store.render import render_files
+
+    run_files = sorted(Path(args.results_dir).glob(f"{run_id}-*.jsonl"))
+    print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl "
+          f"({sum(sum(c.values()) for c in totals.values())} verdicts)")
+    if args.out and run_files:
+        # The rendered matrix keeps the other generations' committed results (a CPU run must not drop sm90)
+        others = [] if args.only_this_run else committed_other_generations(dev.generation, args.results_dir)
+        folders = sorted({os.path.relpath(f.parent) for f in others})
+        md_path, json_path, _ = render_files(run_files + others, args.out, command=command,
+                                             shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
+        print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
+                                                      if folders else ""))
+    if bad:
+        print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def committed_other_generations(generation: str, results_dir: str, root: str | None = None) -> list:
+    """Matrix result files committed under `root` (default: the repository's results/) for generations other
+    than `generation`, outside `results_dir` and results/local: what a fresh sweep's rendering merges in."""
+    import re
+    from pathlib import Path
+
+    base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
+    skip = {Path(results_dir).resolve(), (base / "local").resolve()}
+    found = []
+    for f in sorted(base.rglob("matrix-*.jsonl")) if base.is_dir() else []:
+        if any(f.resolve().is_relative_to(d) for d in skip):
+            continue
+        m = re.match(r"matrix-([a-z0-9]+)-", f.name)
+        if m and m.group(1) != generation:
+            found.append(f)
+    return found
+
+
+def add_parser(sub: Any) -> None:
+    """Add the command to the `python -m harness` subparsers."""
+    m = sub.add_parser("matrix", help="run the sweep on this device, record every verdict, render the matrix",
+                       description="Sweep every adapter over its feature cells on this device (worker processes, "
+                       "a per-case timeout), record every verdict, and render the support matrix (markdown and "
+                       "JSON). With --from, render from existing result files without running anything.")
+    m.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    m.add_argument("--profile", default="quick", choices=["quick", "full"],
+                   help="quick: all cells of small ops, a pairwise covering set of large ones, 2 cases per cell; "
+                   "full: every cell, up to 6 cases per cell")
+    m.add_argument("--adapter", action="append", default=[], help="only this adapter (repeatable; module:object ok)")
+    m.add_argument("--from", dest="sources", nargs="+", metavar="RESULTS",
+                   help="render from these result files/folders (several generations merge); runs nothing")
+    m.add_argument("--out", default="docs/SUPPORT_MATRIX.md",
+                   help="markdown output (the JSON goes next to it, .json); '' to skip rendering")
+    m.add_argument("--results-dir", default="results/local", help="where the JSONL results are written")
+    m.add_argument("--resume", metavar="RUN_ID",
+                   help="continue an interrupted sweep (e.g. matrix-sm90-20261121T074027-fa1972, the prefix of its "
+                        "result files in --results-dir): cases it already judged are not run again")
+    m.add_argument("--only-this-run", action="store_true",
+                   help="render only this sweep's results (default: also the committed results under results/ of "
+                        "the other generations, so a CPU run keeps the GPU columns)")
+    m.add_argument("--jobs", type=int, default=None,
+                   help="worker processes (default: the CPU count; on CUDA six per GPU, at most the CPU count)")
+    m.add_argument("--case-timeout", type=float, default=300.0,
+                   help="seconds one case may run before its worker is killed and the case marked (default 300)")
+    m.set_defaults(func=run)

@@ -1,0 +1,129 @@
+"""Device and generation detection, and the provenance recorded with every result."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: Generation labels, in the order the matrix shows them.
+GENERATIONS: tuple[str, ...] = ("interp", "cpu", "sm80", "sm89", "sm90", "sm100", "sm120")
+
+
+def generation_of(capability: tuple[int, int] | None, *, interpret: bool = False) -> str:
+    """Label for a CUDA capability; `interp` for the Triton interpreter, `cpu` for plain CPU torch."""
+    if capability is None:
+        return "interp" if interpret else "cpu"
+    major, minor = capability
+    if major == 8:
+        return "sm89" if minor >= 9 else "sm80"
+    if major in (9, 10, 12):
+        return {9: "sm90", 10: "sm100", 12: "sm120"}[major]
+    return f"sm{major}{minor}"
+
+
+def prepare_interpreter(device: str) -> None:
+    """Choose Triton's interpreter (TRITON_INTERPRET=1) before any kernel module imports triton, when no GPU will be
+    used: `device` is cpu, or no CUDA device is available. An explicit TRITON_INTERPRET is left as it is."""
+    if os.environ.get("TRITON_INTERPRET") is not None:
+        return
+    if device == "cpu" or not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def git_state(repo: str = str(REPO_ROOT)) -> tuple[str, bool]:
+    """(commit, dirty) of `repo`; ("unknown", False) outside a git checkout.
+
+    MOE_HARNESS_COMMIT overrides it (commit[+dirty]): for machines that receive a copy of the tree whose .git is
+    absent or stale, the sender states what it sent."""
+    override = os.environ.get("MOE_HARNESS_COMMIT", "").strip()
+    if override:
+        commit, _, flag = override.partition("+")
+        return commit, flag == "dirty"
+    return _git_state(repo)
+
+
+@functools.cache
+def _git_state(repo: str) -> tuple[str, bool]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=repo, capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip()
+        )
+        return commit, dirty
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+
+        return str(triton.__version__)
+    except ImportError:
+        return None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where results were produced: the generation label plus everything needed to reproduce them."""
+
+    generation: str
+    device: str  # torch device string: "cpu" or "cuda:0"
+    device_name: str
+    capability: tuple[int, int] | None
+    torch_version: str
+    triton_version: str | None
+    python_version: str
+    commit: str
+    dirty: bool
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["capability"] = list(self.capability) if self.capability else None
+        return d
+
+
+def detect(device: str = "auto") -> DeviceInfo:
+    """Describe `device` ("auto", "cpu", "cuda" or "cuda:N"). "auto" picks CUDA when present."""
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but torch sees no CUDA device")
+        dev = torch.device(device)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        cap = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+        device, generation = f"cuda:{index}", generation_of(cap)
+    else:
+        cap, name = None, platform.processor() or platform.machine() or "cpu"
+        generation = generation_of(None, interpret=interpreter_enabled())
+    commit, dirty = git_state()
+    return DeviceInfo(
+        generation=generation, device=device, device_name=name, capability=cap,
+        torch_version=torch.__version__, triton_version=triton_version(),
+        python_version=platform.python_version(), commit=commit, dirty=dirty,
+    )

@@ -1,0 +1,116 @@
+"""Deterministic inputs from (case, seed).
+
+Every tensor is drawn on the CPU from a `torch.Generator` seeded by the case seed and a stream name, then moved
+to the device, so a case produces bit-identical inputs on every machine (replays reproduce). Magnitudes are chosen
+so outputs are O(1) and never all zero. Routing patterns: random, skewed (Zipf), one_expert, some_empty, ties,
+nonfinite (NaN/Inf rows; only for properties that test them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from harness.core.case import Case
+
+
+def generator(case: Case, stream: str) -> torch.Generator:
+    """A CPU generator for one named input stream of a case (streams are independent of each other)."""
+    h = int.from_bytes(hashlib.sha256(f"{case.seed}:{stream}".encode()).digest()[:8], "little")
+    return torch.Generator().manual_seed(h & ((1 << 63) - 1))
+
+
+def maybe_strided(case: Case, t: torch.Tensor) -> torch.Tensor:
+    """Apply the case's layout flags: `non_contiguous` gives a view with a padded row stride (same values)."""
+    if not case.layout.get("non_contiguous") or t.dim() < 2 or t.numel() == 0:
+        return t
+    pad = 8
+    big = torch.zeros(*t.shape[:-1], t.shape[-1] + pad, dtype=t.dtype, device=t.device)
+    big[..., : t.shape[-1]] = t
+    return big[..., : t.shape[-1]]
+
+
+def randn(case: Case, stream: str, shape: tuple[int, ...], dtype: torch.dtype, device: str,
+          *, scale: float = 1.0) -> torch.Tensor:
+    t = torch.randn(shape, generator=generator(case, stream), dtype=torch.float32) * scale
+    return maybe_strided(case, t.to(dtype).to(device))
+
+
+def uniform(case: Case, stream: str, shape: tuple[int, ...], lo: float, hi: float, device: str) -> torch.Tensor:
+    t = torch.rand(shape, generator=generator(case, stream), dtype=torch.float32)
+    return (lo + (hi - lo) * t).to(device)
+
+
+def weights(case: Case, stream: str, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Weights [..., out, in] with realistic magnitude: N(0, 1/fan_in), so a matmul keeps O(1) activations."""
+    fan_in = shape[-1]
+    return randn(case, stream, shape, dtype, device, scale=1.0 / math.sqrt(max(fan_in, 1)))
+
+
+def _zipf(num: int, g: torch.Generator, a: float = 1.2) -> torch.Tensor:
+    ranks = torch.randperm(num, generator=g).to(torch.float64) + 1.0
+    return ranks.pow(-a)
+
+
+def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *, k: int = 1) -> torch.Tensor:
+    """Router logits [m, e] following the case's routing pattern."""
+    g = generator(case, "logits")
+    x = torch.randn((m, e), generator=g, dtype=torch.float32) * 2.0
+    pattern = case.routing
+    if pattern == "skewed":
+        x = x + 3.0 * _zipf(e, g).log().to(torch.float32)
+    elif pattern == "one_expert":
+        hot = torch.randperm(e, generator=g)[:k]
+        x[:, hot] += 50.0
+    elif pattern == "some_empty":
+        cold = torch.randperm(e, generator=g)[: max(0, e - max(k, e // 2))]
+        x[:, cold] -= 50.0
+    elif pattern == "ties":
+        # few distinct values: many exact ties among the top scores
+        x = torch.round(x)
+    elif pattern == "nonfinite" and m > 0:
+        kind = torch.randint(0, 4, (m,), generator=g)
+        x[kind == 1] = float("nan")
+        x[kind == 2, 0] = float("inf")
+        x[kind == 3, :] = float("-inf")
+    return x.to(dtype).to(device)
+
+
+def topk_ids(case: Case, m: int, e: int, k: int, device: str) -> torch.Tensor:
+    """Expert ids [m, k] int32, distinct per row, following the routing pattern (for ops that consume routing)."""
+    if k > e:
+        raise ValueError(f"k ({k}) must be <= E ({e})")
+    g = generator(case, "topk_ids")
+    pattern = case.routing
+    if m == 0:
+        return torch.empty((0, k), dtype=torch.int32, device=device)
+    if pattern == "one_expert":
+        ids = torch.randperm(e, generator=g)[:k].expand(m, k)
+    elif pattern in ("skewed", "some_empty"):
+        w = _zipf(e, g) if pattern == "skewed" else torch.ones(e, dtype=torch.float64)
+        if pattern == "some_empty":
+            w[torch.randperm(e, generator=g)[: max(0, e - max(k, e // 2))]] = 0.0
+        ids = torch.multinomial(w.expand(m, e), k, replacement=False, generator=g)
+    else:
+        ids = torch.rand((m, e), generator=g).argsort(dim=1)[:, :k]
+    return ids.to(torch.int32).contiguous().to(device)
+
+
+def topk_weights(case: Case, m: int, k: int, device: str) -> torch.Tensor:
+    """Router weights [m, k] fp32 in (0.05, 1], rows summing to 1 (as after renormalize)."""
+    w = uniform(case, "topk_weights", (m, k), 0.05, 1.0, "cpu")
+    return (w / w.sum(dim=1, keepdim=True).clamp_min(1e-12)).to(device)
+
+
+def expert_map(case: Case, e: int, device: str) -> torch.Tensor | None:
+    """An expert map (global -> local id or -1) when the case asks for one: `params["local_experts"]` local ids."""
+    n_local = case.params.get("local_experts")
+    if n_local is None:
+        return None
+    g = generator(case, "expert_map")
+    local = torch.randperm(e, generator=g)[:n_local].sort().values
+    m = torch.full((e,), -1, dtype=torch.int32)
+    m[local] = torch.arange(n_local, dtype=torch.int32)
+    return m.to(device)

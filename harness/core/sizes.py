@@ -1,0 +1,59 @@
+"""Size strategies shared by the op specs: boundary-biased sizes, expert counts, top-k, local experts, and the
+scale (`small` for the CPU interpreter, `large` on a GPU) that sets how large "large" is.
+
+Sizes are boundary-biased: M in {0, 1, block-1, block, block+1, large}, K and N off the tile multiples where the
+adapter allows, E in {1, not divisible by 4 or 16, 257}, k in {1, E}. The scale comes from `HARNESS_SCALE` or the
+device.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+SCALES = ("small", "large")
+
+
+def scale() -> str:
+    """`small` (interpreter / CI) or `large` (GPU), from HARNESS_SCALE or the device."""
+    s = os.environ.get("HARNESS_SCALE")
+    if s:
+        if s not in SCALES:
+            raise ValueError(f"HARNESS_SCALE must be one of {SCALES}, got {s!r}")
+        return s
+    return "large" if torch.cuda.is_available() else "small"
+
+
+def limit(adapter: Any, name: str, default: Any) -> Any:
+    """An adapter's shape limit, else the scale's default."""
+    return adapter.limits.get(name, default)
+
+
+def boundary_sizes(block: int, large: int, *, minimum: int = 0) -> st.SearchStrategy[int]:
+    """Sizes biased to the edges of a tile of `block`: 0, 1, block-1, block, block+1, and up to `large`."""
+    edges = sorted({v for v in (0, 1, 2, block - 1, block, block + 1, large) if minimum <= v <= large})
+    return st.one_of(st.sampled_from(edges), st.integers(min_value=max(minimum, 0), max_value=max(large, minimum)))
+
+
+def multiple_of(m: int, lo: int, hi: int) -> st.SearchStrategy[int]:
+    lo_q, hi_q = -(-lo // m), hi // m
+    return st.integers(min_value=max(lo_q, 1), max_value=max(hi_q, max(lo_q, 1))).map(lambda q: q * m)
+
+
+def num_experts(max_e: int, *, multiple: int = 1) -> st.SearchStrategy[int]:
+    specials = [e for e in (1, 3, 7, 8, 13, 16, 33, 64, 257) if e <= max_e and e % multiple == 0]
+    return st.one_of(st.sampled_from(specials or [multiple]), multiple_of(multiple, multiple, max_e))
+
+
+def top_k(e: int, max_k: int = 16) -> st.SearchStrategy[int]:
+    hi = min(e, max_k)
+    return st.one_of(st.sampled_from(sorted({1, hi})), st.integers(min_value=1, max_value=max(hi, 1)))
+
+
+def local_experts(e: int) -> st.SearchStrategy[int]:
+    """How many of E experts are local under an expert map, biased to the edges: none local (every row of the
+    output must still be written, as zeros) and all local."""
+    return st.one_of(st.sampled_from(sorted({0, e})), st.integers(min_value=0, max_value=e))

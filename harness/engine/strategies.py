@@ -1,0 +1,37 @@
+"""Hypothesis strategies that draw cases *within an adapter's declared support*: the declared and undeclared cells
+of an adapter on a device, and a case of one of them (its sizes drawn by the op's spec, see `harness.core.sizes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hypothesis import strategies as st
+
+from harness import ops
+from harness.core.case import Case
+from harness.core.device import DeviceInfo
+from harness.registry import Adapter
+
+
+def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
+    spec = ops.get(adapter.op)
+    cells = adapter.declared_cells({a.name: a.values for a in spec.axes})
+    return [c for c in cells if adapter.declares(c, device)[0]
+            and (spec.inapplicable is None or spec.inapplicable(c) is None)]
+
+
+def undeclared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
+    spec = ops.get(adapter.op)
+    return [c for c in spec.all_cells() if not adapter.declares(c, device)[0]]
+
+
+@st.composite
+def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> Case:
+    """A case of `adapter` for one of `cells` (sizes and parameters drawn by the op's spec)."""
+    if not cells:
+        raise ValueError(f"adapter {adapter.name} has no cell to draw from")
+    cell = dict(draw(st.sampled_from(list(cells))))
+    fields = ops.get(adapter.op).draw(draw, adapter, cell)
+    seed = draw(st.integers(min_value=0, max_value=2**31 - 1))
+    return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)

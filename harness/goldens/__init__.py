@@ -1,1 +1,0 @@
-"""Golden case definitions, one module per op family (see harness.golden)."""

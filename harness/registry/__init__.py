@@ -1,0 +1,168 @@
+"""Adapter registry: one adapter per kernel under test.
+
+An adapter declares what its kernel supports (per feature axis of its op, possibly depending on the device), the
+numeric conventions the oracle must follow to judge it bit-exactly, optional properties (deterministic, batch
+invariant), and how to run it. Built-in adapters register on import of `kernels.adapters`; external packages
+register through the entry-point group `moe_harness.adapters` (each entry point names an `Adapter` or a callable
+returning one or a list of them); any adapter can also be named on the command line as `module:object`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from harness.core.case import OPS, Case
+from harness.core.device import GENERATIONS, DeviceInfo
+
+ENTRY_POINT_GROUP = "moe_harness.adapters"
+PROPERTIES = ("deterministic", "batch_invariant")
+
+RunFn = Callable[[Case, dict[str, torch.Tensor], dict[str, torch.Tensor]], "dict[str, torch.Tensor] | None"]
+RequiresFn = Callable[[DeviceInfo, Mapping[str, str]], "str | None"]
+
+
+class Unsupported(Exception):
+    """Raised by an adapter (or its kernel) to reject a feature it does not support; the message names it."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A kernel under test, as the harness sees it.
+
+    run(case, inputs, outputs): `outputs` holds pre-allocated, poisoned output tensors (destination-passing); the
+    adapter writes into them, or returns a dict of tensors that replace them (kernels that allocate).
+    support: feature axis -> declared values. An axis the adapter omits is declared for no value.
+    requires(device, features): a reason string when the cell cannot run on this device (e.g. fp8 needs sm89+).
+    limits: shape constraints the strategies respect (e.g. {"K_multiple": 16, "max_E": 512}). A `<dim>_multiple`
+    limit is also a support rule: the runner reports a case whose shape `<dim>` breaks it as unsupported (never a
+    failure), see `shape_unsupported`.
+    interp_features: names of interpreter-fidelity features the kernel depends on (harness.engine.interpreter); on
+    `interp`, a cell depending on an unfixed one is reported not-verifiable, never pass.
+    """
+
+    name: str
+    op: str
+    source: str
+    run: RunFn
+    support: Mapping[str, tuple[str, ...]]
+    generations: tuple[str, ...] = GENERATIONS
+    conventions: Mapping[str, Any] = field(default_factory=dict)
+    properties: frozenset[str] = frozenset()
+    limits: Mapping[str, Any] = field(default_factory=dict)
+    requires: RequiresFn | None = None
+    interp_features: Callable[[Mapping[str, str]], set[str]] | None = None
+    description: str = ""
+    test_aid: bool = False  # a test aid, not a production kernel (shown as such in the matrix)
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"adapter {self.name!r}: op must be one of {', '.join(OPS)}, got {self.op!r}")
+        unknown = set(self.generations) - set(GENERATIONS)
+        if unknown:
+            raise ValueError(f"adapter {self.name!r}: unknown generation(s) {sorted(unknown)}")
+        bad = set(self.properties) - set(PROPERTIES)
+        if bad:
+            raise ValueError(f"adapter {self.name!r}: unknown properties {sorted(bad)}; known: {PROPERTIES}")
+
+    def declares(self, features: Mapping[str, str], device: DeviceInfo | None = None) -> tuple[bool, str]:
+        """Whether the adapter claims the cell `features` on `device`, and if not, why (naming the feature)."""
+        if device is not None and device.generation not in self.generations:
+            return False, f"{self.name} does not run on {device.generation}"
+        for axis, value in features.items():
+            if value not in self.support.get(axis, ()):
+                return False, f"{self.name} does not declare {axis}={value}"
+        if device is not None and self.requires is not None:
+            why = self.requires(device, features)
+            if why:
+                return False, why
+        return True, ""
+
+    def shape_unsupported(self, shapes: Mapping[str, int]) -> str | None:
+        """Why the case shapes break one of the adapter's `<dim>_multiple` limits (None: they do not)."""
+        for key, mult in self.limits.items():
+            dim = key.removesuffix("_multiple")
+            if dim != key and dim in shapes and int(shapes[dim]) % int(mult):
+                return f"{self.name} needs {dim} to be a multiple of {mult}, got {dim}={shapes[dim]}"
+        return None
+
+    def declared_cells(self, axes: Mapping[str, Iterable[str]]) -> list[dict[str, str]]:
+        from itertools import product
+
+        names = list(axes)
+        return [dict(zip(names, combo)) for combo in product(*(self.support.get(a, ()) for a in names))]
+
+
+_REGISTRY: dict[str, Adapter] = {}
+_loaded = False
+
+
+def register(adapter: Adapter, *, replace: bool = False) -> Adapter:
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"register() expects an Adapter, got {type(adapter).__name__}")
+    if adapter.name in _REGISTRY and not replace and _REGISTRY[adapter.name] is not adapter:
+        raise ValueError(f"an adapter named {adapter.name!r} is already registered")
+    _REGISTRY[adapter.name] = adapter
+    return adapter
+
+
+def _as_adapters(obj: Any, origin: str) -> list[Adapter]:
+    if callable(obj) and not isinstance(obj, Adapter):
+        obj = obj()
+    if isinstance(obj, Adapter):
+        return [obj]
+    if isinstance(obj, (list, tuple)) and all(isinstance(a, Adapter) for a in obj):
+        return list(obj)
+    raise ValueError(f"{origin} is not an Adapter (or a list of them, or a callable returning one)")
+
+
+def load_builtin_and_plugins() -> None:
+    """Import the built-in adapters and every adapter published under the entry-point group."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    importlib.import_module("harness.ops.reference")
+    try:
+        importlib.import_module("kernels.adapters")
+    except ImportError as e:  # triton missing: the kernels' adapters are unavailable, the rest still works
+        import warnings
+
+        warnings.warn(f"built-in kernel adapters unavailable: {e}", stacklevel=2)
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for a in _as_adapters(ep.load(), f"entry point {ep.name!r}"):
+            register(a, replace=True)
+
+
+def resolve(spec: str) -> Adapter:
+    """An adapter by registered name, or by `module:object` (imported and registered)."""
+    load_builtin_and_plugins()
+    if spec in _REGISTRY:
+        return _REGISTRY[spec]
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ValueError(f"adapter {spec!r}: cannot import module {module_name!r} ({e})") from None
+        obj = module
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ValueError(f"adapter {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        found = _as_adapters(obj, f"adapter {spec!r}")
+        for a in found:
+            register(a, replace=True)
+        return found[0]
+    known = ", ".join(sorted(_REGISTRY)) or "none"
+    raise ValueError(f"unknown adapter {spec!r}; registered: {known} (or pass module:object)")
+
+
+def all_adapters(op: str | None = None) -> list[Adapter]:
+    load_builtin_and_plugins()
+    return [a for _, a in sorted(_REGISTRY.items()) if op is None or a.op == op]

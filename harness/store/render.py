@@ -1,0 +1,547 @@
+"""Render the kernel-feature support matrix from result files (markdown for people, JSON for tools).
+
+Nothing is recomputed: every statement comes from recorded verdicts (and the metadata records the sweep writes
+next to them). Several generations (and runs) merge; when the same case was judged more than once on the same
+generation, the latest real verdict counts (a verdict recorded by the parent for a hung or dead worker yields to a
+real one).
+
+The rule for a feature value (a value of one axis of an op, for one adapter): the cases that exercised it are
+those whose cell has that value and whose verdict is pass, fail or error (a clean rejection of an undeclared cell
+and a not-verifiable case exercise nothing). The value is listed when every such case passed; it is listed with a
+footnote (which generation, where, how many) when some failed; it is not listed when none passed or none ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from harness.core.case import OPS
+from harness.core.device import GENERATIONS
+from harness.store.results import Result, load_meta, load_results
+
+EXERCISED = ("pass", "fail", "error")
+MAX_ROWS = 40  # rows per declared-vs-verified table in the markdown (the JSON has them all)
+CASE_FILES_PER_NOTE = 2
+
+
+# -- loading ------------------------------------------------------------------------------------------------------
+
+def _key(r: Result) -> tuple[str, str]:
+    return r.generation, r.case.to_json()
+
+
+def dedupe(results: Iterable[Result]) -> list[Result]:
+    """One result per (generation, case): a real verdict beats a parent's marker, then the latest wins."""
+    best: dict[tuple[str, str], Result] = {}
+    for r in results:
+        k = _key(r)
+        old = best.get(k)
+        rank = ("marker" not in r.metrics, r.timestamp)
+        if old is None or rank >= ("marker" not in old.metrics, old.timestamp):
+            best[k] = r
+    return sorted(best.values(), key=lambda r: (r.adapter, r.generation, r.case.to_json()))
+
+
+def _gen_order(g: str) -> tuple[int, str]:
+    return (GENERATIONS.index(g) if g in GENERATIONS else len(GENERATIONS), g)
+
+
+def _cell(v: Any) -> str:
+    """Text safe inside a markdown table cell."""
+    return " ".join(str(v).split()).replace("|", "\\|")
+
+
+def _short(reason: str, n: int = 110) -> str:
+    reason = re.sub(r" \(at [^()]*:\d+\)", "", " ".join(reason.split()))  # source locations are in the case files
+    return reason if len(reason) <= n else reason[: n - 3] + "..."
+
+
+def _display(value: str) -> str:
+    return "N/A" if value == "-" else value
+
+
+# -- the model (what the JSON holds and the markdown shows) --------------------------------------------------------
+
+class _Notes:
+    """Footnotes, one per distinct set of failing cases (values failing in the same cases share one)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self._by_key: dict[Any, int] = {}
+
+    def get(self, key: Any) -> int | None:
+        return self._by_key.get(key)
+
+    def add(self, key: Any, text: str, case_files: Sequence[str]) -> int:
+        self.items.append({"id": len(self.items) + 1, "text": text, "case_files": list(case_files)})
+        self._by_key[key] = len(self.items)
+        return len(self.items)
+
+
+class _CaseFiles:
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.files: dict[str, dict[str, Any]] = {}
+
+    def add(self, r: Result) -> str:
+        path = f"{self.folder}/{r.adapter}-{r.generation}-{r.case.case_id}.json"
+        self.files[path] = {"case": r.case.to_dict(), "generation": r.generation, "verdict": r.verdict,
+                            "declared": r.declared, "reason": r.reason}
+        return path
+
+
+def _kind(info: Mapping[str, Any]) -> str:
+    if info.get("source") == "reference":
+        return "reference"
+    return "test_aid" if info.get("test_aid") else "kernel"
+
+
+def _axes_of(op: str, info: Mapping[str, Any], results: Sequence[Result]) -> list[dict[str, Any]]:
+    """Axis names, titles and value order: from the sweep's metadata, else the op spec, else the records."""
+    if info.get("axes"):
+        return [dict(a) for a in info["axes"]]
+    try:
+        from harness import ops
+
+        return [{"name": a.name, "title": a.title, "values": list(a.values)} for a in ops.get(op).axes]
+    except ValueError:
+        names: list[str] = []
+        for r in results:
+            names += [k for k in r.case.features if k not in names]
+        return [{"name": n, "title": n, "values": sorted({r.case.features.get(n, "") for r in results})}
+                for n in names]
+
+
+def _where(failing: Sequence[Result], passing: Sequence[Result], axes: Sequence[Mapping[str, Any]],
+           skip: str) -> str:
+    """What the failing cases share that the passing ones do not (axis values, sizes, routing pattern)."""
+    if not passing:
+        return ""
+    found = []
+    for a in axes:
+        if a["name"] == skip:
+            continue
+        vals = {r.case.features.get(a["name"]) for r in failing}
+        if len(vals) == 1 and any(p.case.features.get(a["name"]) not in vals for p in passing):
+            found.append(f"{a['title']} = {_display(str(next(iter(vals))))}")
+    keys = set.intersection(*(set(r.case.shapes) for r in failing))
+    for k in sorted(keys):
+        vals = {r.case.shapes[k] for r in failing}
+        if len(vals) == 1 and any(p.case.shapes.get(k) not in vals for p in passing):
+            found.append(f"{k} = {next(iter(vals))}")
+    routes = {r.case.routing for r in failing}
+    if len(routes) == 1 and any(p.case.routing not in routes for p in passing):
+        found.append(f"routing {next(iter(routes))}")
+    return ", ".join(found[:4])
+
+
+def _selection_text(sel: Mapping[str, Mapping[str, Any]], infos: Mapping[str, Mapping[str, Any]],
+                    run_meta: Sequence[Mapping[str, Any]]) -> str:
+    """How the cells of one generation's run(s) were chosen, per op."""
+    if not sel:
+        return "not recorded"
+    per_op: dict[str, list[tuple[str, Mapping[str, Any]]]] = defaultdict(list)
+    for a, s in sel.items():
+        per_op[infos.get(a, {}).get("op", a)].append((a, s))
+    pairwise = []
+    for op in sorted(per_op):
+        ss = [s for _, s in per_op[op] if s.get("selection") == "pairwise"]
+        if ss:
+            lo, hi = min(s["cells"] for s in ss), max(s["cells"] for s in ss)
+            text = f"{op} {lo if lo == hi else f'{lo}-{hi}'} of {ss[0]['cells_total']}"
+            # runs of different profiles merged: say which adapters had every cell
+            every = sorted(a for a, s in per_op[op] if s.get("selection") != "pairwise")
+            if every:
+                text += f" (every cell for {', '.join(every)})"
+            pairwise.append(text)
+    limit = next((m.get("quick_all_cells") for m in run_meta if m.get("quick_all_cells")), None)
+    cases = sorted({m.get("cases_per_cell") for m in run_meta if m.get("cases_per_cell")})
+    per_case = f"; up to {', '.join(map(str, cases))} cases per cell" if cases else ""
+    if not pairwise:
+        return "every cell" + per_case
+    bigger = f" (ops with more than {limit} cells)" if limit else ""
+    return "pairwise covering set" + bigger + ": " + ", ".join(pairwise) + "; every cell of the others" + per_case
+
+
+def _status(exercised: int, passed: int) -> str:
+    if exercised == 0:
+        return "not run"
+    return "pass" if passed == exercised else "partial" if passed else "fail"
+
+
+def _fail_text(by_gen: Mapping[str, tuple[list[Result], list[Result]]], axes: Sequence[Mapping[str, Any]],
+               skip: str, files: _CaseFiles, exercised: Mapping[str, int]) -> tuple[str, list[str]]:
+    parts, paths = [], []
+    for gen in sorted(by_gen, key=_gen_order):
+        failing, passing = by_gen[gen]
+        if not failing:
+            continue
+        where = _where(failing, passing, axes, skip)
+        n = exercised.get(gen, len(failing) + len(passing))
+        parts.append(f"fails {'for ' + where + ' ' if where else ''}on {gen}: {len(failing)} of {n} cases "
+                     f"({_short(failing[0].reason, 90)})")
+        paths += [files.add(r) for r in failing[:CASE_FILES_PER_NOTE]]
+    return "; ".join(parts), paths
+
+
+def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, command: str = "",
+          sources: Sequence[str] = (), cases_folder: str = "SUPPORT_MATRIX.cases") -> dict[str, Any]:
+    """The support matrix as a JSON-serializable dict (`to_markdown` renders it)."""
+    rs = dedupe(results)
+    meta = list(meta)
+    runs = [m for m in meta if m.get("kind") == "run"]
+    infos: dict[str, dict[str, Any]] = {}
+    selection: dict[tuple[str, str], dict[str, Any]] = {}
+    for m in meta:
+        if m.get("kind") == "adapter":
+            infos.setdefault(m["adapter"], {}).update({k: v for k, v in m.items() if v not in (None, "", [], {})})
+            if m.get("selection"):
+                selection[(m["adapter"], m.get("generation", ""))] = {
+                    k: m.get(k) for k in ("profile", "selection", "cells", "cells_total", "cases")}
+    notes, files = _Notes(), _CaseFiles(cases_folder)
+    by_adapter: dict[str, list[Result]] = defaultdict(list)
+    for r in rs:
+        by_adapter[r.adapter].append(r)
+    gens = sorted({r.generation for r in rs}, key=_gen_order)
+
+    # provenance, per generation
+    generations = []
+    for g in gens:
+        recs = [r for r in rs if r.generation == g]
+        devs = {json.dumps(r.device, sort_keys=True) for r in recs}
+        dev_list = [json.loads(d) for d in sorted(devs)]
+        run_meta = [m for m in runs if m.get("generation") == g]
+        commits = set()
+        for d in dev_list:
+            c = d.get("commit") or "unknown"
+            if c == "unknown":
+                c = next((m.get("commit") for m in run_meta if m.get("commit") not in (None, "unknown")), c)
+            commits.add(c[:10] + (" (dirty)" if d.get("dirty") else ""))
+        sel = {a: s for (a, gg), s in selection.items() if gg == g}
+        sel_text = _selection_text(sel, infos, run_meta)
+        profiles = sorted({s.get("profile") for s in sel.values() if s.get("profile")}
+                          | {m["profile"] for m in run_meta if m.get("profile")})
+        names = sorted({(d.get("device_name") or d.get("device") or "?")
+                        + (f" (sm_{d['capability'][0]}{d['capability'][1]})" if d.get("capability") else "")
+                        + (", Triton interpreter" if g == "interp" else "") for d in dev_list})
+        generations.append({
+            "generation": g, "devices": names,
+            "torch": sorted({str(d.get("torch_version")) for d in dev_list}),
+            "triton": sorted({str(d.get("triton_version")) for d in dev_list}),
+            "python": sorted({str(d.get("python_version")) for d in dev_list}),
+            "commits": sorted(commits), "profiles": profiles or ["not recorded"], "selection": sel_text,
+            "verdicts": len(recs), "counts": dict(sorted(Counter(r.verdict for r in recs).items())),
+        })
+
+    adapters_out = []
+    claimed_failing, unclean, working, unverifiable = [], [], [], []
+    for name in sorted(by_adapter):
+        recs = by_adapter[name]
+        op = recs[0].case.op
+        info = infos.get(name, {})
+        if not info and name.startswith("reference-"):  # records older than the sweep's metadata
+            info = {"source": "reference"}
+        kind = _kind(info)
+        axes = _axes_of(op, info, recs)
+        if info.get("support"):
+            declared_vals = {a["name"]: set(info["support"].get(a["name"], ())) for a in axes}
+        else:  # older records: a value is declared when some declared case used it
+            declared_vals = {a["name"]: {r.case.features.get(a["name"]) for r in recs if r.declared} for a in axes}
+        ex = [r for r in recs if r.verdict in EXERCISED]
+        # per generation
+        per_gen = {}
+        for g in gens:
+            gr = [r for r in recs if r.generation == g]
+            ge = [r for r in gr if r.verdict in EXERCISED]
+            gp = sum(r.verdict == "pass" for r in ge)
+            st = _status(len(ge), gp)
+            if not gr:
+                st = "not run"
+            elif not ge and any(r.verdict == "not-verifiable" for r in gr):
+                st = "not verifiable"
+            per_gen[g] = {"status": st, "exercised": len(ge), "passed": gp,
+                          "counts": dict(sorted(Counter(r.verdict for r in gr).items()))}
+        # per axis value
+        axes_out = []
+        for a in axes:
+            order = list(a.get("values") or [])
+            order += sorted({r.case.features.get(a["name"]) for r in recs} - set(order) - {None})
+            values = []
+            for v in order:
+                vr = [r for r in ex if r.case.features.get(a["name"]) == v]
+                if not vr and not any(r.case.features.get(a["name"]) == v for r in recs):
+                    continue  # never swept (an inapplicable or unselected value): nothing to say
+                passed = [r for r in vr if r.verdict == "pass"]
+                st = _status(len(vr), len(passed))
+                entry: dict[str, Any] = {
+                    "value": v, "status": st, "declared": v in declared_vals.get(a["name"], set()),
+                    "exercised": len(vr), "passed": len(passed),
+                    "by_generation": {g: [sum(r.verdict == "pass" for r in vr if r.generation == g),
+                                          sum(r.generation == g for r in vr)] for g in gens
+                                      if any(r.generation == g for r in vr)},
+                    "note": None,
+                }
+                if st == "partial" and kind != "reference":
+                    failing = [r for r in vr if r.verdict != "pass"]
+                    # described against every passing case of the adapter on the same generation
+                    split = {g: ([r for r in failing if r.generation == g],
+                                 [r for r in ex if r.generation == g and r.verdict == "pass"]) for g in gens}
+                    key = (name, tuple(_key(r) for r in failing))
+                    entry["note"] = notes.get(key)
+                    if entry["note"] is None:
+                        text, paths = _fail_text(split, axes, "", files,
+                                                 {g: s["exercised"] for g, s in per_gen.items()})
+                        entry["note"] = notes.add(key, text, paths)
+                values.append(entry)
+            axes_out.append({"name": a["name"], "title": a["title"], "values": values})
+        adapters_out.append({"name": name, "op": op, "op_title": info.get("op_title", op), "kind": kind,
+                             "source": info.get("source", ""), "description": info.get("description", ""),
+                             "generations": per_gen, "axes": axes_out})
+        if kind == "reference":
+            continue
+        # declared vs verified
+        groups: dict[tuple[str, str, bool], list[Result]] = defaultdict(list)
+        for r in ex:
+            if r.verdict != "pass":
+                groups[(r.generation, json.dumps(r.case.features, sort_keys=True), r.declared)].append(r)
+        for (g, feats, declared), bad in sorted(groups.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1:])):
+            total = sum(1 for r in ex if r.generation == g and json.dumps(r.case.features, sort_keys=True) == feats)
+            cell = {a["name"]: bad[0].case.features[a["name"]] for a in axes if a["name"] in bad[0].case.features}
+            cell.update({k: v for k, v in bad[0].case.features.items() if k not in cell})
+            row = {"adapter": name, "generation": g, "cell": cell, "failing": len(bad), "cases": total,
+                   "reason": _short(bad[0].reason), "case_file": files.add(bad[0])}
+            (claimed_failing if declared else unclean).append(row)
+        for ax in axes_out:
+            for v in ax["values"]:
+                if not v["declared"] and v["status"] == "pass":
+                    working.append({"adapter": name, "feature": f"{ax['title']} = {_display(v['value'])}",
+                                    "generations": sorted(v["by_generation"], key=_gen_order), "cases": v["passed"]})
+        undeclared_cells = [r for r in ex if not r.declared and r.verdict == "pass" and all(
+            r.case.features.get(a["name"]) in declared_vals.get(a["name"], set()) for a in axes)]
+        if undeclared_cells:
+            cells = {json.dumps(r.case.features, sort_keys=True) for r in undeclared_cells}
+            working.append({"adapter": name, "feature": f"{len(cells)} cell(s) of declared values that the adapter "
+                            "excludes (its `requires` rule)",
+                            "generations": sorted({r.generation for r in undeclared_cells}, key=_gen_order),
+                            "cases": len(undeclared_cells)})
+        nv: dict[tuple[str, str], int] = Counter()
+        for r in recs:
+            if r.verdict == "not-verifiable":
+                nv[(r.generation, r.reason)] += 1
+        for (g, reason), n in sorted(nv.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1])):
+            unverifiable.append({"adapter": name, "generation": g, "cases": n, "reason": _short(reason, 160)})
+
+    return {
+        "title": "Kernel-feature support matrix",
+        "command": command,
+        "sources": list(sources),
+        "verdicts": len(rs),
+        "generations": generations,
+        "adapters": adapters_out,
+        "declared_vs_verified": {"claimed_but_failing": claimed_failing, "undeclared_not_rejected": unclean,
+                                 "working_not_claimed": working, "not_verifiable": unverifiable},
+        "footnotes": notes.items,
+        "case_files": files.files,
+    }
+
+
+# -- markdown -----------------------------------------------------------------------------------------------------
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    return tabulate([[_cell(c) for c in row] for row in rows], headers=[_cell(h) for h in headers],
+                    tablefmt="github", disable_numparse=True)
+
+
+def _sup(note: int | None) -> str:
+    return f"<sup>{note}</sup>" if note else ""
+
+
+def _values_cell(ax: Mapping[str, Any]) -> str:
+    shown = [f"{_display(v['value'])}{'' if v['declared'] else '*'}{_sup(v['note'])}"
+             for v in ax["values"] if v["status"] in ("pass", "partial")]
+    return ", ".join(shown) if shown else "(none)"
+
+
+def _gens_cell(a: Mapping[str, Any]) -> str:
+    found = []
+    for g, s in a["generations"].items():
+        if s["status"] == "pass":
+            found.append(g)
+        elif s["status"] == "partial":
+            found.append(f"{g} (partial: {s['passed']} of {s['exercised']})")
+    return ", ".join(found) if found else "(none)"
+
+
+def _name_cell(a: Mapping[str, Any]) -> str:
+    return a["name"] + (" (test aid)" if a["kind"] == "test_aid" else "")
+
+
+def _source_cell(a: Mapping[str, Any]) -> str:
+    return f"`{a['source']}`" if a["source"] else "(not recorded)"
+
+
+def _notes_block(notes: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = []
+    for n in notes:
+        files = ", ".join(f"[{Path(p).stem.rsplit('-', 1)[-1]}]({p})" for p in n["case_files"])
+        lines.append(f"{n['id']}. {n['text']}" + (f"; case files: {files}" if files else ""))
+    return lines
+
+
+def _op_section(title: str, op_adapters: Sequence[Mapping[str, Any]], notes: Mapping[int, Mapping[str, Any]],
+                level: str = "##") -> list[str]:
+    axes_titles = [ax["title"] for ax in op_adapters[0]["axes"]]
+    def values(a: Mapping[str, Any]) -> list[str]:
+        if not any(s["exercised"] for s in a["generations"].values()):
+            return ["not run"] * len(a["axes"])  # e.g. a CUDA-only kernel seen on interp only
+        return [_values_cell(ax) for ax in a["axes"]]
+
+    rows = [[_name_cell(a), *values(a), _gens_cell(a), _source_cell(a)] for a in op_adapters]
+    used = sorted({v["note"] for a in op_adapters for ax in a["axes"] for v in ax["values"]
+                   if v["note"] and v["status"] in ("pass", "partial")})
+    out = [f"{level} {title}", "", _table(["Kernel", *axes_titles, "Generations verified", "Source"], rows), ""]
+    if used:
+        out += [*_notes_block([notes[i] for i in used]), ""]
+    return out
+
+
+def to_markdown(model: Mapping[str, Any]) -> str:
+    """The markdown document for a model built by `build`."""
+    gens = [g["generation"] for g in model["generations"]]
+    notes = {n["id"]: n for n in model["footnotes"]}
+    adapters = model["adapters"]
+    kernels = [a for a in adapters if a["kind"] != "reference"]
+    refs = [a for a in adapters if a["kind"] == "reference"]
+    out = [f"# {model['title']}", "",
+           "Generated from recorded verdicts; do not edit by hand. Regenerate with:", "",
+           "```bash", model["command"] or "python -m harness matrix", "```", ""]
+    if model["sources"]:
+        out += ["Results read: " + ", ".join(f"`{s}`" for s in model["sources"]) + f" ({model['verdicts']} verdicts).",
+                ""]
+    out += [_table(["Generation", "Device", "torch", "Triton", "Commit", "Profile", "Cell selection", "Verdicts"],
+                   [[g["generation"], "; ".join(g["devices"]), ", ".join(g["torch"]), ", ".join(g["triton"]),
+                     ", ".join(g["commits"]), ", ".join(g["profiles"]), g["selection"],
+                     str(g["verdicts"])] for g in model["generations"]]), ""]
+    out += ["How to read the tables: a feature value is listed when every case that exercised it passed (on every "
+            "generation that ran it); a value with a footnote passed in some cases and failed in others; a value "
+            "that never passed, or never ran (rejected cleanly as undeclared, or not verifiable), is not listed. "
+            "`*` marks a value that works but that the kernel does not declare. Quick runs sweep a pairwise "
+            "covering set of the cells of large ops (every pair of values of two axes appears in some cell), full "
+            "runs every cell; not-applicable combinations are never swept or shown.", ""]
+
+    experts = [a for a in kernels if a["op"] == "experts"]
+    out += _op_section("Experts kernels", experts, notes) if experts else ["## Experts kernels", "", "(none)", ""]
+    stage_ops = [op for op in OPS if op != "experts" and any(a["op"] == op for a in kernels)]
+    stage_ops += sorted({a["op"] for a in kernels} - set(OPS))
+    out += ["## Stage kernels", ""]
+    if not stage_ops:
+        out += ["(none)", ""]
+    for op in stage_ops:
+        group = [a for a in kernels if a["op"] == op]
+        out += _op_section(f"{group[0]['op_title']} (`{op}`)", group, notes, level="###")
+
+    out += ["## Generations", ""]
+    if kernels:
+        def gen_cell(s: Mapping[str, Any]) -> str:
+            if s["status"] == "pass":
+                return f"pass ({s['exercised']})"
+            if s["status"] in ("fail", "partial"):
+                return f"fail ({s['exercised'] - s['passed']} of {s['exercised']})"
+            return s["status"]
+
+        out += [_table(["Kernel", "Op", *gens],
+                       [[_name_cell(a), a["op"], *[gen_cell(a["generations"][g]) for g in gens]] for a in kernels]),
+                "", "Counts are cases that ran (pass, fail or error); clean rejections of undeclared cells and "
+                "not-verifiable cases are not counted.", ""]
+    else:
+        out += ["(no kernel results)", ""]
+
+    dv = model["declared_vs_verified"]
+    out += ["## Declared vs verified", ""]
+
+    def capped(rows: list[list[Any]], total: int) -> list[list[Any]]:
+        return rows + ([[f"... and {total - MAX_ROWS} more (see the JSON)"] + [""] * (len(rows[0]) - 1)]
+                       if total > MAX_ROWS else [])
+
+    def cell_text(cell: Mapping[str, str]) -> str:
+        return ", ".join(f"{k}={v}" for k, v in cell.items())
+
+    for key, title, blurb in (
+            ("claimed_but_failing", "Claimed but failing (bugs)", "Declared cells with a failing or erroring case."),
+            ("undeclared_not_rejected", "Not claimed, and not rejected cleanly (bugs)",
+             "Undeclared cells must be rejected with an exception; these returned wrong results, crashed or hung.")):
+        rows = dv[key]
+        out += [f"### {title}", "", blurb, ""]
+        if rows:
+            body = [[r["adapter"], r["generation"], cell_text(r["cell"]), f"{r['failing']} of {r['cases']}",
+                     r["reason"], f"[case]({r['case_file']})"] for r in rows[:MAX_ROWS]]
+            out += [_table(["Kernel", "Generation", "Cell", "Failing", "First reason", "Case file"],
+                           capped(body, len(rows))), ""]
+        else:
+            out += ["None.", ""]
+    out += ["### Working but not claimed", ""]
+    if dv["working_not_claimed"]:
+        out += [_table(["Kernel", "Feature", "Generations", "Cases passed"],
+                       [[r["adapter"], r["feature"], ", ".join(r["generations"]), str(r["cases"])]
+                        for r in dv["working_not_claimed"][:MAX_ROWS]]), ""]
+    else:
+        out += ["None.", ""]
+    out += ["### Not verifiable here", ""]
+    if dv["not_verifiable"]:
+        out += [_table(["Kernel", "Generation", "Cases", "Reason"],
+                       [[r["adapter"], r["generation"], str(r["cases"]), r["reason"]]
+                        for r in dv["not_verifiable"][:MAX_ROWS]]), ""]
+    else:
+        out += ["None.", ""]
+
+    out += ["## Oracle self-test (reference adapters)", "",
+            "The oracle run through the full harness path (inputs, integrity checks, comparisons); every case must "
+            "pass.", ""]
+    if refs:
+        def ref_cell(s: Mapping[str, Any]) -> str:
+            if s["status"] == "pass":
+                return f"pass ({s['exercised']})"
+            if s["status"] in ("fail", "partial"):
+                return f"FAIL ({s['exercised'] - s['passed']} of {s['exercised']})"
+            return s["status"]
+
+        out += [_table(["Adapter", "Op", *gens], [[a["name"], a["op"], *[ref_cell(a["generations"][g]) for g in gens]]
+                                                 for a in refs]), ""]
+    else:
+        out += ["(no reference results)", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, command: str = "",
+                 strict: bool = True, shown_sources: Sequence[str] | None = None) -> tuple[Path, Path, int]:
+    """Render result files into `out` (markdown), `out` with .json, and the failing cases' files; returns
+    (markdown path, JSON path, number of verdicts)."""
+    results = load_results(paths, strict=strict)
+    if not results:
+        raise ValueError(f"no results in {', '.join(map(str, paths))}")
+    meta = load_meta(paths, strict=strict)
+    md_path = Path(out)
+    folder = md_path.stem + ".cases"
+    sources = list(shown_sources) if shown_sources is not None else [str(p) for p in paths]
+    model = build(results, meta, command=command, sources=sources, cases_folder=folder)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(to_markdown(model), encoding="utf-8")
+    json_path = md_path.with_suffix(".json")
+    json_path.write_text(json.dumps(model, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    case_dir = md_path.parent / folder
+    if case_dir.is_dir():
+        for old in case_dir.glob("*.json"):
+            old.unlink()
+    for rel, record in model["case_files"].items():
+        p = md_path.parent / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return md_path, json_path, model["verdicts"]

@@ -1,0 +1,192 @@
+"""Append-only JSONL results store.
+
+One file per run and per process (pytest-xdist workers write their own). Each line is one `Result`, written and
+flushed as soon as it is judged, so a crash loses nothing already judged. The loader merges files and tolerates a
+truncated last line (the mark of a process killed mid-write).
+
+A line may also be a metadata record (a JSON object with a "kind" key, no "case"): the matrix sweep writes one
+per run ("run", "run_end") and per adapter ("adapter": source, declared support, cell selection), so a matrix can
+be rendered from the files alone. `iter_results` skips those lines; `load_meta` returns them. Files written before
+metadata records existed are read unchanged.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from harness.core.case import Case
+from harness.store.casefiles import write_case_file
+
+VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "unsupported", "not-verifiable")
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Result:
+    """One judged case."""
+
+    case: Case
+    verdict: str
+    reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    checks: list[dict[str, Any]] = field(default_factory=list)  # per-check outcomes (name, passed, reason)
+    declared: bool = True  # whether the adapter declares support for the case's cell on this device
+    duration_s: float = 0.0
+    generation: str = ""
+    device: dict[str, Any] = field(default_factory=dict)  # DeviceInfo.to_dict()
+    run_id: str = ""
+    timestamp: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
+
+    @property
+    def adapter(self) -> str:
+        return self.case.adapter
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["case"] = self.case.to_dict()
+        d["schema"] = SCHEMA_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Result:
+        d = dict(d)
+        d.pop("schema", None)
+        d["case"] = Case.from_dict(d["case"])
+        return cls(**d)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+class ResultStore:
+    """Writes results of one run (one process) to `<dir>/<run_id>[-<worker>].jsonl`, one flushed line each."""
+
+    def __init__(self, directory: str | os.PathLike, run_id: str | None = None, worker: str | None = None):
+        self.directory = Path(directory)
+        self.run_id = run_id or new_run_id()
+        stem = self.run_id + (f"-{worker}" if worker else "")
+        self.path = self.directory / f"{stem}.jsonl"
+        self._fh: IO[str] | None = None
+        self.count = 0
+
+    def append(self, result: Result) -> None:
+        if self._fh is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        result.run_id = result.run_id or self.run_id
+        self._fh.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
+        self._fh.flush()
+        self.count += 1
+        if result.verdict in ("fail", "error"):
+            self._write_case_file(result)
+
+    def _write_case_file(self, result: Result) -> None:
+        """A failure also becomes a replayable `<dir>/cases/<case-id>.json` (harness.store.casefiles); the line is kept
+        even when that file cannot be written."""
+        try:
+            write_case_file(result, self.directory / "cases")
+        except (OSError, TypeError, ValueError) as e:
+            import warnings
+
+            warnings.warn(f"could not write the case file of {result.case.case_id}: {e}", stacklevel=3)
+
+    def append_meta(self, kind: str, record: dict[str, Any]) -> None:
+        """Write one metadata record (not a verdict; not counted)."""
+        if self._fh is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        line = {"kind": kind, "schema": SCHEMA_VERSION, "run_id": self.run_id, **record}
+        self._fh.write(json.dumps(line, sort_keys=True) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ResultsFileError(ValueError):
+    """A results file that cannot be read (not a truncated last line: real corruption)."""
+
+
+def _result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(sorted([*p.rglob("*.jsonl"), *p.rglob("*.jsonl.gz")]))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise ResultsFileError(f"results path {str(p)!r} does not exist")
+    return files
+
+
+def _generations() -> tuple[str, ...]:
+    from harness.core.device import GENERATIONS  # imported late: harness.core.device imports torch
+
+    return GENERATIONS
+
+
+def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[Result | dict[str, Any]]:
+    for path in _result_files(paths):
+        # committed archives may be gzipped (a full matrix sweep is tens of MB of JSONL)
+        with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as fh:
+            lines = fh.read().split("\n")
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        for lineno, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                if isinstance(d, dict) and "kind" in d and "case" not in d:
+                    yield d
+                else:
+                    r = Result.from_dict(d)
+                    if r.generation and r.generation not in _generations():
+                        raise ValueError(f"unknown generation {r.generation!r} (known: {', '.join(_generations())})")
+                    yield r
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                truncated = lineno == last and not line.endswith("}")
+                if truncated or not strict:
+                    continue
+                raise ResultsFileError(f"{path}:{lineno + 1}: not a valid result record ({e})") from None
+
+
+def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> Iterator[Result]:
+    """Results from files and directories (searched recursively for *.jsonl and *.jsonl.gz); metadata records are
+    skipped.
+
+    A truncated final line (a process killed mid-write) is skipped. A bad line elsewhere raises
+    `ResultsFileError` naming file and line, unless `strict` is False (then it is skipped).
+    """
+    for rec in _iter_records(paths, strict):
+        if isinstance(rec, Result):
+            yield rec
+
+
+def load_meta(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[dict[str, Any]]:
+    """The metadata records (see the module docstring) of the given files, in file order."""
+    return [rec for rec in _iter_records(paths, strict) if not isinstance(rec, Result)]
+
+
+def load_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[Result]:
+    return list(iter_results(paths, strict=strict))
