@@ -17,9 +17,9 @@ from hypothesis import example, given, seed, settings
 
 from harness import ops, registry
 from harness.core.case import Case
+from harness.core.result import Result
 from harness.engine import runner
 from harness.engine import strategies as hs
-from harness.store.results import Result
 
 #: Pinned regressions (run first, every time, as hypothesis @example): cases that once failed, by adapter.
 REGRESSIONS: dict[str, list[Case]] = {

@@ -24,9 +24,9 @@ from harness import ops
 from harness.core.case import Case
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set
 from harness.core.device import DeviceInfo
+from harness.core.result import Result
 from harness.ops.base import Check, OutputSpec
 from harness.registry import Adapter, Unsupported
-from harness.store.results import Result
 
 # Two poison patterns per dtype: an element still holding pattern A after run 1 and pattern B after run 2 was
 # never written. Float patterns are NaNs with distinctive payloads.

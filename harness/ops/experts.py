@@ -25,13 +25,12 @@ from harness.ops import experts_quant as xq
 from harness.ops.activation import operand_magnitude, oracle_kwargs
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
+from harness.ops.experts_quant import ACTIVATIONS
 from harness.registry import Adapter
 from reference import activations as acts
 from reference import experts as ref
 
 #: the seed tables' activation names -> the oracle's
-ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "swigluoai": "swigluoai",
-               "silu_no_mul": "silu_no_mul", "gelu_no_mul": "gelu_no_mul"}
 
 AXES = (
     Axis("format", "Input act. format", ("standard", "batched")),

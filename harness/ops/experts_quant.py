@@ -53,6 +53,10 @@ FORMATS_OF: dict[str, tuple[str, ...]] = {
 _UNIT = {"T": {"unit": "tensor"}, "A": {"unit": "row"}}
 
 
+#: the experts op's activation axis: value -> the oracle's activation (the op spec imports it from here)
+ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "swigluoai": "swigluoai",
+               "silu_no_mul": "silu_no_mul", "gelu_no_mul": "gelu_no_mul"}
+
 @dataclass(frozen=True)
 class Scheme:
     weight: QuantRecipe
@@ -158,8 +162,6 @@ def _unquantized_intermediate(case: Case, found: Mapping[str, torch.Tensor], qua
 
 
 def _activation(case: Case) -> str:
-    from harness.ops.experts import ACTIVATIONS
-
     return ACTIVATIONS[case.features["activation"]]
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported lazily: the replay parent stays light (no torch)
+    from harness.core.result import Result
     from harness.registry import Adapter
-    from harness.store.results import Result
 
 CASE_FILE_KIND = "moe-harness-case"
 CASE_FILE_SCHEMA = 1

@@ -18,53 +18,11 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from harness.core.case import Case
+from harness.core.result import SCHEMA_VERSION, Result
 from harness.store.casefiles import write_case_file
-
-VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "unsupported", "not-verifiable")
-SCHEMA_VERSION = 1
-
-
-@dataclass
-class Result:
-    """One judged case."""
-
-    case: Case
-    verdict: str
-    reason: str = ""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    checks: list[dict[str, Any]] = field(default_factory=list)  # per-check outcomes (name, passed, reason)
-    declared: bool = True  # whether the adapter declares support for the case's cell on this device
-    duration_s: float = 0.0
-    generation: str = ""
-    device: dict[str, Any] = field(default_factory=dict)  # DeviceInfo.to_dict()
-    run_id: str = ""
-    timestamp: float = field(default_factory=time.time)
-
-    def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
-
-    @property
-    def adapter(self) -> str:
-        return self.case.adapter
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["case"] = self.case.to_dict()
-        d["schema"] = SCHEMA_VERSION
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Result:
-        d = dict(d)
-        d.pop("schema", None)
-        d["case"] = Case.from_dict(d["case"])
-        return cls(**d)
 
 
 def new_run_id() -> str:

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import Phase, given, seed, settings
 
 from harness import ops
+from harness.core.result import Result
 from harness.engine import runner
 from harness.engine import strategies as hs
-from harness.store.results import Result
 from tests.mutants.build import build, patched_source
 from tests.mutants.catalog import MUTANTS
 
