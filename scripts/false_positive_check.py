@@ -1,6 +1,6 @@
 """False-positive check: the correct built-in kernels must pass the generic property test under many seeds.
 
-Runs the search of tests/test_adapters.py::test_declared_cases_pass (hypothesis over the adapter's declared cells,
+Runs the search of harness/plugin/generic.py::test_declared_cases_pass (hypothesis over the adapter's declared cells,
 `ci` settings: 8 examples each) for every built-in kernel adapter (`kernels.*`, test aids excluded) under N
 hypothesis seeds, and prints, per adapter, how many seeds passed. With --mutants it instead prints, per planted
 bug of tests/mutants, how many seeds caught it (how robust each catch is, beyond the seed CI uses).

@@ -22,7 +22,7 @@ T0=$(date +%s)
 if [[ " $SECTIONS " == *" pytest "* ]]; then
   echo "== pytest (${HYPOTHESIS_PROFILE:-gpu} profile)"
   HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout "${PYTEST_TIMEOUT:-300}" \
-    python -m pytest -n "${WORKERS:-8}" -q -p no:cacheprovider --results-dir "$RES/pytest" ${PYTEST_ARGS:-} \
+    python -m pytest -n "${WORKERS:-8}" -q -p no:cacheprovider --moe-results-dir "$RES/pytest" ${PYTEST_ARGS:-} \
     > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$? after $(( $(date +%s) - T0 ))s"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | cut -c1-300 | head -40
   tail -3 "$OUT/pytest.log"

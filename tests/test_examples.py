@@ -4,6 +4,8 @@ through the generic tests, the sweep and replay in the interpreter, and its entr
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,8 +14,9 @@ import pytest
 from harness import registry
 from harness.cli import main
 from harness.engine import runner
+from harness.engine.profiles import PROFILES
+from harness.plugin import generic
 from harness.store.results import ResultStore, load_results
-from tests import test_adapters as generic
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "my_kernel"
 SPEC = "my_moe_kernel.harness_adapter:ADAPTER"
@@ -29,7 +32,7 @@ def test_generic_tests_pass_on_the_example(example_on_path, device_info, unverif
     adapter = example_on_path
     assert adapter.name == "my-silu-mul" and adapter.source == "my_moe_kernel.swiglu"
     with ResultStore(tmp_path, run_id="example") as store:
-        generic.test_declared_cases_pass(adapter.name, (0, 1), device_info, store, unverifiable)
+        generic.test_declared_cases_pass(adapter.name, (0, 1), device_info, store, unverifiable, PROFILES["ci"])
         generic.test_undeclared_cells_rejected_cleanly(adapter.name, device_info, store)
     verdicts = {r.verdict for r in load_results([tmp_path])}
     assert verdicts <= {"pass", "unsupported", "not-verifiable"} and "pass" in verdicts
@@ -68,3 +71,45 @@ def test_entry_point_of_the_example_resolves(example_on_path) -> None:  # type: 
     assert entry_points == {"my-silu-mul": SPEC}
     for name, target in entry_points.items():
         assert registry.resolve(target).name == name
+
+
+def _plugin_args() -> list[str]:
+    """`-p harness.plugin` where the plugin is not installed (a copied checkout); nothing where it is."""
+    from importlib import metadata
+
+    installed = any(ep.name == "moe_harness" for ep in metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "harness.plugin"]
+
+
+def _pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(root)])}
+    env.pop("PYTEST_XDIST_WORKER", None)  # the inner run is its own session, not one of our workers
+    env.pop("PYTEST_XDIST_TESTRUNUID", None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *_plugin_args(), *args],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_example_repository_runs_the_generic_tests_through_the_plugin(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """As an outside repository: from its own folder, its own tests and the plugin's generic tests run together;
+    a wrong adapter given the same way fails there."""
+    repo = tmp_path / "my_kernel"
+    shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns("results", "__pycache__"))
+    done = _pytest_in(repo, "-v", "--moe-adapter", SPEC, "--moe-results-dir", str(tmp_path / "res"))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    for test in ("tests/test_silu_mul.py::test_silu_mul_matches_torch PASSED",
+                 "test_declared_cases_pass[my-silu-mul-shard0] PASSED",
+                 "test_undeclared_cells_rejected_cleanly[my-silu-mul] PASSED"):
+        assert test in out, out[-3000:]
+    assert {r.verdict for r in load_results([tmp_path / "res"])} >= {"pass", "unsupported"}
+
+    (repo / "wrong_adapter.py").write_text(
+        "import dataclasses\nfrom my_moe_kernel.harness_adapter import ADAPTER\n"
+        "WRONG = dataclasses.replace(ADAPTER, name='my-silu-mul-up-first',\n"
+        "                            conventions={**ADAPTER.conventions, 'gate_order': 'up_first'})\n")
+    done = _pytest_in(repo, "--moe-adapter", "wrong_adapter:WRONG", "-k", "declared_cases",
+                      "--moe-results-dir", str(tmp_path / "res-wrong"))
+    assert done.returncode == 1 and "1 failed" in done.stdout, (done.stdout + done.stderr)[-3000:]

@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from harness import __version__
 from harness.core.device import prepare_interpreter
 
 # -- command line -------------------------------------------------------------------------------------------------
+
+DEFAULT_OUT = "docs/SUPPORT_MATRIX.md"
+
 
 def _matrix_command(args: argparse.Namespace) -> str:
     """The command line that regenerates the output (shown in the rendered header)."""
@@ -26,28 +30,48 @@ def _matrix_command(args: argparse.Namespace) -> str:
         words += ["--profile", args.profile]
         for a in args.adapter:
             words += ["--adapter", a]
-    if args.out != "docs/SUPPORT_MATRIX.md":
+        if args.shard:
+            words += ["--shard", args.shard]
+    if args.out not in (None, DEFAULT_OUT):
         words += ["--out", args.out]
     return shlex.join(words)
 
 
 def run(args: argparse.Namespace) -> int:
-    command = _matrix_command(args)
     if args.sources:
-        from harness.store.render import render_files
-        from harness.store.results import ResultsFileError
+        return _render_only(args)
+    shard = None
+    if args.shard:
+        from harness.sweep import Shard
 
         try:
-            md_path, json_path, n = render_files(args.sources, args.out, command=command)
-        except (ResultsFileError, ValueError) as e:
+            shard = Shard.parse(args.shard)
+        except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"rendered {n} verdicts from {len(args.sources)} source(s) into {md_path} and {json_path}")
-        return 0
+    out = args.out if args.out is not None else ("" if shard else DEFAULT_OUT)
+    return _sweep_and_render(args, shard, out)
 
+
+def _render_only(args: argparse.Namespace) -> int:
+    from harness.store.render import render_files
+    from harness.store.results import ResultsFileError
+
+    out = args.out if args.out is not None else DEFAULT_OUT
+    try:
+        md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args))
+    except (ResultsFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"rendered {n} verdicts from {len(args.sources)} source(s) into {md_path} and {json_path}")
+    return 0
+
+
+def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     prepare_interpreter(args.device)
     from harness import registry
     from harness.core.device import detect
+    from harness.store.results import new_run_id
     from harness.sweep import run_sweep
 
     try:
@@ -58,43 +82,47 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from harness.store.results import new_run_id
-
-    run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}"
+    suffix = f"-shard{shard.index}of{shard.count}" if shard else ""
+    run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}{suffix}"
     print(f"moe-harness {__version__}: sweeping {len(specs)} adapter(s) on {dev.generation} ({dev.device_name}), "
-          f"profile {args.profile}", file=sys.stderr)
+          f"profile {args.profile}" + (f", shard {shard}" if shard else ""), file=sys.stderr)
+    command = _matrix_command(args)
     try:
         totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
-                           case_timeout=args.case_timeout, command=command, resume=bool(args.resume))
+                           case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard)
     except ValueError as e:  # --resume of a run that has no results here
         print(f"error: {e}", file=sys.stderr)
         return 2
     bad = sum(c["fail"] + c["error"] for c in totals.values())
-    from pathlib import Path
-
-    from harness.store.render import render_files
-
     run_files = sorted(Path(args.results_dir).glob(f"{run_id}-*.jsonl"))
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl "
           f"({sum(sum(c.values()) for c in totals.values())} verdicts)")
-    if args.out and run_files:
-        # The rendered matrix keeps the other generations' committed results (a CPU run must not drop sm90)
-        others = [] if args.only_this_run else committed_other_generations(dev.generation, args.results_dir)
-        folders = sorted({os.path.relpath(f.parent) for f in others})
-        md_path, json_path, _ = render_files(run_files + others, args.out, command=command,
-                                             shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
-        print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
-                                                      if folders else ""))
+    if out and run_files:
+        _render_run(args, dev.generation, run_id, run_files, out, command)
+    elif shard:
+        print(f"shard {shard}: merge the shards' result folders with `python -m harness matrix --from DIR ...`")
     if bad:
         print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _render_run(args: argparse.Namespace, generation: str, run_id: str, run_files: list[Path], out: str,
+                command: str) -> None:
+    """Render this run, with the other generations' committed results (a CPU run must not drop sm90)."""
+    from harness.store.render import render_files
+
+    others = [] if args.only_this_run else committed_other_generations(generation, args.results_dir)
+    folders = sorted({os.path.relpath(f.parent) for f in others})
+    md_path, json_path, _ = render_files(run_files + others, out, command=command,
+                                         shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
+    print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
+                                                  if folders else ""))
 
 
 def committed_other_generations(generation: str, results_dir: str, root: str | None = None) -> list:
     """Matrix result files committed under `root` (default: the repository's results/) for generations other
     than `generation`, outside `results_dir` and results/local: what a fresh sweep's rendering merges in."""
     import re
-    from pathlib import Path
 
     base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
     skip = {Path(results_dir).resolve(), (base / "local").resolve()}
@@ -121,8 +149,12 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--adapter", action="append", default=[], help="only this adapter (repeatable; module:object ok)")
     m.add_argument("--from", dest="sources", nargs="+", metavar="RESULTS",
                    help="render from these result files/folders (several generations merge); runs nothing")
-    m.add_argument("--out", default="docs/SUPPORT_MATRIX.md",
-                   help="markdown output (the JSON goes next to it, .json); '' to skip rendering")
+    m.add_argument("--out", default=None,
+                   help=f"markdown output (the JSON goes next to it, .json; default {DEFAULT_OUT}, none for a "
+                        "--shard run); '' to skip rendering")
+    m.add_argument("--shard", metavar="K/N",
+                   help="run shard K of N (1 <= K <= N): a deterministic 1/N of the cells, the same on every machine; "
+                        "merge the shards' results with --from")
     m.add_argument("--results-dir", default="results/local", help="where the JSONL results are written")
     m.add_argument("--resume", metavar="RUN_ID",
                    help="continue an interrupted sweep (e.g. matrix-sm90-20261121T074027-fa1972, the prefix of its "

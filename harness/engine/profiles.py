@@ -1,7 +1,8 @@
-"""Hypothesis profiles: `ci` (CPU CI, few examples), `dev`, `gpu` and `thorough` (GPU runs).
+"""Hypothesis profiles of the generic tests: `ci` (CPU CI, few examples), `dev`, `gpu` and `thorough` (GPU runs).
 
-Selected by pytest's `--hypothesis-profile NAME` or the `HYPOTHESIS_PROFILE` environment variable; the
-default is `ci`.
+`PROFILES` holds them as settings objects: the pytest plugin applies the chosen one to its generic tests only, so a
+kernel repository's own hypothesis profiles are never touched. `register_profiles` also registers them by name with
+hypothesis, for this repository's own tests (`--hypothesis-profile NAME`, `HYPOTHESIS_PROFILE`; default `ci`).
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ from hypothesis import HealthCheck, Phase, settings
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
+PROFILES: dict[str, settings] = {
+    # `ci` repeats hypothesis' built-in ci settings (derandomize, no database, print blob) with few examples.
+    "ci": settings(max_examples=8, derandomize=True, database=None, print_blob=True,
+                   phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target), **_COMMON),
+    "dev": settings(max_examples=30, print_blob=True, **_COMMON),
+    "gpu": settings(max_examples=60, derandomize=True, database=None, print_blob=True, **_COMMON),
+    "thorough": settings(max_examples=300, derandomize=True, database=None, print_blob=True, **_COMMON),
+}
+
 
 def register_profiles() -> None:
-    # `ci` repeats hypothesis' built-in ci settings (derandomize, no database, print blob) with few examples.
-    settings.register_profile(
-        "ci", max_examples=8, derandomize=True, database=None, print_blob=True,
-        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target), **_COMMON,
-    )
-    settings.register_profile("dev", max_examples=30, print_blob=True, **_COMMON)
-    settings.register_profile("gpu", max_examples=60, derandomize=True, database=None, print_blob=True, **_COMMON)
-    settings.register_profile(
-        "thorough", max_examples=300, derandomize=True, database=None, print_blob=True, **_COMMON
-    )
+    for name, profile in PROFILES.items():
+        settings.register_profile(name, profile)
 
 
 def load_profile(name: str | None = None) -> str:
@@ -31,3 +33,9 @@ def load_profile(name: str | None = None) -> str:
     name = name or os.environ.get("HYPOTHESIS_PROFILE") or "ci"
     settings.load_profile(name)
     return name
+
+
+def choose(*candidates: str | None) -> str:
+    """The first candidate that names one of `PROFILES` (others, e.g. a repository's own profile, are passed over);
+    `ci` when none does."""
+    return next((c for c in candidates if c in PROFILES), "ci")

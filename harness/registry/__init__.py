@@ -121,22 +121,51 @@ def _as_adapters(obj: Any, origin: str) -> list[Adapter]:
     raise ValueError(f"{origin} is not an Adapter (or a list of them, or a callable returning one)")
 
 
+#: modules that register the built-in adapters on import, loaded by name like entry points (the registry sits below
+#: them: it knows where they are, not what they import)
+BUILTIN_PROVIDERS = ("harness.ops.reference", "kernels.adapters")
+#: adapter name -> the entry point it came from
+_FROM_ENTRY_POINTS: dict[str, str] = {}
+#: provider or entry point -> why it could not be loaded
+LOAD_FAILURES: dict[str, str] = {}
+
+
 def load_builtin_and_plugins() -> None:
-    """Import the built-in adapters and every adapter published under the entry-point group."""
+    """Import the built-in adapters and every adapter published under the entry-point group. A provider or entry
+    point that fails to load is reported (a warning, and `LOAD_FAILURES`), never fatal to the others."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    importlib.import_module("harness.ops.reference")
-    try:
-        importlib.import_module("kernels.adapters")
-    except ImportError as e:  # triton missing: the kernels' adapters are unavailable, the rest still works
-        import warnings
+    import warnings
 
-        warnings.warn(f"built-in kernel adapters unavailable: {e}", stacklevel=2)
+    for module_name in BUILTIN_PROVIDERS:
+        try:
+            importlib.import_module(module_name)
+        except ImportError as e:  # triton missing: the kernels' adapters are unavailable, the rest still works
+            LOAD_FAILURES[module_name] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"built-in adapters of {module_name} unavailable: {e}", stacklevel=2)
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        for a in _as_adapters(ep.load(), f"entry point {ep.name!r}"):
+        try:
+            found = _as_adapters(ep.load(), f"entry point {ep.name!r}")
+        except Exception as e:  # one broken kernel package must not hide the others
+            LOAD_FAILURES[f"entry point {ep.name} ({ep.value})"] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"adapters of entry point {ep.name!r} ({ep.value}) unavailable: {e}", stacklevel=2)
+            continue
+        for a in found:
             register(a, replace=True)
+            _FROM_ENTRY_POINTS[a.name] = ep.name
+
+
+def entry_point_adapters() -> list[Adapter]:
+    """The adapters that installed packages publish under the entry-point group (not the built-in ones)."""
+    load_builtin_and_plugins()
+    return [_REGISTRY[n] for n in sorted(_FROM_ENTRY_POINTS) if n in _REGISTRY]
+
+
+def has_entry_points() -> bool:
+    """Whether any installed package publishes adapters (without importing them)."""
+    return any(True for _ in metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
 def resolve(spec: str) -> Adapter:

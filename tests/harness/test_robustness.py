@@ -97,8 +97,8 @@ def test_timeout_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-           "tests/test_adapters.py::test_declared_cases_pass", "--adapter", "tests.harness.test_robustness:SEGV",
-           "--adapter", "reference-activation", "--results-dir", str(tmp_path)]
+           "harness/plugin/generic.py::test_declared_cases_pass", "--moe-adapter", "tests.harness.test_robustness:SEGV",
+           "--moe-adapter", "reference-activation", "--moe-results-dir", str(tmp_path)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = p.stdout + p.stderr

@@ -138,3 +138,45 @@ def test_resume_finishes_an_interrupted_run_without_judging_twice(tmp_path: Path
     assert sum(totals[name].values()) == len(planned)
     with pytest.raises(ValueError, match="no results of run"):
         sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="missing", jobs=1, out=None, resume=True)
+
+
+def test_shards_partition_the_cells_stably() -> None:
+    a = _narrow_experts()
+    whole = sweep.plan(a, "full")
+    parts = [sweep.Shard(k, 3).of(whole) for k in (1, 2, 3)]
+    ids = [{c.case_id for c in p.cases} for p in parts]
+    assert all(ids) and sum(map(len, ids)) == len(whole.cases)
+    assert set().union(*ids) == {c.case_id for c in whole.cases}
+    # the same shard on another machine, with other adapters around it, holds the same cells
+    assert sweep.Shard(2, 3).of(sweep.plan(a, "full")).cases == parts[1].cases
+    # every part still describes the whole plan, so the shards' metadata merge into the unsharded one
+    assert {k: v for k, v in parts[0].summary().items() if not k.startswith("shard")} == whole.summary()
+    for bad in ("0/2", "3/2", "2", "a/b", "1/0"):
+        with pytest.raises(ValueError, match="--shard"):
+            sweep.Shard.parse(bad)
+
+
+def test_two_shards_merged_render_the_same_matrix_as_one_run(tmp_path: Path) -> None:
+    """The user's flow: `matrix --shard K/N` on each machine, then `matrix --from` over the shards' folders."""
+    from harness.cli import main
+
+    common = ["matrix", "--device", "cpu", "--jobs", "2", "--adapter", "reference-activation",
+              "--adapter", FAKE.replace(":FAULTY", ":PARTIAL")]
+    # exit 1: fake-partial has a planted bug (its footnotes and case files must merge too)
+    assert main([*common, "--results-dir", str(tmp_path / "one"), "--out", ""]) == 1
+    for k in (1, 2):
+        assert main([*common, "--shard", f"{k}/2", "--results-dir", str(tmp_path / f"shard{k}")]) in (0, 1)
+    shard_ids = [{r.case.case_id for r in load_results([tmp_path / f"shard{k}"])} for k in (1, 2)]
+    assert all(shard_ids) and not shard_ids[0] & shard_ids[1]
+
+    models = []
+    for name, sources in (("one", ["one"]), ("merged", ["shard1", "shard2"])):
+        out = tmp_path / f"render-{name}" / "MATRIX.md"  # the same name: case-file links name the folder
+        assert main(["matrix", "--from", *[str(tmp_path / s) for s in sources], "--out", str(out)]) == 0
+        model = json.loads(out.with_suffix(".json").read_text())
+        for key in ("command", "sources"):
+            model.pop(key)
+        models.append(model)
+    assert models[0] == models[1]
+    assert models[0]["declared_vs_verified"]["claimed_but_failing"], "the planted bug must show"
+    assert models[0]["verdicts"] == len(shard_ids[0]) + len(shard_ids[1])

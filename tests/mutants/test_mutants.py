@@ -1,7 +1,8 @@
 """Every planted bug must be caught by the generic property search under the CI profile.
 
-Each mutant runs the search of tests/test_adapters.py (hypothesis over the mutant's declared cells, `ci`
-settings: 8 examples, seeded by the mutant's name) and stops at the first failing verdict, without shrinking.
+Each mutant runs the search of the generic test (harness/plugin/generic.py: hypothesis over the mutant's declared
+cells, `ci` settings: 8 examples, seeded by the mutant's name) and stops at the first failing verdict, without
+shrinking.
 The check that caught it (Result.metrics["failed_checks"], or the error) is printed and kept in MUTANT_REPORT.
 A mutant that survives is a gap in the harness: fix the strategy, integrity check or error model, not the mutant.
 """
@@ -19,6 +20,7 @@ from harness import ops
 from harness.core.result import Result
 from harness.engine import runner
 from harness.engine import strategies as hs
+from harness.engine.profiles import PROFILES
 from tests.mutants.build import build, patched_source
 from tests.mutants.catalog import MUTANTS
 
@@ -54,7 +56,7 @@ def search(adapter, device, unverifiable) -> tuple[Result | None, int]:  # type:
 
     # The ci profile's examples, seeded from the adapter's name rather than derandomized from this function's
     # source, so that editing this file does not reshuffle every mutant's draws; no shrinking (stop at the first).
-    ci = settings(settings.get_profile("ci"), derandomize=False,
+    ci = settings(PROFILES["ci"], derandomize=False,
                   phases=(Phase.explicit, Phase.reuse, Phase.generate))
     test = seed(zlib.crc32(adapter.name.encode()))(ci(given(case=hs.cases(adapter, cells))(prop)))
     try:

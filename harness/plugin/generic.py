@@ -1,4 +1,7 @@
-"""The generic property test, instantiated for every registered adapter (like PyTorch's OpInfo tests).
+"""The generic tests the pytest plugin runs for every selected adapter (like PyTorch's OpInfo tests).
+
+Collected by `harness.plugin` (not by file name): `pytest --moe-adapter pkg.mod:OBJ` in any repository, or the
+adapters published under the `moe_harness.adapters` entry point.
 
 test_declared_cases_pass: hypothesis draws cases inside the adapter's declared support on this device; every
 verdict is recorded in the results store; a fail or error fails the test with the case JSON and the command
@@ -43,28 +46,31 @@ def _explain(r: Result) -> str:
             f"  replay: save the case JSON to case.json and run `python -m harness replay case.json`")
 
 
-def test_declared_cases_pass(adapter_name, shard, device_info, result_store, unverifiable) -> None:  # type: ignore[no-untyped-def]
-    adapter = registry.resolve(adapter_name)
-    cells = hs.declared_cells(adapter, device_info)
+def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_results, moe_unverifiable,  # type: ignore[no-untyped-def]
+                             moe_profile) -> None:
+    adapter = registry.resolve(moe_adapter_name)
+    cells = hs.declared_cells(adapter, moe_device)
     if not cells:
-        pytest.skip(f"{adapter_name} declares no cell on {device_info.generation} (reported as unsupported)")
-    index, count = shard
+        pytest.skip(f"{moe_adapter_name} declares no cell on {moe_device.generation} (reported as unsupported)")
+    index, count = moe_shard
     if count > 1:  # this item's share: every count-th cell (round robin when there are fewer cells than shards)
         cells = cells[index::count] or [cells[index % len(cells)]]
 
     def prop(case):  # type: ignore[no-untyped-def]
-        r = runner.judge(case, adapter, device_info, unverifiable=unverifiable)
-        result_store.append(r)
+        r = runner.judge(case, adapter, moe_device, unverifiable=moe_unverifiable)
+        moe_results.append(r)
         assert r.verdict in ("pass", "not-verifiable"), _explain(r)
 
     if index == 0:
-        for pinned in REGRESSIONS.get(adapter_name, []):
+        for pinned in REGRESSIONS.get(moe_adapter_name, []):
             prop = example(case=pinned)(prop)
     test = given(case=hs.cases(adapter, cells))(prop)
     if count > 1:  # the examples are divided too, each shard with its own reproducible seed
-        examples = max(4, -(-settings.default.max_examples // count))
-        test = seed(zlib.crc32(f"{adapter_name}/{index}".encode()))(
-            settings(settings.default, max_examples=examples, derandomize=False, database=None)(test))
+        examples = max(4, -(-moe_profile.max_examples // count))
+        test = seed(zlib.crc32(f"{moe_adapter_name}/{index}".encode()))(
+            settings(moe_profile, max_examples=examples, derandomize=False, database=None)(test))
+    else:
+        test = settings(moe_profile)(test)
     test()
 
 
@@ -72,18 +78,18 @@ def _normalized(text: str) -> str:
     return re.sub(r"[\s_\-]+", " ", text.lower())
 
 
-def test_undeclared_cells_rejected_cleanly(adapter_name, device_info, result_store) -> None:  # type: ignore[no-untyped-def]
-    adapter = registry.resolve(adapter_name)
+def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_results) -> None:  # type: ignore[no-untyped-def]
+    adapter = registry.resolve(moe_adapter_name)
     spec = ops.get(adapter.op)
-    cells = hs.undeclared_cells(adapter, device_info)
-    if device_info.generation not in adapter.generations:
-        pytest.skip(f"{adapter_name} does not run on {device_info.generation} (reported as unsupported)")
+    cells = hs.undeclared_cells(adapter, moe_device)
+    if moe_device.generation not in adapter.generations:
+        pytest.skip(f"{moe_adapter_name} does not run on {moe_device.generation} (reported as unsupported)")
     problems = []
     for cell in cells[:12]:
         fields = spec.boundary(adapter, cell)[1]
         case = runner.Case(op=adapter.op, adapter=adapter.name, features=cell, **fields)
-        r = runner.judge(case, adapter, device_info)
-        result_store.append(r)
+        r = runner.judge(case, adapter, moe_device)
+        moe_results.append(r)
         if r.verdict == "pass":
             continue  # works but not claimed: reported by the matrix
         if r.verdict != "unsupported":

@@ -1,0 +1,201 @@
+"""The moe-harness pytest plugin (entry point `pytest11`: `moe_harness`), installed with the package.
+
+In any repository: `pytest --moe-adapter pkg.mod:OBJ` (repeatable; a registered name also works, `all` means every
+registered adapter) runs the generic tests of `harness.plugin.generic` for those adapters: the declared cells pass
+under property-based fuzzing (hypothesis), the undeclared cells are rejected cleanly, every case goes through the
+integrity checks. Without `--moe-adapter`, the adapters come from the ini option `moe_adapters`, else from the
+installed packages' `moe_harness.adapters` entry points; with none of the three the plugin adds nothing and
+touches nothing (disable it outright with `-p no:moe_harness`).
+
+The generic tests join the collection when pytest collects its default paths (no path arguments), or whenever
+`--moe-adapter` is given. Options: `--moe-device`, `--moe-gpus` (which GPUs xdist workers spread over),
+`--moe-profile` (the hypothesis profile of the generic tests only: ci, dev, gpu, thorough), `--moe-shards`,
+`--moe-results-dir`. Fixtures for a repository's own tests: `moe_device` (the `DeviceInfo` this worker verifies
+on), `moe_results` (its `ResultStore`), `moe_unverifiable` (interpreter features that could not be made faithful).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.register_assert_rewrite("harness.plugin.generic")
+
+GENERIC = Path(__file__).resolve().parent / "generic.py"
+_ADAPTER_ARGS = ("moe_adapter_name", "moe_shard")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("moe-harness", "moe-harness: generic tests of MoE kernel adapters")
+    group.addoption("--moe-adapter", action="append", default=[], metavar="SPEC",
+                    help="verify this adapter: module:object, a registered name, or 'all' (repeatable)")
+    group.addoption("--moe-device", default=os.environ.get("MOE_HARNESS_DEVICE", "auto"),
+                    help="auto (default; xdist workers spread over the GPUs), cpu, cuda, or cuda:N (pinned)")
+    group.addoption("--moe-gpus", default=os.environ.get("MOE_HARNESS_GPUS", ""), metavar="LIST",
+                    help="GPU indices the xdist workers take round robin (default: every visible GPU)")
+    group.addoption("--moe-profile", default=None, metavar="NAME",
+                    help="hypothesis profile of the generic tests: ci (default), dev, gpu, thorough "
+                         "(also MOE_HARNESS_PROFILE, or HYPOTHESIS_PROFILE when it names one of these)")
+    group.addoption("--moe-shards", type=int, default=int(os.environ.get("MOE_HARNESS_SHARDS", "1")),
+                    help="split each adapter's property test into N items, so xdist runs one adapter on several "
+                         "workers (GPU runs)")
+    group.addoption("--moe-results-dir", default=None,
+                    help="where verdicts are written, one JSONL file per run and worker (default: ini "
+                         "moe_results_dir, else results/local)")
+    parser.addini("moe_adapters", type="linelist", default=[],
+                  help="adapters whose generic tests run when --moe-adapter is not given ('all': every one)")
+    parser.addini("moe_results_dir", default="results/local", help="default of --moe-results-dir")
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    # before pytest_configure the parsed command line is only in known_args_namespace
+    early = getattr(config, "known_args_namespace", None)
+    return getattr(early, name) if early is not None and hasattr(early, name) else config.getoption(name)
+
+
+def adapter_specs(config: pytest.Config) -> list[str]:
+    """What the user asked for: --moe-adapter, else the ini option (empty: the entry points decide)."""
+    return list(_option(config, "moe_adapter") or []) or list(config.getini("moe_adapters"))
+
+
+def is_active(config: pytest.Config) -> bool:
+    from harness import registry
+
+    return bool(adapter_specs(config)) or registry.has_entry_points()
+
+
+def selected_adapters(config: pytest.Config) -> list[str]:
+    """Names of the adapters whose generic tests run (a spec that does not resolve is a usage error)."""
+    from harness import registry
+
+    specs = adapter_specs(config)
+    if not specs:
+        return [a.name for a in registry.entry_point_adapters()]
+    names: list[str] = []
+    for spec in specs:
+        if spec == "all":
+            found = [a.name for a in registry.all_adapters()]
+        else:
+            try:
+                found = [registry.resolve(spec).name]
+            except ValueError as e:
+                raise pytest.UsageError(f"--moe-adapter: {e}") from None
+        names += [n for n in found if n not in names]
+    return names
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    # The interpreter must be chosen before a conftest or test module imports triton.
+    if is_active(early_config):
+        _prepare(early_config)
+
+
+def _prepare(config: pytest.Config) -> None:
+    from harness.core.device import prepare_interpreter
+
+    prepare_interpreter(_option(config, "moe_device"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "moe_generic: a generic test of an MoE kernel adapter (moe-harness)")
+    if not is_active(config):
+        return
+    _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
+    device = worker_device(config)
+    if device.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(int(device.split(":")[1]))  # kernels that allocate on "cuda" follow the worker
+
+
+def worker_device(config: pytest.Config) -> str:
+    """This process's device: `--moe-device`, with auto/cuda spread over the GPUs by xdist worker number."""
+    from harness.plugin.gpus import device_for_worker, parse_gpus
+
+    requested = config.getoption("moe_device")
+    gpus = parse_gpus(config.getoption("moe_gpus"))
+    count = 0
+    if requested != "cpu":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        return device_for_worker(requested, os.environ.get("PYTEST_XDIST_WORKER"), count, gpus)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Add the generic tests (before -k/-m deselection runs) when they are wanted and not collected already."""
+    if not is_active(config) or any(item.path == GENERIC for item in items):
+        return
+    default_paths = config.args_source != pytest.Config.ArgsSource.ARGS
+    if not (default_paths or config.getoption("moe_adapter")):
+        return
+    try:
+        nodeid = str(GENERIC.relative_to(config.rootpath))
+    except ValueError:
+        nodeid = "moe-harness/generic.py"  # installed outside the repository under test
+    module = pytest.Module.from_parent(session, path=GENERIC, nodeid=nodeid)
+    items.extend(session.genitems(module))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not any(arg in metafunc.fixturenames for arg in _ADAPTER_ARGS):
+        return
+    if "moe_adapter_name" in metafunc.fixturenames:
+        metafunc.parametrize("moe_adapter_name", selected_adapters(metafunc.config))
+    if "moe_shard" in metafunc.fixturenames:
+        shards = metafunc.config.getoption("moe_shards")
+        if shards < 1:
+            raise pytest.UsageError(f"--moe-shards must be >= 1, got {shards}")
+        metafunc.parametrize("moe_shard", [(i, shards) for i in range(shards)],
+                             ids=[f"shard{i}" for i in range(shards)])
+
+
+@pytest.fixture(scope="session")
+def moe_device(request: pytest.FixtureRequest) -> Any:
+    """The `DeviceInfo` this process verifies on (its own GPU under xdist)."""
+    from harness.core.device import detect
+
+    try:
+        return detect(worker_device(request.config))
+    except ValueError as e:
+        raise pytest.UsageError(f"--moe-device: {e}") from None
+
+
+@pytest.fixture(scope="session")
+def moe_unverifiable() -> set[str]:
+    """Interpreter features that could not be made faithful (cells depending on them are not-verifiable)."""
+    from harness.engine.interpreter import unverifiable_here
+
+    return unverifiable_here()
+
+
+@pytest.fixture(scope="session")
+def moe_profile(request: pytest.FixtureRequest) -> Any:
+    """The hypothesis settings of the generic tests (never loaded globally: the repository's own profiles stay)."""
+    from harness.engine.profiles import PROFILES, choose
+
+    name = request.config.getoption("moe_profile")
+    if name is not None and name not in PROFILES:
+        raise pytest.UsageError(f"--moe-profile must be one of {', '.join(PROFILES)}, got {name!r}")
+    return PROFILES[choose(name, request.config.getoption("hypothesis_profile", default=None),
+                           os.environ.get("MOE_HARNESS_PROFILE"), os.environ.get("HYPOTHESIS_PROFILE"))]
+
+
+@pytest.fixture(scope="session")
+def moe_results(request: pytest.FixtureRequest) -> Any:
+    """The results store of this process: one JSONL file per run and xdist worker."""
+    from harness.store.results import ResultStore, new_run_id
+
+    folder = request.config.getoption("moe_results_dir") or request.config.getini("moe_results_dir")
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or new_run_id()
+    store = ResultStore(folder, run_id=f"pytest-{run_id}", worker=os.environ.get("PYTEST_XDIST_WORKER"))
+    yield store
+    store.close()

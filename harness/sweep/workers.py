@@ -1,0 +1,291 @@
+"""The sweep's worker processes and the parent that feeds and watches them (fault isolation).
+
+Cases run in worker processes (never forked from a process that may hold a CUDA context: a fork server, else spawn;
+a pool sized to the CPU count, or six per GPU, at most one per CPU), each writing its own results file, one flushed
+line per verdict. The parent hands out chunks of one adapter's cases, watches every worker, and when a case hangs
+past the per-case timeout (the worker is killed) or the worker dies (os._exit, a signal, a CUDA context lost to an
+illegal memory access), writes an `error` verdict for that case with the reason, starts a fresh worker and carries
+on with the rest.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from harness import registry
+from harness.core.case import Case
+from harness.core.device import DeviceInfo, detect
+from harness.core.result import Result
+from harness.engine import runner
+from harness.store.results import ResultStore
+from harness.sweep.progress import Progress
+
+#: seconds a worker may take to start (import torch, triton, the kernels) before it counts as dead
+START_TIMEOUT_S = 180.0
+#: after this many worker deaths on one chunk before its first case starts, the chunk is marked, not retried
+MAX_SILENT_DEATHS = 2
+#: CUDA errors after which the context is unusable: the worker exits and a fresh one takes over
+_STICKY_CUDA = re.compile(r"illegal memory access|unspecified launch failure|misaligned address|"
+                          r"device-side assert|CUDA error: an illegal|cudaErrorIllegalAddress|CUDA-capable device",
+                          re.IGNORECASE)
+
+
+def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[str] | None) -> Result:
+    """The verdict of one case; a harness exception becomes an `error` verdict (the case is still recorded)."""
+    try:
+        return runner.judge(case, adapter, dev, unverifiable=unverifiable)
+    except Exception as e:  # runner.judge should not raise; if it does, the case is still recorded
+        declared = adapter.declares(case.features, dev)[0]
+        return Result(case=case, verdict="error", reason=f"harness error: {type(e).__name__}: {e}",
+                      metrics={"trace": traceback.format_exc(limit=4)}, declared=declared,
+                      generation=dev.generation, device=dev.to_dict())
+
+
+def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: int, threads: int) -> None:
+    """Worker loop: receive (adapter spec, [(index, case dict)]) chunks, judge each case, append, report."""
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    dev = detect(device)
+    unverifiable: set[str] | None = None
+    if dev.generation == "interp":
+        from harness.engine.interpreter import unverifiable_here
+
+        unverifiable = unverifiable_here()
+    store = ResultStore(results_dir, run_id=run_id, worker=f"w{os.getpid()}")
+    resolved: dict[str, Any] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        spec, items = msg
+        try:
+            adapter = resolved.get(spec) or registry.resolve(spec)
+            resolved[spec] = adapter
+        except Exception as e:
+            conn.send(("unloadable", f"{type(e).__name__}: {e}"))
+            continue
+        for index, case_dict in items:
+            conn.send(("start", index))
+            r = judge_safely(Case.from_dict(case_dict), adapter, dev, unverifiable)
+            store.append(r)
+            conn.send(("done", index, r.verdict, r.declared))
+            if dev.is_cuda and r.verdict == "error" and _STICKY_CUDA.search(r.reason):
+                store.close()
+                os._exit(3)  # the CUDA context is gone; the parent starts a fresh worker for the rest
+        conn.send(("idle",))
+    store.close()
+
+
+def _context() -> Any:
+    """Workers must never inherit a CUDA context, so no plain fork. A fork server is a fresh process (it never
+    touches CUDA) that imports torch once; each worker forks from it, so replacing a dead worker costs a fraction
+    of a second instead of a full torch import. Where there is no fork server, spawn."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+@dataclass
+class _Chunk:
+    spec: str  # how the worker resolves the adapter (name or module:object)
+    items: list[tuple[int, Case]]
+    silent_deaths: int = 0
+
+
+@dataclass
+class _Slot:
+    index: int
+    device: str
+    proc: Any = None
+    conn: Connection | None = None
+    ready: bool = False
+    born: float = 0.0
+    chunk: _Chunk | None = None
+    current: int | None = None  # index of the case in flight
+    since: float = 0.0
+
+
+def default_jobs(device: DeviceInfo) -> int:
+    if device.is_cuda:
+        import torch
+
+        # the judging (inputs, oracle, comparisons) is CPU-heavy and kernels are short: several workers per GPU
+        return max(1, min(_cpus(), 6 * max(1, torch.cuda.device_count())))
+    return _cpus()
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class WorkerPool:
+    """Feeds chunks of cases to worker processes and watches them; every case ends with exactly one verdict.
+
+    `account(index, verdict, declared)` is called for every verdict, `mark(index, reason, kind, **metrics)` for a
+    case whose worker hung or died (the caller records an `error` verdict for it).
+    """
+
+    def __init__(self, chunks: deque[_Chunk], device: DeviceInfo, results_dir: str, run_id: str, jobs: int,
+                 case_timeout: float, progress: Progress, cases: dict[int, Case],
+                 account: Callable[[int, str, bool], None], mark: Callable[..., None]):
+        self.chunks, self.results_dir, self.run_id = chunks, str(results_dir), run_id
+        self.case_timeout, self.progress, self.cases = case_timeout, progress, cases
+        self.account, self.mark = account, mark
+        self.ctx = _context()
+        devices = [device.device]
+        if device.is_cuda and device.device in ("cuda", "cuda:0"):
+            import torch
+
+            devices = [f"cuda:{i}" for i in range(max(1, torch.cuda.device_count()))]
+        n_slots = min(jobs, max(1, len(chunks)))
+        self.cpu_threads = max(1, (os.cpu_count() or 1) // n_slots)
+        self.slots = [_Slot(i, devices[i % len(devices)]) for i in range(n_slots)]
+        self.start_failures = 0  # workers that died before reporting ready, in a row
+
+    def run(self) -> None:
+        try:
+            for slot in self.slots:
+                self.start(slot)
+            while self.chunks or any(s.chunk is not None for s in self.slots):
+                self.dispatch()
+                live = [s for s in self.slots if s.conn is not None]
+                wait([s.conn for s in live] + [s.proc.sentinel for s in live], timeout=0.5)
+                for slot in live:
+                    self.watch(slot, time.monotonic())
+                self.progress.show()
+        finally:
+            self.stop()
+
+    def start(self, slot: _Slot) -> None:
+        parent, child = self.ctx.Pipe()
+        slot.proc = self.ctx.Process(target=_worker, args=(child, slot.device, self.results_dir, self.run_id,
+                                                           slot.index, self.cpu_threads), daemon=True)
+        slot.proc.start()
+        child.close()
+        slot.conn, slot.ready, slot.born, slot.chunk, slot.current = parent, False, time.monotonic(), None, None
+
+    def dispatch(self) -> None:
+        """Restart dead slots that still have work, and hand a chunk to every idle ready worker."""
+        for slot in self.slots:
+            if slot.proc is None and (self.chunks or slot.chunk is not None):
+                self.start(slot)
+            if slot.ready and slot.chunk is None and self.chunks and slot.conn is not None:
+                slot.chunk = self.chunks.popleft()
+                slot.conn.send((slot.chunk.spec, [(i, c.to_dict()) for i, c in slot.chunk.items]))
+
+    def drain(self, slot: _Slot) -> None:
+        try:
+            while slot.conn is not None and slot.conn.poll():
+                self.handle(slot, slot.conn.recv())
+        except (EOFError, OSError):
+            pass  # the pipe broke: the process is dead (the caller sees it)
+
+    def watch(self, slot: _Slot, now: float) -> None:
+        """Read the worker's messages; retire it when it died, hung past the case timeout or never started."""
+        self.drain(slot)
+        if not slot.proc.is_alive():
+            slot.proc.join(1)
+            self.drain(slot)  # a verdict sent just before dying is still in the pipe
+            self.died(slot)
+        elif slot.current is not None and now - slot.since > self.case_timeout:
+            case = self.cases[slot.current]
+            self.progress.note(f"case {case.case_id} of {case.adapter} hung past {self.case_timeout:g}s; worker "
+                               "killed, continuing")
+            self.retire(slot, f"hang: no verdict within {self.case_timeout:g}s (worker killed)", "timeout")
+        elif not slot.ready and now - slot.born > START_TIMEOUT_S:
+            self.retire(slot, f"worker did not start within {START_TIMEOUT_S:g}s", "died")
+
+    def died(self, slot: _Slot) -> None:
+        code = slot.proc.exitcode
+        why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        if slot.current is not None:
+            case = self.cases[slot.current]
+            self.progress.note(f"worker {slot.index} died ({why}) on case {case.case_id} of {case.adapter}; "
+                               "continuing")
+        if not slot.ready:
+            self.start_failures += 1
+        self.retire(slot, f"worker process died ({why}) while running this case", "died")
+        if self.start_failures >= MAX_SILENT_DEATHS * len(self.slots):
+            # workers cannot even start (a broken install, an unimportable __main__): stop respawning
+            self.progress.note(f"worker processes fail to start ({why}); the remaining cases are marked")
+            while self.chunks:
+                for i, _ in self.chunks.popleft().items:
+                    self.mark(i, f"not run: worker processes fail to start ({why})", "died")
+
+    def handle(self, slot: _Slot, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            slot.ready = True
+            self.start_failures = 0
+        elif kind == "start":
+            slot.current, slot.since = msg[1], time.monotonic()
+        elif kind == "done":
+            index = msg[1]
+            self.account(index, msg[2], msg[3])
+            if slot.chunk is not None:
+                slot.chunk.items = [(i, c) for i, c in slot.chunk.items if i != index]
+            slot.current = None
+        elif kind == "unloadable":
+            assert slot.chunk is not None
+            for i, _ in slot.chunk.items:
+                self.mark(i, f"adapter could not be loaded in the worker: {msg[1]}", "unloadable")
+            slot.chunk, slot.current = None, None
+        elif kind == "idle":
+            slot.chunk, slot.current = None, None
+
+    def retire(self, slot: _Slot, why: str, kind: str) -> None:
+        """The worker is dead or being killed: mark its case in flight, requeue the rest of its chunk."""
+        if slot.proc is not None and slot.proc.is_alive():
+            slot.proc.kill()
+        if slot.proc is not None:
+            slot.proc.join(5)
+        code = slot.proc.exitcode if slot.proc is not None else None
+        chunk, current = slot.chunk, slot.current
+        if chunk is not None:
+            rest = chunk.items
+            if current is not None:
+                self.mark(current, why, kind, exitcode=code)
+                rest = [(i, c) for i, c in rest if i != current]
+                chunk.silent_deaths = 0
+            elif kind == "died":
+                chunk.silent_deaths += 1
+            if rest:
+                if chunk.silent_deaths >= MAX_SILENT_DEATHS:
+                    for i, _ in rest:
+                        self.mark(i, f"not run: the worker died {chunk.silent_deaths} times before starting a case "
+                                     f"of this chunk (last: {why})", "died")
+                else:
+                    self.chunks.appendleft(_Chunk(chunk.spec, rest, chunk.silent_deaths))
+        if slot.conn is not None:
+            slot.conn.close()
+        slot.proc, slot.conn, slot.chunk, slot.current = None, None, None, None
+
+    def stop(self) -> None:
+        for slot in self.slots:
+            if slot.conn is not None:
+                try:
+                    slot.conn.send(None)
+                except OSError:
+                    pass
+        for slot in self.slots:
+            if slot.proc is not None:
+                slot.proc.join(5)
+                if slot.proc.is_alive():
+                    slot.proc.kill()
+                    slot.proc.join(5)
