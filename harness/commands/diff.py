@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.store.results import Result, ResultsFileError, load_results
+from harness.store.results import Result, ResultsFileError, load, result_files
 
 #: a cell's verdict is the first of these present among its cases
 _SEVERITY = ("fail", "error", "pass", "not-verifiable", "unsupported")
@@ -41,12 +41,8 @@ class Side:
         return sorted({g for g, _ in self.results})
 
 
-def _files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(path.rglob("*.jsonl"))
-    if path.exists():
-        return [path]
-    raise ResultsFileError(f"results path {str(path)!r} does not exist")
+def _note_skip(path: Path, why: str) -> None:
+    print(f"note: skipped {path}: not a results file ({why})", file=sys.stderr)
 
 
 def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str | None = None) -> Side:
@@ -55,8 +51,8 @@ def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str
         paths = [paths]
     side = Side(label or ", ".join(map(str, paths)))
     for root in map(Path, paths):
-        for f in _files(root):
-            for r in load_results([f]):
+        for f in result_files([root]):  # .jsonl and .jsonl.gz
+            for r in load([f], on_skip=_note_skip)[0]:
                 key = (r.generation, r.case.case_id)
                 old = side.results.get(key)
                 rank = ("marker" not in r.metrics, r.timestamp)
@@ -208,7 +204,6 @@ def to_markdown(result: Diff, *, cases_dir: str | os.PathLike = "results/diff-ca
 # -- command line -------------------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
-    from harness.store.results import ResultsFileError
 
     try:
         a, b = load_side(args.a), load_side(args.b)

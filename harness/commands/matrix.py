@@ -59,12 +59,16 @@ def _render_only(args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else DEFAULT_OUT
     try:
-        md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args))
+        md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args), on_skip=_note_skip)
     except (ResultsFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"rendered {n} verdicts from {len(args.sources)} source(s) into {md_path} and {json_path}")
     return 0
+
+
+def _note_skip(path: Path, why: str) -> None:
+    print(f"note: skipped {path}: not a results file ({why})", file=sys.stderr)
 
 
 def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:

@@ -17,7 +17,7 @@ import json
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from tabulate import tabulate
 
 from harness.core.case import OPS
 from harness.core.device import GENERATIONS
-from harness.store.results import Result, load_meta, load_results
+from harness.store.results import Result, load
 
 EXERCISED = ("pass", "fail", "error")
 MAX_ROWS = 40  # rows per declared-vs-verified table in the markdown (the JSON has them all)
@@ -521,13 +521,14 @@ def to_markdown(model: Mapping[str, Any]) -> str:
 
 
 def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, command: str = "",
-                 strict: bool = True, shown_sources: Sequence[str] | None = None) -> tuple[Path, Path, int]:
+                 strict: bool = True, shown_sources: Sequence[str] | None = None,
+                 on_skip: Callable[[Path, str], None] | None = None) -> tuple[Path, Path, int]:
     """Render result files into `out` (markdown), `out` with .json, and the failing cases' files; returns
-    (markdown path, JSON path, number of verdicts)."""
-    results = load_results(paths, strict=strict)
+    (markdown path, JSON path, number of verdicts). JSONL files of other data under the given folders are skipped
+    (`on_skip(path, why)`, default a warning)."""
+    results, meta = load(paths, strict=strict, on_skip=on_skip)
     if not results:
         raise ValueError(f"no results in {', '.join(map(str, paths))}")
-    meta = load_meta(paths, strict=strict)
     md_path = Path(out)
     folder = md_path.stem + ".cases"
     sources = list(shown_sources) if shown_sources is not None else [str(p) for p in paths]

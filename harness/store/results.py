@@ -17,7 +17,8 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -86,7 +87,7 @@ class ResultsFileError(ValueError):
     """A results file that cannot be read (not a truncated last line: real corruption)."""
 
 
-def _result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+def result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -104,11 +105,42 @@ def _generations() -> tuple[str, ...]:
     return GENERATIONS
 
 
-def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[Result | dict[str, Any]]:
-    for path in _result_files(paths):
-        # committed archives may be gzipped (a full matrix sweep is tens of MB of JSONL)
-        with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as fh:
-            lines = fh.read().split("\n")
+def _is_record(d: Any) -> bool:
+    """A result record (it holds a case) or a metadata record (a "kind", no case)."""
+    return isinstance(d, dict) and ("case" in d or "kind" in d)
+
+
+def _read_lines(path: Path) -> list[str]:
+    # committed archives may be gzipped (a full matrix sweep is tens of MB of JSONL)
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as fh:
+        return fh.read().split("\n")
+
+
+def not_a_results_file(lines: list[str]) -> str | None:
+    """Why a JSONL file is other data (tuning sweeps, logs as JSON) rather than results: its first line is a JSON
+    value that is neither a result nor a metadata record. None for a results file (or one that cannot tell: an
+    unreadable first line is judged line by line, so corruption still raises)."""
+    first = next((line for line in lines if line.strip()), None)
+    if first is None:
+        return None
+    try:
+        d = json.loads(first)
+    except json.JSONDecodeError:
+        return None
+    return None if _is_record(d) else "its first line is not a result record"
+
+
+def _iter_records(paths: Iterable[str | os.PathLike], strict: bool,
+                  on_skip: Callable[[Path, str], None] | None) -> Iterator[Result | dict[str, Any]]:
+    for path in result_files(paths):
+        lines = _read_lines(path)
+        why = not_a_results_file(lines)
+        if why:
+            if on_skip is None:
+                warnings.warn(f"skipped {path}: not a results file ({why})", stacklevel=3)
+            else:
+                on_skip(path, why)
+            continue
         last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
         for lineno, line in enumerate(lines):
             if not line.strip():
@@ -129,6 +161,17 @@ def _iter_records(paths: Iterable[str | os.PathLike], strict: bool) -> Iterator[
                 raise ResultsFileError(f"{path}:{lineno + 1}: not a valid result record ({e})") from None
 
 
+def load(paths: Iterable[str | os.PathLike], *, strict: bool = True,
+         on_skip: Callable[[Path, str], None] | None = None) -> tuple[list[Result], list[dict[str, Any]]]:
+    """(results, metadata records) of files and folders, read once. A JSONL file that holds other data (see
+    `not_a_results_file`) is skipped: `on_skip(path, why)` is told (default: a warning)."""
+    results: list[Result] = []
+    meta: list[dict[str, Any]] = []
+    for rec in _iter_records(paths, strict, on_skip):
+        (results if isinstance(rec, Result) else meta).append(rec)
+    return results, meta
+
+
 def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> Iterator[Result]:
     """Results from files and directories (searched recursively for *.jsonl and *.jsonl.gz); metadata records are
     skipped.
@@ -136,14 +179,14 @@ def iter_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> 
     A truncated final line (a process killed mid-write) is skipped. A bad line elsewhere raises
     `ResultsFileError` naming file and line, unless `strict` is False (then it is skipped).
     """
-    for rec in _iter_records(paths, strict):
+    for rec in _iter_records(paths, strict, None):
         if isinstance(rec, Result):
             yield rec
 
 
 def load_meta(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[dict[str, Any]]:
     """The metadata records (see the module docstring) of the given files, in file order."""
-    return [rec for rec in _iter_records(paths, strict) if not isinstance(rec, Result)]
+    return [rec for rec in _iter_records(paths, strict, None) if not isinstance(rec, Result)]
 
 
 def load_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[Result]:

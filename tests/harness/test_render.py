@@ -92,3 +92,27 @@ def test_selection_names_the_adapters_swept_in_full_next_to_a_pairwise_run() -> 
     text = _selection_text(sel, infos, [])
     assert "experts 58 of 2640 (every cell for full-kernel)" in text
     assert "(every cell" not in _selection_text({"quick-kernel": sel["quick-kernel"]}, infos, [])
+
+
+def test_from_skips_other_jsonl_in_result_folders_with_a_note(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A result folder may hold tuning data (results/sm90/tune/*.jsonl): --from and diff skip it with a note, and
+    still refuse a corrupt results file."""
+    folder = tmp_path / "results"
+    (folder / "tune").mkdir(parents=True)
+    (folder / "run.jsonl").write_text(RESULTS.read_text(encoding="utf-8"), encoding="utf-8")
+    (folder / "tune" / "split.jsonl").write_text('{"shape": "deepseek-v3", "M": 1, "us": 65.0}\n', encoding="utf-8")
+    out = tmp_path / "MATRIX.md"
+    assert cli.main(["matrix", "--from", str(folder), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("note: skipped") == 1 and "split.jsonl: not a results file" in err
+    alone = tmp_path / "alone.md"
+    assert cli.main(["matrix", "--from", str(RESULTS), "--out", str(alone)]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["adapters"] == \
+        json.loads(alone.with_suffix(".json").read_text())["adapters"]
+    assert cli.main(["diff", str(folder), str(RESULTS)]) == 0
+    assert "split.jsonl: not a results file" in capsys.readouterr().err
+
+    lines = RESULTS.read_text(encoding="utf-8").splitlines()
+    (folder / "run.jsonl").write_text("\n".join([lines[0], '{"case": 1}', *lines[1:]]) + "\n", encoding="utf-8")
+    assert cli.main(["matrix", "--from", str(folder), "--out", str(out)]) == 2
+    assert "run.jsonl:2: not a valid result record" in capsys.readouterr().err
