@@ -24,6 +24,8 @@ from harness.core.result import Result
 from harness.engine import runner
 from harness.engine import strategies as hs
 
+pytestmark = pytest.mark.moe_generic
+
 #: Pinned regressions (run first, every time, as hypothesis @example): cases that once failed, by adapter.
 REGRESSIONS: dict[str, list[Case]] = {
     # H200: the grouped-routing oracle built its group mask on the CPU for CUDA logits (device mismatch).
