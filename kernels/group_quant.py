@@ -217,6 +217,63 @@ def _check_out(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.
         raise ValueError(f"{name} must have strides {stride}, got {tuple(t.stride())}")
 
 
+def _check_args(x: torch.Tensor, dtype: str, unit: str, group_size: int, scale_rule: str, layout: str, eps: float,
+                int8_rounding: str, block_m: int | None, groups_per_program: int | None,
+                num_warps: int | None) -> tuple[torch.dtype, float]:
+    """Validate `group_quant`'s arguments (ValueError naming the argument); returns the codes' dtype and qmax."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _X_DTYPES:
+        what = f"{x.dtype} {x.dim()}-D tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 2-D bfloat16/float16/float32 tensor, got {what}")
+    qdtype, qmax = QUANT_DTYPES[_choice("dtype", dtype, tuple(QUANT_DTYPES))]
+    _choice("unit", unit, UNITS)
+    _choice("scale_rule", scale_rule, SCALE_RULES)
+    _choice("layout", layout, LAYOUTS)
+    _choice("int8_rounding", int8_rounding, INT8_ROUNDINGS)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or eps == float("inf"):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    k = x.shape[1]
+    if k == 0:
+        raise ValueError("x must have K >= 1 columns")
+    if unit != "group" and layout != "row_major":
+        raise ValueError(f"layout must be row_major for unit {unit} (one scale per {unit}), got {layout}")
+    if layout == "packed_ue8m0" and (scale_rule != "ue8m0" or dtype != "fp8_e4m3fn"):
+        raise ValueError("layout packed_ue8m0 needs dtype fp8_e4m3fn and scale_rule ue8m0 (power-of-two scales), "
+                         f"got dtype {dtype}, scale_rule {scale_rule}")
+    if unit == "group":
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or not 1 <= group_size <= MAX_TILE:
+            raise ValueError(f"group_size must be an int in [1, {MAX_TILE}], got {group_size!r}")
+        if k % group_size:
+            raise ValueError(f"group_size {group_size} does not divide K={k}")
+    for name, v in (("block_m", block_m), ("groups_per_program", groups_per_program), ("num_warps", num_warps)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1)):
+            raise ValueError(f"{name} must be a power of two >= 1, got {v!r}")
+    if layout == "packed_ue8m0" and groups_per_program is not None and groups_per_program % 4:
+        raise ValueError(f"groups_per_program must be a multiple of 4 for packed_ue8m0, got {groups_per_program}")
+    return qdtype, qmax
+
+
+def _destinations(out: torch.Tensor | None, scales: torch.Tensor | None, m: int, k: int, g: int,
+                  qdtype: torch.dtype, unit: str, layout: str, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes and scales tensors: the caller's (checked against what this function would allocate) or new."""
+    if out is None:
+        out = torch.empty((m, k), dtype=qdtype, device=dev)
+    _check_out("out", out, (m, k), qdtype, None, dev)
+    if out.numel() and out.stride(1) != 1:
+        raise ValueError(f"out must have unit stride along K, got strides {tuple(out.stride())}")
+    if unit == "group":
+        want = scale_storage(m, g, layout, "meta")
+        want_shape, want_stride, want_dtype = tuple(want.shape), tuple(want.stride()), want.dtype
+    elif unit == "token":
+        want_shape, want_stride, want_dtype = (m, 1), None, torch.float32
+    else:
+        want_shape, want_stride, want_dtype = (1,), None, torch.float32
+    if scales is None:
+        scales = (scale_storage(m, g, layout, dev) if unit == "group"
+                  else torch.empty(want_shape, dtype=torch.float32, device=dev))
+    _check_out("scales", scales, want_shape, want_dtype, want_stride, dev)
+    return out, scales
+
+
 def group_quant(
     x: torch.Tensor,
     *,
@@ -243,53 +300,12 @@ def group_quant(
     multiple of 4 for packed_ue8m0), num_warps: tiling overrides (powers of two).
     Raises ValueError naming the offending argument.
     """
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _X_DTYPES:
-        what = f"{x.dtype} {x.dim()}-D tensor" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must be a 2-D bfloat16/float16/float32 tensor, got {what}")
-    qdtype, qmax = QUANT_DTYPES[_choice("dtype", dtype, tuple(QUANT_DTYPES))]
-    _choice("unit", unit, UNITS)
-    _choice("scale_rule", scale_rule, SCALE_RULES)
-    _choice("layout", layout, LAYOUTS)
-    _choice("int8_rounding", int8_rounding, INT8_ROUNDINGS)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or eps == float("inf"):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    qdtype, qmax = _check_args(x, dtype, unit, group_size, scale_rule, layout, eps, int8_rounding, block_m,
+                               groups_per_program, num_warps)
     m, k = x.shape
-    if k == 0:
-        raise ValueError("x must have K >= 1 columns")
-    if unit != "group" and layout != "row_major":
-        raise ValueError(f"layout must be row_major for unit {unit} (one scale per {unit}), got {layout}")
-    if layout == "packed_ue8m0" and (scale_rule != "ue8m0" or dtype != "fp8_e4m3fn"):
-        raise ValueError("layout packed_ue8m0 needs dtype fp8_e4m3fn and scale_rule ue8m0 (power-of-two scales), "
-                         f"got dtype {dtype}, scale_rule {scale_rule}")
-    if unit == "group":
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or not 1 <= group_size <= MAX_TILE:
-            raise ValueError(f"group_size must be an int in [1, {MAX_TILE}], got {group_size!r}")
-        if k % group_size:
-            raise ValueError(f"group_size {group_size} does not divide K={k}")
-    for name, v in (("block_m", block_m), ("groups_per_program", groups_per_program), ("num_warps", num_warps)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1)):
-            raise ValueError(f"{name} must be a power of two >= 1, got {v!r}")
-    if layout == "packed_ue8m0" and groups_per_program is not None and groups_per_program % 4:
-        raise ValueError(f"groups_per_program must be a multiple of 4 for packed_ue8m0, got {groups_per_program}")
-
     dev = x.device
     g = k // group_size if unit == "group" else 1
-    if out is None:
-        out = torch.empty((m, k), dtype=qdtype, device=dev)
-    _check_out("out", out, (m, k), qdtype, None, dev)
-    if out.numel() and out.stride(1) != 1:
-        raise ValueError(f"out must have unit stride along K, got strides {tuple(out.stride())}")
-    if unit == "group":
-        want = scale_storage(m, g, layout, "meta")
-        want_shape, want_stride, want_dtype = tuple(want.shape), tuple(want.stride()), want.dtype
-    elif unit == "token":
-        want_shape, want_stride, want_dtype = (m, 1), None, torch.float32
-    else:
-        want_shape, want_stride, want_dtype = (1,), None, torch.float32
-    if scales is None:
-        scales = (scale_storage(m, g, layout, dev) if unit == "group"
-                  else torch.empty(want_shape, dtype=torch.float32, device=dev))
-    _check_out("scales", scales, want_shape, want_dtype, want_stride, dev)
+    out, scales = _destinations(out, scales, m, k, g, qdtype, unit, layout, dev)
 
     mode = _UE8M0 if scale_rule == "ue8m0" else _FLOAT
     common = dict(QMAX=qmax, OUT_INT8=dtype == "int8", INT8_RTE=int8_rounding == "half_even")

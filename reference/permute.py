@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -307,24 +308,9 @@ def layout_invariant_violations(
         sorted_ids, expert_ids, ntpp = layout
 
     numel = topk_ids.numel()
-    sentinel = numel
     capacity = sorted_layout_capacity(numel, num_experts, block_size)
-    num_blocks_capacity = -(-capacity // block_size)
-
     # Structure first: if it is wrong, nothing else can be read.
-    problems: list[str] = []
-    for name, t, length in (
-        ("sorted_token_ids", sorted_ids, capacity),
-        ("expert_ids", expert_ids, num_blocks_capacity),
-        ("num_tokens_post_padded", ntpp, 1),
-    ):
-        if not isinstance(t, torch.Tensor):
-            problems.append(f"{name}: not a tensor ({type(t).__name__})")
-            continue
-        if t.dtype != torch.int32:
-            problems.append(f"{name}: dtype {t.dtype}, expected torch.int32")
-        if list(t.shape) != [length]:
-            problems.append(f"{name}: shape {list(t.shape)}, expected [{length}]")
+    problems = _structure_problems(sorted_ids, expert_ids, ntpp, capacity, -(-capacity // block_size))
     if problems:
         return problems
 
@@ -332,7 +318,6 @@ def layout_invariant_violations(
     eids = expert_ids.detach().cpu().to(torch.int64)
     used = int(ntpp.detach().cpu()[0])
     flat = topk_ids.detach().cpu().reshape(-1).to(torch.int64)
-
     counts = torch.bincount(flat, minlength=num_experts).tolist()
     kept = [
         not (written_id[e] == -1 and ep_convention == ExpertMapConvention.EXCLUDE) for e in range(num_experts)
@@ -345,8 +330,33 @@ def layout_invariant_violations(
             f"num_tokens_post_padded: {used} is not a multiple of block_size={block_size} in [0, {capacity}]"
         )
         return problems
+    problems += _tail_problems(ids, eids, used, block_size, sentinel=numel)
+    problems += _entry_problems(ids[:used], flat, kept, topk_ids.shape[1])
+    problems += _block_problems(ids[:used], eids, flat, kept, counts, written_id, block_size)
+    return problems
 
-    # Entries past the used part.
+
+def _structure_problems(sorted_ids: Any, expert_ids: Any, ntpp: Any, capacity: int, num_blocks: int) -> list[str]:
+    """The three outputs are int32 tensors of the contract's lengths."""
+    problems: list[str] = []
+    for name, t, length in (
+        ("sorted_token_ids", sorted_ids, capacity),
+        ("expert_ids", expert_ids, num_blocks),
+        ("num_tokens_post_padded", ntpp, 1),
+    ):
+        if not isinstance(t, torch.Tensor):
+            problems.append(f"{name}: not a tensor ({type(t).__name__})")
+            continue
+        if t.dtype != torch.int32:
+            problems.append(f"{name}: dtype {t.dtype}, expected torch.int32")
+        if list(t.shape) != [length]:
+            problems.append(f"{name}: shape {list(t.shape)}, expected [{length}]")
+    return problems
+
+
+def _tail_problems(ids: torch.Tensor, eids: torch.Tensor, used: int, block_size: int, sentinel: int) -> list[str]:
+    """Past the used part: sorted_token_ids are the sentinel, expert_ids are -1."""
+    problems = []
     tail = ids[used:]
     if bool((tail != sentinel).any()):
         first = used + int(torch.nonzero(tail != sentinel)[0])
@@ -362,19 +372,22 @@ def layout_invariant_violations(
             f"expert_ids: {int((tail_e != -1).sum())} blocks past the used ones are not -1 "
             f"(first block {first}: {int(eids[first])})"
         )
+    return problems
 
-    # Entries in the used part: real indices or the sentinel, never anything else.
-    body = ids[:used]
+
+def _entry_problems(body: torch.Tensor, flat: torch.Tensor, kept: list[bool], k: int) -> list[str]:
+    """In the used part: real indices or the sentinel, never anything else; each kept (token, slot) exactly once,
+    excluded ones never."""
+    problems = []
+    numel = flat.numel()
     real = (body >= 0) & (body < numel)
-    junk = ~real & (body != sentinel)
+    junk = ~real & (body != numel)
     if bool(junk.any()):
         first = int(torch.nonzero(junk)[0])
         problems.append(
             f"sorted_token_ids: {int(junk.sum())} used entries are neither an index in [0, {numel}) nor the "
             f"sentinel {numel} (first at {first}: {int(body[first])})"
         )
-
-    # Each kept (token, slot) exactly once, excluded ones never.
     seen = torch.bincount(body[real], minlength=numel) if numel else torch.zeros(0, dtype=torch.int64)
     expected_seen = torch.tensor([1 if kept[int(e)] else 0 for e in flat.tolist()], dtype=torch.int64)
     wrong = torch.nonzero(seen != expected_seen).reshape(-1)
@@ -382,13 +395,19 @@ def layout_invariant_violations(
         i = int(wrong[0])
         problems.append(
             f"sorted_token_ids: {wrong.numel()} (token, slot) entries appear the wrong number of times "
-            f"(first: entry {i} = token {i // max(topk_ids.shape[1], 1)} slot {i % max(topk_ids.shape[1], 1)}, "
+            f"(first: entry {i} = token {i // max(k, 1)} slot {i % max(k, 1)}, "
             f"expert {int(flat[i])}, appears {int(seen[i])}x, expected {int(expected_seen[i])}x)"
         )
+    return problems
 
-    # Blocks: one expert each, at least one real entry, ascending experts, right count and expert id.
+
+def _block_problems(body: torch.Tensor, eids: torch.Tensor, flat: torch.Tensor, kept: list[bool], counts: list[int],
+                    written_id: list[int], block_size: int) -> list[str]:
+    """Blocks: one expert each, at least one real entry, ascending experts, the right count and expert id."""
+    problems = []
+    numel = flat.numel()
     block_expert: list[int] = []
-    for b in range(num_used_blocks):
+    for b in range(body.numel() // block_size):
         block = body[b * block_size : (b + 1) * block_size]
         members = block[(block >= 0) & (block < numel)]
         experts = sorted(set(flat[members].tolist()))
@@ -405,7 +424,7 @@ def layout_invariant_violations(
     real_blocks = [e for e in block_expert if e >= 0]
     if real_blocks != sorted(real_blocks):
         problems.append(f"blocks are not in ascending expert order: {real_blocks}")
-    for e in range(num_experts):
+    for e in range(len(counts)):
         if not kept[e]:
             continue
         want = -(-counts[e] // block_size)

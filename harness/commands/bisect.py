@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.commands.replay import DEFAULT_TIMEOUT_S, EXIT_FAIL, EXIT_PASS, EXIT_UNTESTABLE
+from harness.core.case import Case
 from harness.store.casefiles import read_case_file
 
 #: what is copied from the harness's own tree (the oracle and the engine; kernels come from the checkout)
@@ -131,13 +132,8 @@ class _Tee:
             s.flush()
 
 
-def bisect(case_path: str | os.PathLike, good: str, bad: str, *, repo: str | os.PathLike | None = None,
-           device: str = "auto", adapter: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-           log_path: str | os.PathLike | None = None, check_ends: bool = True, keep: bool = False,
-           out: IO[str] | None = None) -> BisectResult:
-    """Bisect `repo` between `good` and `bad` for the first commit where the case fails (see the module doc)."""
-    case_file = read_case_file(case_path)  # ValueError: not a case
-    source = repo_root(repo)
+def _resolve_ends(source: Path, good: str, bad: str) -> tuple[str, str]:
+    """The commits of --good and --bad; --good must be an ancestor of --bad."""
     good_sha = _git(source, "rev-parse", "--verify", "--quiet", f"{good}^{{commit}}", check=False)
     bad_sha = _git(source, "rev-parse", "--verify", "--quiet", f"{bad}^{{commit}}", check=False)
     for name, rev, sha in (("--good", good, good_sha), ("--bad", bad, bad_sha)):
@@ -145,25 +141,90 @@ def bisect(case_path: str | os.PathLike, good: str, bad: str, *, repo: str | os.
             raise BisectError(f"{name} {rev!r} is not a commit of {source}")
     if subprocess.run(["git", "merge-base", "--is-ancestor", good_sha, bad_sha], cwd=source).returncode != 0:
         raise BisectError(f"--good {good} is not an ancestor of --bad {bad}")
+    return good_sha, bad_sha
 
-    from harness.core.case import Case
 
-    case_id = Case.from_dict(case_file.case).case_id
-    log = Path(log_path) if log_path else Path("results/local/bisect") / (
-        f"{case_id}-{time.strftime('%Y%m%dT%H%M%S')}.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="moe-bisect-"))
+def _step_command(case_path: str | os.PathLike, work: Path, checkout: Path, adapter: str | None, device: str,
+                  timeout: float) -> tuple[list[str], dict[str, str], Path]:
+    """The replay step `git bisect run` calls (a frozen copy of the harness and of the case), its environment, and
+    the harness copy."""
     copy = copy_harness(work / "harness-copy")
     frozen_case = work / "case.json"
     shutil.copyfile(case_path, frozen_case)
-    checkout = work / "checkout"
     env = dict(os.environ)
     # the step script fixes sys.path itself; PYTHONPATH also reaches anything the kernel starts
     env["PYTHONPATH"] = os.pathsep.join([str(copy), str(checkout)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("PYTHONSAFEPATH", None)
     step = [sys.executable, str(copy / "bisect_step.py"), *_replay_args(frozen_case, adapter, device, timeout)]
+    return step, env, copy
 
+
+def _check_ends(source: Path, work: Path, checkout: Path, step: list[str], env: dict[str, str], tee: _Tee,
+                ends: dict[str, tuple[str, str]]) -> None:
+    """Replay at --bad (must fail) and --good (must pass), both at once, each in its own clone: half the wall time
+    of checking them in turn."""
+    where = {"bad": checkout, "good": work / "checkout-good"}
+    _git(work, "clone", "--quiet", "--shared", "--no-checkout", str(source), str(where["good"]))
+    running = {}
+    for which, (_, sha) in ends.items():
+        _git(where[which], "checkout", "--quiet", "--detach", sha)
+        running[which] = subprocess.Popen(step, cwd=where[which], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True)
+    codes = {}
+    for which, p in running.items():
+        tee.write(p.communicate()[0])
+        codes[which] = p.returncode
+    for which, want in (("bad", EXIT_FAIL), ("good", EXIT_PASS)):
+        code = codes[which]
+        if code != want:
+            rev, sha = ends[which]
+            what = {EXIT_PASS: "passes", EXIT_FAIL: "fails", EXIT_UNTESTABLE: "cannot be tested"}.get(
+                code, f"gives exit {code}")
+            raise BisectError(f"the case {what} at --{which} {rev} ({sha[:12]}); "
+                              + ("nothing to bisect" if which == "bad" else "pick a good commit"))
+
+
+def _run_bisect(checkout: Path, step: list[str], env: dict[str, str], tee: _Tee, log: Path) -> BisectResult:
+    """`git bisect run` with the replay step (started by the caller); its output is teed into the log."""
+    proc = subprocess.Popen(["git", "bisect", "run", *step], cwd=checkout, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    output = []
+    for line in proc.stdout:
+        output.append(line)
+        tee.write(line)
+    proc.wait()
+    bisect_log = _git(checkout, "bisect", "log", check=False)
+    tee.write("\n--- git bisect log\n" + bisect_log + "\n")
+    result = _parse("".join(output), bisect_log)
+    result.log_path = log
+    if result.first_bad:
+        result.subject = _git(checkout, "log", "-1", "--format=%s", result.first_bad, check=False)
+        tee.write(f"first bad commit: {result.first_bad} {result.subject}\n")
+    elif result.candidates:
+        tee.write("the first bad commit is one of (skipped commits hide it): "
+                  + ", ".join(c[:12] for c in result.candidates) + "\n")
+    else:
+        raise BisectError(f"git bisect run did not name a commit (exit {proc.returncode}); see {log}")
+    return result
+
+
+def bisect(case_path: str | os.PathLike, good: str, bad: str, *, repo: str | os.PathLike | None = None,
+           device: str = "auto", adapter: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+           log_path: str | os.PathLike | None = None, check_ends: bool = True, keep: bool = False,
+           out: IO[str] | None = None) -> BisectResult:
+    """Bisect `repo` between `good` and `bad` for the first commit where the case fails (see the module doc)."""
+    case_file = read_case_file(case_path)  # ValueError: not a case
+    source = repo_root(repo)
+    good_sha, bad_sha = _resolve_ends(source, good, bad)
+    case_id = Case.from_dict(case_file.case).case_id
+    log = Path(log_path) if log_path else Path("results/local/bisect") / (
+        f"{case_id}-{time.strftime('%Y%m%dT%H%M%S')}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="moe-bisect-"))
+    checkout = work / "checkout"
+    step, env, copy = _step_command(case_path, work, checkout, adapter, device, timeout)
     started = False
     with open(log, "w", encoding="utf-8") as log_fh:
         tee = _Tee(log_fh, out)
@@ -172,52 +233,11 @@ def bisect(case_path: str | os.PathLike, good: str, bad: str, *, repo: str | os.
         try:
             _git(work, "clone", "--quiet", "--shared", "--no-checkout", str(source), str(checkout))
             _git(checkout, "checkout", "--quiet", "--detach", bad_sha)  # a full tree, not a no-checkout index
-
             if check_ends:
-                # both ends at once, each in its own clone: half the wall time of checking them in turn
-                ends = {"bad": (bad, bad_sha, checkout), "good": (good, good_sha, work / "checkout-good")}
-                _git(work, "clone", "--quiet", "--shared", "--no-checkout", str(source), str(ends["good"][2]))
-                running = {}
-                for which, (_, sha, where) in ends.items():
-                    _git(where, "checkout", "--quiet", "--detach", sha)
-                    running[which] = subprocess.Popen(step, cwd=where, env=env, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.STDOUT, text=True)
-                codes = {}
-                for which, p in running.items():
-                    tee.write(p.communicate()[0])
-                    codes[which] = p.returncode
-                for which, want in (("bad", EXIT_FAIL), ("good", EXIT_PASS)):
-                    code = codes[which]
-                    if code != want:
-                        rev, sha, _ = ends[which]
-                        what = {EXIT_PASS: "passes", EXIT_FAIL: "fails", EXIT_UNTESTABLE: "cannot be tested"}.get(
-                            code, f"gives exit {code}")
-                        raise BisectError(f"the case {what} at --{which} {rev} ({sha[:12]}); "
-                                          + ("nothing to bisect" if which == "bad" else "pick a good commit"))
+                _check_ends(source, work, checkout, step, env, tee, {"bad": (bad, bad_sha), "good": (good, good_sha)})
             _git(checkout, "bisect", "start", bad_sha, good_sha)
             started = True
-            proc = subprocess.Popen(["git", "bisect", "run", *step], cwd=checkout, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            assert proc.stdout is not None
-            output = []
-            for line in proc.stdout:
-                output.append(line)
-                tee.write(line)
-            proc.wait()
-            text = "".join(output)
-            bisect_log = _git(checkout, "bisect", "log", check=False)
-            tee.write("\n--- git bisect log\n" + bisect_log + "\n")
-            result = _parse(text, bisect_log)
-            result.log_path = log
-            if result.first_bad:
-                result.subject = _git(checkout, "log", "-1", "--format=%s", result.first_bad, check=False)
-                tee.write(f"first bad commit: {result.first_bad} {result.subject}\n")
-            elif result.candidates:
-                tee.write("the first bad commit is one of (skipped commits hide it): "
-                          + ", ".join(c[:12] for c in result.candidates) + "\n")
-            else:
-                raise BisectError(f"git bisect run did not name a commit (exit {proc.returncode}); see {log}")
-            return result
+            return _run_bisect(checkout, step, env, tee, log)
         except BisectError as e:
             tee.write(f"error: {e}\n")
             raise

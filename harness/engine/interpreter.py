@@ -326,16 +326,37 @@ def f64_to_fp8_bits(x: np.ndarray, e4m3: bool) -> np.ndarray:
 
 
 def _apply_patches(disabled: frozenset[str]) -> None:
+    """Apply the fixes in a fixed order; a fix named in ``disabled`` is left out (install() reports it unfixed)."""
     import triton.language as tl
     from triton.runtime import autotuner as at
     from triton.runtime import interpreter as it
 
-    B = it.InterpreterBuilder
-    TH = it.TensorHandle
     fmts = {tl.bfloat16: _BF16, tl.float8e4nv: _E4M3, tl.float8e5: _E5M2}
     on = lambda name: name not in disabled
     cast_fmts = {t: f for t, f in fmts.items() if on("bf16_cast" if t == tl.bfloat16 else "fp8_cast")}
     dot_fmts = {t: f for t, f in fmts.items() if on("bf16_dot" if t == tl.bfloat16 else "fp8_dot_operands")}
+    _patch_bf16_arith(it, tl, on("bf16_arith"))
+    _patch_cast_impl(it, tl, fmts, cast_fmts)
+    _patch_fp_to_int(it, fmts, on("fp_to_int"))
+    _late_bind_casts(it)
+    _patch_fp_to_fp(it, tl, fmts, cast_fmts, on("bf16_cast"))
+    _patch_dot(it, fmts, dot_fmts, on("tf32_dot"))
+    _patch_bf16_reduce(it, tl, on("bf16_reduce"))
+    _patch_bf16_atomic(it, tl, on("bf16_atomic"))
+    _patch_libdevice(it, tl, on("libdevice"))
+    _patch_autotune(at, on("autotune"))
+
+
+def _decode_any(h: Any, fmts: dict[Any, _Fmt]) -> np.ndarray:
+    """Exact float64 values of a tensor handle: bf16/fp8 codes decoded by value, other dtypes widened."""
+    fmt = fmts.get(h.dtype.scalar)
+    with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly
+        return _decode(h.data, fmt) if fmt is not None else h.data.astype(np.float64)
+
+
+def _patch_bf16_arith(it: Any, tl: Any, enabled: bool) -> None:
+    """bf16 elementwise ops ran numpy integer arithmetic on the uint16 bit patterns: compute in fp32, round per op."""
+    B, TH = it.InterpreterBuilder, it.TensorHandle
 
     def is_bf16(h: Any) -> bool:
         return h.dtype.scalar == tl.bfloat16
@@ -373,26 +394,25 @@ def _apply_patches(disabled: frozenset[str]) -> None:
 
         return wrapped
 
-    if on("bf16_arith"):
+    if enabled:
         B.binary_op = binary_op(B.binary_op)
         B.unary_op = unary_op(B.unary_op)
         for name in ("create_fma", "create_clampf", "create_erf", "create_rsqrt"):
             setattr(B, name, bf16_via_f32(getattr(B, name)))
 
+
+def _patch_cast_impl(it: Any, tl: Any, fmts: dict[Any, _Fmt], cast_fmts: dict[Any, _Fmt]) -> None:
+    """Casts to bf16 truncated or reinterpreted ints, and bf16/fp8 sources were read as bits: decode, one RNE."""
+    B, TH = it.InterpreterBuilder, it.TensorHandle
     # Casts: bf16 and fp8 values are decoded exactly and re-encoded with one RNE (satfinite for fp8) rounding.
     orig_cast = B.cast_impl
-
-    def decode_any(h: Any) -> np.ndarray:
-        fmt = fmts.get(h.dtype.scalar)
-        with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly
-            return _decode(h.data, fmt) if fmt is not None else h.data.astype(np.float64)
 
     def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
         s, d = src.dtype.scalar, dst_type.scalar
         if d in cast_fmts and (s.is_floating() or s.is_int()):
-            return TH(_encode(decode_any(src), fmts[d]), d)
+            return TH(_encode(_decode_any(src, fmts), fmts[d]), d)
         if s in cast_fmts:
-            vals = decode_any(src)
+            vals = _decode_any(src, fmts)
             if d.is_int() and not d.is_bool():  # float -> int goes through fp32 like the GPU
                 return orig_cast(self, TH(vals.astype(np.float32), tl.float32), dst_type)
             return TH(vals.astype(it._get_np_dtype(d)), d)
@@ -401,11 +421,16 @@ def _apply_patches(disabled: frozenset[str]) -> None:
     if cast_fmts:
         B.cast_impl = cast_impl
 
+
+def _patch_fp_to_int(it: Any, fmts: dict[Any, _Fmt], enabled: bool) -> None:
+    """Out-of-range / NaN float->int casts were undefined numpy casts: apply PTX cvt.rzi saturation instead."""
+    B, TH = it.InterpreterBuilder, it.TensorHandle
+
     # float -> int: numpy's astype is undefined out of range; PTX cvt.rzi saturates (NaN -> 0), and for 8-bit
     # destinations converts to 16 bits with saturation and keeps the low byte (checked on an H200).
     def fp_to_int(self: Any, src: Any, dst_type: Any) -> Any:
         d = dst_type.scalar
-        vals = decode_any(src) if src.dtype.scalar in fmts else src.data.astype(np.float64)
+        vals = _decode_any(src, fmts) if src.dtype.scalar in fmts else src.data.astype(np.float64)
         width = max(d.int_bitwidth, 16)
         signed = d.is_int_signed()
         lo, hi = (-(2 ** (width - 1)), 2 ** (width - 1) - 1) if signed else (0, 2**width - 1)
@@ -414,19 +439,29 @@ def _apply_patches(disabled: frozenset[str]) -> None:
         wide = t.astype(np.int64) if width < 64 or signed else t.astype(np.uint64)
         return TH(wide.astype(it._get_np_dtype(d)), d)
 
-    if on("fp_to_int"):
+    if enabled:
         B.create_fp_to_si = fp_to_int
         B.create_fp_to_ui = fp_to_int
+
+
+def _late_bind_casts(it: Any) -> None:
+    """int->float and fp ext/trunc creators must reach the patched cast: make them call ``self.cast_impl`` late."""
+    B = it.InterpreterBuilder
     for name in ("create_si_to_fp", "create_ui_to_fp", "create_fp_ext", "create_fp_trunc"):  # late-bind cast_impl
         setattr(B, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))
+
+
+def _patch_fp_to_fp(it: Any, tl: Any, fmts: dict[Any, _Fmt], cast_fmts: dict[Any, _Fmt], bf16_cast: bool) -> None:
+    """fp<->fp8 and bf16->fp16 conversions rounded the mantissa alone and misread specials: decode, round once."""
+    B, TH = it.InterpreterBuilder, it.TensorHandle
     orig_fp_to_fp = B.create_fp_to_fp
 
     def create_fp_to_fp(self: Any, src: Any, dst_type: Any, rounding_mode: Any) -> Any:
         s, d = src.dtype.scalar, dst_type.scalar
         fp8_off = any(t in fmts and t not in cast_fmts and t != tl.bfloat16 for t in (s, d))
-        if not fp8_off and (s in cast_fmts or d in cast_fmts or (d == tl.float16 and on("bf16_cast"))):
+        if not fp8_off and (s in cast_fmts or d in cast_fmts or (d == tl.float16 and bf16_cast)):
             rtz = rounding_mode == it._ir.ROUNDING_MODE.RTZ
-            vals = decode_any(src)
+            vals = _decode_any(src, fmts)
             if s == tl.float8e5 and d == tl.bfloat16:
                 # sm_90 (Triton 3.6) widens e5m2 -> bf16 with bit arithmetic that treats exponent 31 as normal:
                 # Inf/NaN codes become finite +-2**16*(1+m/4) (observed on an H200); reproduce it.
@@ -441,19 +476,23 @@ def _apply_patches(disabled: frozenset[str]) -> None:
     if cast_fmts:
         B.create_fp_to_fp = create_fp_to_fp
 
+
+def _patch_dot(it: Any, fmts: dict[Any, _Fmt], dot_fmts: dict[Any, _Fmt], tf32: bool) -> None:
+    """tl.dot multiplied bf16/fp8 bit patterns and kept full fp32 for tf32: decode exactly / truncate to tf32."""
+    B, TH = it.InterpreterBuilder, it.TensorHandle
     # tl.dot: decode bf16/fp8 operands exactly; fp32 products of <=11-bit significands are exact.
     orig_dot = B.create_dot
 
     def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
         if a.dtype.scalar in dot_fmts or b.dtype.scalar in dot_fmts:
-            av = decode_any(a).astype(np.float32)
-            bv = decode_any(b).astype(np.float32)
-            acc = decode_any(d).astype(np.float32) if d.dtype.scalar in fmts else d.data.astype(np.float32)
+            av = _decode_any(a, fmts).astype(np.float32)
+            bv = _decode_any(b, fmts).astype(np.float32)
+            acc = _decode_any(d, fmts).astype(np.float32) if d.dtype.scalar in fmts else d.data.astype(np.float32)
             out = np.matmul(av, bv) + acc
             if d.dtype.scalar in fmts:
                 return TH(_encode(out, fmts[d.dtype.scalar]), d.dtype.scalar)
             return TH(out.astype(d.data.dtype), d.dtype.scalar)
-        if on("tf32_dot") and a.data.dtype == np.float32 and input_precision == it._ir.INPUT_PRECISION.TF32:
+        if tf32 and a.data.dtype == np.float32 and input_precision == it._ir.INPUT_PRECISION.TF32:
             # sm_90 tensor cores read fp32 operands as tf32 by dropping the low 13 mantissa bits (truncation,
             # checked on an H200); tf32 x tf32 products are exact in fp32.
             av = (a.data.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
@@ -463,6 +502,10 @@ def _apply_patches(disabled: frozenset[str]) -> None:
 
     B.create_dot = create_dot
 
+
+def _patch_bf16_reduce(it: Any, tl: Any, enabled: bool) -> None:
+    """bf16 reductions/scans ran numpy's fast paths on the uint16 bit patterns: decode, reduce in fp32, re-encode."""
+    TH = it.TensorHandle
     # Reductions/scans: the fast numpy paths see uint16 bits for bf16; decode, reduce, re-encode.
     R, S = it.ReduceOps, it.ScanOps
 
@@ -488,12 +531,16 @@ def _apply_patches(disabled: frozenset[str]) -> None:
 
         return wrapped
 
-    if on("bf16_reduce"):
+    if enabled:
         R.sum = reduce_wrap(R.sum)
         R.min_max = reduce_wrap(R.min_max)
         S.cumsum = reduce_wrap(S.cumsum)
         S.cumprod = reduce_wrap(S.cumprod)
 
+
+def _patch_bf16_atomic(it: Any, tl: Any, enabled: bool) -> None:
+    """bf16 atomic_add/xchg raised 'Unsupported data type': apply them element by element, rounding each to bf16."""
+    B, TH = it.InterpreterBuilder, it.TensorHandle
     # bf16 atomics: the C++ atomic_rmw rejects uint16; apply them one element at a time, in order, rounding each
     # add to bf16 like red.add.bf16 does (duplicate addresses accumulate).
     orig_rmw = B.create_atomic_rmw
@@ -513,8 +560,13 @@ def _apply_patches(disabled: frozenset[str]) -> None:
             it._interpreter.store(p, new, one)
         return TH(old.reshape(np.shape(val.data)), tl.bfloat16)
 
-    if on("bf16_atomic"):
+    if enabled:
         B.create_atomic_rmw = create_atomic_rmw
+
+
+def _patch_libdevice(it: Any, tl: Any, enabled: bool) -> None:
+    """libdevice calls raised (extern_elementwise unsupported, modules unpatched): emulate them in float64 numpy."""
+    B, TH = it.InterpreterBuilder, it.TensorHandle
 
     # libdevice: emulate extern_elementwise symbols, and patch the libdevice modules like tl itself.
     def create_extern_elementwise(self: Any, libName: str, libPath: str, symbol: str, argList: list[Any],
@@ -543,10 +595,13 @@ def _apply_patches(disabled: frozenset[str]) -> None:
             scope.set_attr(generic_ld, name, getattr(cuda_ld, name))
         return scope
 
-    if on("libdevice"):
+    if enabled:
         B.create_extern_elementwise = create_extern_elementwise
         it._patch_lang = _patch_lang
 
+
+def _patch_autotune(at: Any, enabled: bool) -> None:
+    """@triton.autotune with several configs benchmarked through a GPU driver: time every config equal instead."""
     # Autotune: with several configs the autotuner benchmarks through a GPU driver; no timing is meaningful in
     # the interpreter, so report equal times and let min() keep the first pruned config.
     orig_do_bench = at.Autotuner.do_bench
@@ -556,5 +611,5 @@ def _apply_patches(disabled: frozenset[str]) -> None:
             return lambda kernel_call, quantiles=None: [0.0, 0.0, 0.0]
         return orig_do_bench.fget(self)
 
-    if on("autotune"):
+    if enabled:
         at.Autotuner.do_bench = property(do_bench)

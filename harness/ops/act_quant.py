@@ -45,7 +45,7 @@ bound is loose in the cancelling tail) had a window of two codes; a one-step err
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -246,6 +246,20 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     s_hi = compute_scale(a_hi, QMAX, recipe.scale_rule, **rule)
     pow2_rule = recipe.scale_rule.value == "ue8m0"
 
+    return [Check("codes", "custom", expected=qt.codes.view(torch.float8_e4m3fn),
+                  judge=_codes_judge(layout, t, g, lo, v, hi, s_oracle, recipe)),
+            Check("scales", "custom", expected=qt.scales,
+                  judge=_scales_judge(layout, t, g, s_lo, s_hi, s_oracle, pow2_rule))]
+
+
+Judge = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Comparison]
+
+
+def _scales_judge(layout: str, t: int, g: int, s_lo: torch.Tensor, s_hi: torch.Tensor, s_oracle: torch.Tensor,
+                  pow2_rule: bool) -> Judge:
+    """Judge of the scales: each group's scale within the window [s_lo, s_hi] the activation's error bound allows
+    (a power of two under ue8m0), stored exactly as its layout stores those values."""
+
     def judge_scales(actual: torch.Tensor, _outs: Mapping[str, torch.Tensor]) -> Comparison:
         try:
             s_k = _logical(actual, layout, t, g)
@@ -270,6 +284,13 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
                           "re-stored in that layout (padding bytes or layout)", **metrics)
         return custom("scales", True, **metrics)
 
+    return judge_scales
+
+
+def _codes_judge(layout: str, t: int, g: int, lo: torch.Tensor, v: torch.Tensor, hi: torch.Tensor,
+                 s_oracle: torch.Tensor, recipe: QuantRecipe) -> Judge:
+    """Judge of the codes: with the kernel's own scales, each code within the window the activation's bound allows
+    around the oracle's, and at most one step from it."""
     row_major = dataclasses.replace(recipe, layout=ScaleLayout.ROW_MAJOR)
 
     def judge_codes(actual: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Comparison:
@@ -297,8 +318,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
                           **metrics)
         return custom("codes", True, **metrics)
 
-    return [Check("codes", "custom", expected=qt.codes.view(torch.float8_e4m3fn), judge=judge_codes),
-            Check("scales", "custom", expected=qt.scales, judge=judge_scales)]
+    return judge_codes
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:

@@ -192,12 +192,9 @@ def _fail_text(by_gen: Mapping[str, tuple[list[Result], list[Result]]], axes: Se
     return "; ".join(parts), paths
 
 
-def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, command: str = "",
-          sources: Sequence[str] = (), cases_folder: str = "SUPPORT_MATRIX.cases") -> dict[str, Any]:
-    """The support matrix as a JSON-serializable dict (`to_markdown` renders it)."""
-    rs = dedupe(results)
-    meta = list(meta)
-    runs = [m for m in meta if m.get("kind") == "run"]
+def _collect_meta(meta: Sequence[Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]],
+                                                               dict[tuple[str, str], dict[str, Any]]]:
+    """Adapter metadata merged per adapter, and the recorded cell selection per (adapter, generation)."""
     infos: dict[str, dict[str, Any]] = {}
     selection: dict[tuple[str, str], dict[str, Any]] = {}
     for m in meta:
@@ -206,138 +203,212 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
             if m.get("selection"):
                 selection[(m["adapter"], m.get("generation", ""))] = {
                     k: m.get(k) for k in ("profile", "selection", "cells", "cells_total", "cases")}
+    return infos, selection
+
+
+def _commits(dev_list: Sequence[Mapping[str, Any]], run_meta: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The short commits the devices ran, falling back to the run's record where a device did not know it."""
+    commits = set()
+    for d in dev_list:
+        c = d.get("commit") or "unknown"
+        if c == "unknown":
+            c = next((m.get("commit") for m in run_meta if m.get("commit") not in (None, "unknown")), c)
+        commits.add(c[:10] + (" (dirty)" if d.get("dirty") else ""))
+    return sorted(commits)
+
+
+def _generation_info(g: str, rs: Sequence[Result], runs: Sequence[Mapping[str, Any]],
+                     selection: Mapping[tuple[str, str], Mapping[str, Any]],
+                     infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Provenance of one generation: devices, versions, commits, profiles, cell selection and verdict counts."""
+    recs = [r for r in rs if r.generation == g]
+    devs = {json.dumps(r.device, sort_keys=True) for r in recs}
+    dev_list = [json.loads(d) for d in sorted(devs)]
+    run_meta = [m for m in runs if m.get("generation") == g]
+    sel = {a: s for (a, gg), s in selection.items() if gg == g}
+    sel_text = _selection_text(sel, infos, run_meta)
+    profiles = sorted({s.get("profile") for s in sel.values() if s.get("profile")}
+                      | {m["profile"] for m in run_meta if m.get("profile")})
+    names = sorted({(d.get("device_name") or d.get("device") or "?")
+                    + (f" (sm_{d['capability'][0]}{d['capability'][1]})" if d.get("capability") else "")
+                    + (", Triton interpreter" if g == "interp" else "") for d in dev_list})
+    return {
+        "generation": g, "devices": names,
+        "torch": sorted({str(d.get("torch_version")) for d in dev_list}),
+        "triton": sorted({str(d.get("triton_version")) for d in dev_list}),
+        "python": sorted({str(d.get("python_version")) for d in dev_list}),
+        "commits": _commits(dev_list, run_meta), "profiles": profiles or ["not recorded"], "selection": sel_text,
+        "verdicts": len(recs), "counts": dict(sorted(Counter(r.verdict for r in recs).items())),
+    }
+
+
+def _adapter_info(name: str, infos: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The adapter's recorded metadata (reference adapters are known by name when none was recorded)."""
+    info = infos.get(name, {})
+    if not info and name.startswith("reference-"):  # records older than the sweep's metadata
+        info = {"source": "reference"}
+    return info
+
+
+def _declared_values(info: Mapping[str, Any], axes: Sequence[Mapping[str, Any]],
+                     recs: Sequence[Result]) -> dict[str, set[Any]]:
+    """The values the adapter declares, per axis."""
+    if info.get("support"):
+        return {a["name"]: set(info["support"].get(a["name"], ())) for a in axes}
+    # older records: a value is declared when some declared case used it
+    return {a["name"]: {r.case.features.get(a["name"]) for r in recs if r.declared} for a in axes}
+
+
+def _per_generation(recs: Sequence[Result], gens: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The adapter's status, exercised and passed counts, and verdict counts on each generation."""
+    per_gen = {}
+    for g in gens:
+        gr = [r for r in recs if r.generation == g]
+        ge = [r for r in gr if r.verdict in EXERCISED]
+        gp = sum(r.verdict == "pass" for r in ge)
+        st = _status(len(ge), gp)
+        if not gr:
+            st = "not run"
+        elif not ge and any(r.verdict == "not-verifiable" for r in gr):
+            st = "not verifiable"
+        per_gen[g] = {"status": st, "exercised": len(ge), "passed": gp,
+                      "counts": dict(sorted(Counter(r.verdict for r in gr).items()))}
+    return per_gen
+
+
+def _value_note(name: str, vr: Sequence[Result], ex: Sequence[Result], axes: Sequence[Mapping[str, Any]],
+                gens: Sequence[str], per_gen: Mapping[str, Mapping[str, Any]], notes: _Notes,
+                files: _CaseFiles) -> int:
+    """The footnote of a partly failing value (values failing in the same cases share one)."""
+    failing = [r for r in vr if r.verdict != "pass"]
+    # described against every passing case of the adapter on the same generation
+    split = {g: ([r for r in failing if r.generation == g],
+                 [r for r in ex if r.generation == g and r.verdict == "pass"]) for g in gens}
+    key = (name, tuple(_key(r) for r in failing))
+    note = notes.get(key)
+    if note is None:
+        text, paths = _fail_text(split, axes, "", files, {g: s["exercised"] for g, s in per_gen.items()})
+        note = notes.add(key, text, paths)
+    return note
+
+
+def _axes_out(name: str, kind: str, axes: Sequence[Mapping[str, Any]], recs: Sequence[Result],
+              gens: Sequence[str], declared_vals: Mapping[str, set[Any]], per_gen: Mapping[str, Mapping[str, Any]],
+              notes: _Notes, files: _CaseFiles) -> list[dict[str, Any]]:
+    """Per axis, each swept value's status, declaration, counts (overall and per generation) and footnote."""
+    ex = [r for r in recs if r.verdict in EXERCISED]
+    axes_out = []
+    for a in axes:
+        order = list(a.get("values") or [])
+        order += sorted({r.case.features.get(a["name"]) for r in recs} - set(order) - {None})
+        values = []
+        for v in order:
+            vr = [r for r in ex if r.case.features.get(a["name"]) == v]
+            if not vr and not any(r.case.features.get(a["name"]) == v for r in recs):
+                continue  # never swept (an inapplicable or unselected value): nothing to say
+            passed = [r for r in vr if r.verdict == "pass"]
+            st = _status(len(vr), len(passed))
+            entry: dict[str, Any] = {
+                "value": v, "status": st, "declared": v in declared_vals.get(a["name"], set()),
+                "exercised": len(vr), "passed": len(passed),
+                "by_generation": {g: [sum(r.verdict == "pass" for r in vr if r.generation == g),
+                                      sum(r.generation == g for r in vr)] for g in gens
+                                  if any(r.generation == g for r in vr)},
+                "note": None,
+            }
+            if st == "partial" and kind != "reference":
+                entry["note"] = _value_note(name, vr, ex, axes, gens, per_gen, notes, files)
+            values.append(entry)
+        axes_out.append({"name": a["name"], "title": a["title"], "values": values})
+    return axes_out
+
+
+def _failing_rows(name: str, ex: Sequence[Result], axes: Sequence[Mapping[str, Any]],
+                  files: _CaseFiles) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows of cells with a failing case: (declared cells, undeclared cells that were not rejected cleanly)."""
+    claimed_failing: list[dict[str, Any]] = []
+    unclean: list[dict[str, Any]] = []
+    groups: dict[tuple[str, str, bool], list[Result]] = defaultdict(list)
+    for r in ex:
+        if r.verdict != "pass":
+            groups[(r.generation, json.dumps(r.case.features, sort_keys=True), r.declared)].append(r)
+    for (g, feats, declared), bad in sorted(groups.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1:])):
+        total = sum(1 for r in ex if r.generation == g and json.dumps(r.case.features, sort_keys=True) == feats)
+        cell = {a["name"]: bad[0].case.features[a["name"]] for a in axes if a["name"] in bad[0].case.features}
+        cell.update({k: v for k, v in bad[0].case.features.items() if k not in cell})
+        row = {"adapter": name, "generation": g, "cell": cell, "failing": len(bad), "cases": total,
+               "reason": _short(bad[0].reason), "case_file": files.add(bad[0])}
+        (claimed_failing if declared else unclean).append(row)
+    return claimed_failing, unclean
+
+
+def _working_rows(name: str, ex: Sequence[Result], axes: Sequence[Mapping[str, Any]],
+                  axes_out: Sequence[Mapping[str, Any]], declared_vals: Mapping[str, set[Any]]) -> list[dict[str, Any]]:
+    """Rows of what works but is not declared: undeclared values, and cells the adapter's `requires` excludes."""
+    working = []
+    for ax in axes_out:
+        for v in ax["values"]:
+            if not v["declared"] and v["status"] == "pass":
+                working.append({"adapter": name, "feature": f"{ax['title']} = {_display(v['value'])}",
+                                "generations": sorted(v["by_generation"], key=_gen_order), "cases": v["passed"]})
+    undeclared_cells = [r for r in ex if not r.declared and r.verdict == "pass" and all(
+        r.case.features.get(a["name"]) in declared_vals.get(a["name"], set()) for a in axes)]
+    if undeclared_cells:
+        cells = {json.dumps(r.case.features, sort_keys=True) for r in undeclared_cells}
+        working.append({"adapter": name, "feature": f"{len(cells)} cell(s) of declared values that the adapter "
+                        "excludes (its `requires` rule)",
+                        "generations": sorted({r.generation for r in undeclared_cells}, key=_gen_order),
+                        "cases": len(undeclared_cells)})
+    return working
+
+
+def _unverifiable_rows(name: str, recs: Sequence[Result]) -> list[dict[str, Any]]:
+    """Rows of not-verifiable cases, counted per (generation, reason)."""
+    nv: dict[tuple[str, str], int] = Counter()
+    for r in recs:
+        if r.verdict == "not-verifiable":
+            nv[(r.generation, r.reason)] += 1
+    return [{"adapter": name, "generation": g, "cases": n, "reason": _short(reason, 160)}
+            for (g, reason), n in sorted(nv.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1]))]
+
+
+def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, command: str = "",
+          sources: Sequence[str] = (), cases_folder: str = "SUPPORT_MATRIX.cases") -> dict[str, Any]:
+    """The support matrix as a JSON-serializable dict (`to_markdown` renders it)."""
+    rs = dedupe(results)
+    meta = list(meta)
+    runs = [m for m in meta if m.get("kind") == "run"]
+    infos, selection = _collect_meta(meta)
     notes, files = _Notes(), _CaseFiles(cases_folder)
     by_adapter: dict[str, list[Result]] = defaultdict(list)
     for r in rs:
         by_adapter[r.adapter].append(r)
     gens = sorted({r.generation for r in rs}, key=_gen_order)
-
-    # provenance, per generation
-    generations = []
-    for g in gens:
-        recs = [r for r in rs if r.generation == g]
-        devs = {json.dumps(r.device, sort_keys=True) for r in recs}
-        dev_list = [json.loads(d) for d in sorted(devs)]
-        run_meta = [m for m in runs if m.get("generation") == g]
-        commits = set()
-        for d in dev_list:
-            c = d.get("commit") or "unknown"
-            if c == "unknown":
-                c = next((m.get("commit") for m in run_meta if m.get("commit") not in (None, "unknown")), c)
-            commits.add(c[:10] + (" (dirty)" if d.get("dirty") else ""))
-        sel = {a: s for (a, gg), s in selection.items() if gg == g}
-        sel_text = _selection_text(sel, infos, run_meta)
-        profiles = sorted({s.get("profile") for s in sel.values() if s.get("profile")}
-                          | {m["profile"] for m in run_meta if m.get("profile")})
-        names = sorted({(d.get("device_name") or d.get("device") or "?")
-                        + (f" (sm_{d['capability'][0]}{d['capability'][1]})" if d.get("capability") else "")
-                        + (", Triton interpreter" if g == "interp" else "") for d in dev_list})
-        generations.append({
-            "generation": g, "devices": names,
-            "torch": sorted({str(d.get("torch_version")) for d in dev_list}),
-            "triton": sorted({str(d.get("triton_version")) for d in dev_list}),
-            "python": sorted({str(d.get("python_version")) for d in dev_list}),
-            "commits": sorted(commits), "profiles": profiles or ["not recorded"], "selection": sel_text,
-            "verdicts": len(recs), "counts": dict(sorted(Counter(r.verdict for r in recs).items())),
-        })
+    generations = [_generation_info(g, rs, runs, selection, infos) for g in gens]
 
     adapters_out = []
     claimed_failing, unclean, working, unverifiable = [], [], [], []
     for name in sorted(by_adapter):
         recs = by_adapter[name]
         op = recs[0].case.op
-        info = infos.get(name, {})
-        if not info and name.startswith("reference-"):  # records older than the sweep's metadata
-            info = {"source": "reference"}
+        info = _adapter_info(name, infos)
         kind = _kind(info)
         axes = _axes_of(op, info, recs)
-        if info.get("support"):
-            declared_vals = {a["name"]: set(info["support"].get(a["name"], ())) for a in axes}
-        else:  # older records: a value is declared when some declared case used it
-            declared_vals = {a["name"]: {r.case.features.get(a["name"]) for r in recs if r.declared} for a in axes}
+        declared_vals = _declared_values(info, axes, recs)
         ex = [r for r in recs if r.verdict in EXERCISED]
-        # per generation
-        per_gen = {}
-        for g in gens:
-            gr = [r for r in recs if r.generation == g]
-            ge = [r for r in gr if r.verdict in EXERCISED]
-            gp = sum(r.verdict == "pass" for r in ge)
-            st = _status(len(ge), gp)
-            if not gr:
-                st = "not run"
-            elif not ge and any(r.verdict == "not-verifiable" for r in gr):
-                st = "not verifiable"
-            per_gen[g] = {"status": st, "exercised": len(ge), "passed": gp,
-                          "counts": dict(sorted(Counter(r.verdict for r in gr).items()))}
-        # per axis value
-        axes_out = []
-        for a in axes:
-            order = list(a.get("values") or [])
-            order += sorted({r.case.features.get(a["name"]) for r in recs} - set(order) - {None})
-            values = []
-            for v in order:
-                vr = [r for r in ex if r.case.features.get(a["name"]) == v]
-                if not vr and not any(r.case.features.get(a["name"]) == v for r in recs):
-                    continue  # never swept (an inapplicable or unselected value): nothing to say
-                passed = [r for r in vr if r.verdict == "pass"]
-                st = _status(len(vr), len(passed))
-                entry: dict[str, Any] = {
-                    "value": v, "status": st, "declared": v in declared_vals.get(a["name"], set()),
-                    "exercised": len(vr), "passed": len(passed),
-                    "by_generation": {g: [sum(r.verdict == "pass" for r in vr if r.generation == g),
-                                          sum(r.generation == g for r in vr)] for g in gens
-                                      if any(r.generation == g for r in vr)},
-                    "note": None,
-                }
-                if st == "partial" and kind != "reference":
-                    failing = [r for r in vr if r.verdict != "pass"]
-                    # described against every passing case of the adapter on the same generation
-                    split = {g: ([r for r in failing if r.generation == g],
-                                 [r for r in ex if r.generation == g and r.verdict == "pass"]) for g in gens}
-                    key = (name, tuple(_key(r) for r in failing))
-                    entry["note"] = notes.get(key)
-                    if entry["note"] is None:
-                        text, paths = _fail_text(split, axes, "", files,
-                                                 {g: s["exercised"] for g, s in per_gen.items()})
-                        entry["note"] = notes.add(key, text, paths)
-                values.append(entry)
-            axes_out.append({"name": a["name"], "title": a["title"], "values": values})
+        per_gen = _per_generation(recs, gens)
+        # notes and case files are numbered in the order met: value footnotes first, then failing rows
+        axes_out = _axes_out(name, kind, axes, recs, gens, declared_vals, per_gen, notes, files)
         adapters_out.append({"name": name, "op": op, "op_title": info.get("op_title", op), "kind": kind,
                              "source": info.get("source", ""), "description": info.get("description", ""),
                              "generations": per_gen, "axes": axes_out})
         if kind == "reference":
             continue
-        # declared vs verified
-        groups: dict[tuple[str, str, bool], list[Result]] = defaultdict(list)
-        for r in ex:
-            if r.verdict != "pass":
-                groups[(r.generation, json.dumps(r.case.features, sort_keys=True), r.declared)].append(r)
-        for (g, feats, declared), bad in sorted(groups.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1:])):
-            total = sum(1 for r in ex if r.generation == g and json.dumps(r.case.features, sort_keys=True) == feats)
-            cell = {a["name"]: bad[0].case.features[a["name"]] for a in axes if a["name"] in bad[0].case.features}
-            cell.update({k: v for k, v in bad[0].case.features.items() if k not in cell})
-            row = {"adapter": name, "generation": g, "cell": cell, "failing": len(bad), "cases": total,
-                   "reason": _short(bad[0].reason), "case_file": files.add(bad[0])}
-            (claimed_failing if declared else unclean).append(row)
-        for ax in axes_out:
-            for v in ax["values"]:
-                if not v["declared"] and v["status"] == "pass":
-                    working.append({"adapter": name, "feature": f"{ax['title']} = {_display(v['value'])}",
-                                    "generations": sorted(v["by_generation"], key=_gen_order), "cases": v["passed"]})
-        undeclared_cells = [r for r in ex if not r.declared and r.verdict == "pass" and all(
-            r.case.features.get(a["name"]) in declared_vals.get(a["name"], set()) for a in axes)]
-        if undeclared_cells:
-            cells = {json.dumps(r.case.features, sort_keys=True) for r in undeclared_cells}
-            working.append({"adapter": name, "feature": f"{len(cells)} cell(s) of declared values that the adapter "
-                            "excludes (its `requires` rule)",
-                            "generations": sorted({r.generation for r in undeclared_cells}, key=_gen_order),
-                            "cases": len(undeclared_cells)})
-        nv: dict[tuple[str, str], int] = Counter()
-        for r in recs:
-            if r.verdict == "not-verifiable":
-                nv[(r.generation, r.reason)] += 1
-        for (g, reason), n in sorted(nv.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1])):
-            unverifiable.append({"adapter": name, "generation": g, "cases": n, "reason": _short(reason, 160)})
+        claimed, bad = _failing_rows(name, ex, axes, files)
+        claimed_failing += claimed
+        unclean += bad
+        working += _working_rows(name, ex, axes, axes_out, declared_vals)
+        unverifiable += _unverifiable_rows(name, recs)
 
     return {
         "title": "Kernel-feature support matrix",
@@ -413,13 +484,8 @@ def _op_section(title: str, op_adapters: Sequence[Mapping[str, Any]], notes: Map
     return out
 
 
-def to_markdown(model: Mapping[str, Any]) -> str:
-    """The markdown document for a model built by `build`."""
-    gens = [g["generation"] for g in model["generations"]]
-    notes = {n["id"]: n for n in model["footnotes"]}
-    adapters = model["adapters"]
-    kernels = [a for a in adapters if a["kind"] != "reference"]
-    refs = [a for a in adapters if a["kind"] == "reference"]
+def _header(model: Mapping[str, Any]) -> list[str]:
+    """Title, how to regenerate, the results read, the generations' provenance and how to read the tables."""
     out = [f"# {model['title']}", "",
            "Generated from recorded verdicts; do not edit by hand. Regenerate with:", "",
            "```bash", model["command"] or "python -m harness matrix", "```", ""]
@@ -436,9 +502,13 @@ def to_markdown(model: Mapping[str, Any]) -> str:
             "`*` marks a value that works but that the kernel does not declare. Quick runs sweep a pairwise "
             "covering set of the cells of large ops (every pair of values of two axes appears in some cell), full "
             "runs every cell; not-applicable combinations are never swept or shown.", ""]
+    return out
 
+
+def _kernel_sections(kernels: Sequence[Mapping[str, Any]], notes: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """The experts kernels' table, then one table per stage op (in OPS order, unknown ops last)."""
     experts = [a for a in kernels if a["op"] == "experts"]
-    out += _op_section("Experts kernels", experts, notes) if experts else ["## Experts kernels", "", "(none)", ""]
+    out = _op_section("Experts kernels", experts, notes) if experts else ["## Experts kernels", "", "(none)", ""]
     stage_ops = [op for op in OPS if op != "experts" and any(a["op"] == op for a in kernels)]
     stage_ops += sorted({a["op"] for a in kernels} - set(OPS))
     out += ["## Stage kernels", ""]
@@ -447,33 +517,45 @@ def to_markdown(model: Mapping[str, Any]) -> str:
     for op in stage_ops:
         group = [a for a in kernels if a["op"] == op]
         out += _op_section(f"{group[0]['op_title']} (`{op}`)", group, notes, level="###")
+    return out
 
-    out += ["## Generations", ""]
+
+def _count_cell(s: Mapping[str, Any], fail: str) -> str:
+    """One generation's status with its counts (`fail` is the word shown when some case failed)."""
+    if s["status"] == "pass":
+        return f"pass ({s['exercised']})"
+    if s["status"] in ("fail", "partial"):
+        return f"{fail} ({s['exercised'] - s['passed']} of {s['exercised']})"
+    return s["status"]
+
+
+def _generations_section(kernels: Sequence[Mapping[str, Any]], gens: Sequence[str]) -> list[str]:
+    """Each kernel's status and counts per generation."""
+    out = ["## Generations", ""]
     if kernels:
-        def gen_cell(s: Mapping[str, Any]) -> str:
-            if s["status"] == "pass":
-                return f"pass ({s['exercised']})"
-            if s["status"] in ("fail", "partial"):
-                return f"fail ({s['exercised'] - s['passed']} of {s['exercised']})"
-            return s["status"]
-
         out += [_table(["Kernel", "Op", *gens],
-                       [[_name_cell(a), a["op"], *[gen_cell(a["generations"][g]) for g in gens]] for a in kernels]),
+                       [[_name_cell(a), a["op"], *[_count_cell(a["generations"][g], "fail") for g in gens]]
+                        for a in kernels]),
                 "", "Counts are cases that ran (pass, fail or error); clean rejections of undeclared cells and "
                 "not-verifiable cases are not counted.", ""]
     else:
         out += ["(no kernel results)", ""]
+    return out
 
-    dv = model["declared_vs_verified"]
-    out += ["## Declared vs verified", ""]
 
-    def capped(rows: list[list[Any]], total: int) -> list[list[Any]]:
-        return rows + ([[f"... and {total - MAX_ROWS} more (see the JSON)"] + [""] * (len(rows[0]) - 1)]
-                       if total > MAX_ROWS else [])
+def _capped(rows: list[list[Any]], total: int) -> list[list[Any]]:
+    """The rows, with a last row saying how many more the JSON has when there were more than MAX_ROWS."""
+    return rows + ([[f"... and {total - MAX_ROWS} more (see the JSON)"] + [""] * (len(rows[0]) - 1)]
+                   if total > MAX_ROWS else [])
 
-    def cell_text(cell: Mapping[str, str]) -> str:
-        return ", ".join(f"{k}={v}" for k, v in cell.items())
 
+def _cell_text(cell: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in cell.items())
+
+
+def _bug_tables(dv: Mapping[str, Any]) -> list[str]:
+    """The declared cells that fail, and the undeclared cells that were not rejected cleanly."""
+    out: list[str] = []
     for key, title, blurb in (
             ("claimed_but_failing", "Claimed but failing (bugs)", "Declared cells with a failing or erroring case."),
             ("undeclared_not_rejected", "Not claimed, and not rejected cleanly (bugs)",
@@ -481,12 +563,18 @@ def to_markdown(model: Mapping[str, Any]) -> str:
         rows = dv[key]
         out += [f"### {title}", "", blurb, ""]
         if rows:
-            body = [[r["adapter"], r["generation"], cell_text(r["cell"]), f"{r['failing']} of {r['cases']}",
+            body = [[r["adapter"], r["generation"], _cell_text(r["cell"]), f"{r['failing']} of {r['cases']}",
                      r["reason"], f"[case]({r['case_file']})"] for r in rows[:MAX_ROWS]]
             out += [_table(["Kernel", "Generation", "Cell", "Failing", "First reason", "Case file"],
-                           capped(body, len(rows))), ""]
+                           _capped(body, len(rows))), ""]
         else:
             out += ["None.", ""]
+    return out
+
+
+def _declared_section(dv: Mapping[str, Any]) -> list[str]:
+    """Declared vs verified: the bug tables, what works unclaimed, and what could not be verified."""
+    out = ["## Declared vs verified", "", *_bug_tables(dv)]
     out += ["### Working but not claimed", ""]
     if dv["working_not_claimed"]:
         out += [_table(["Kernel", "Feature", "Generations", "Cases passed"],
@@ -501,22 +589,35 @@ def to_markdown(model: Mapping[str, Any]) -> str:
                         for r in dv["not_verifiable"][:MAX_ROWS]]), ""]
     else:
         out += ["None.", ""]
+    return out
 
-    out += ["## Oracle self-test (reference adapters)", "",
-            "The oracle run through the full harness path (inputs, integrity checks, comparisons); every case must "
-            "pass.", ""]
+
+def _oracle_section(refs: Sequence[Mapping[str, Any]], gens: Sequence[str]) -> list[str]:
+    """The reference adapters' status per generation (any failure there is the oracle's)."""
+    out = ["## Oracle self-test (reference adapters)", "",
+           "The oracle run through the full harness path (inputs, integrity checks, comparisons); every case must "
+           "pass.", ""]
     if refs:
-        def ref_cell(s: Mapping[str, Any]) -> str:
-            if s["status"] == "pass":
-                return f"pass ({s['exercised']})"
-            if s["status"] in ("fail", "partial"):
-                return f"FAIL ({s['exercised'] - s['passed']} of {s['exercised']})"
-            return s["status"]
-
-        out += [_table(["Adapter", "Op", *gens], [[a["name"], a["op"], *[ref_cell(a["generations"][g]) for g in gens]]
-                                                 for a in refs]), ""]
+        out += [_table(["Adapter", "Op", *gens],
+                       [[a["name"], a["op"], *[_count_cell(a["generations"][g], "FAIL") for g in gens]]
+                        for a in refs]), ""]
     else:
         out += ["(no reference results)", ""]
+    return out
+
+
+def to_markdown(model: Mapping[str, Any]) -> str:
+    """The markdown document for a model built by `build`."""
+    gens = [g["generation"] for g in model["generations"]]
+    notes = {n["id"]: n for n in model["footnotes"]}
+    adapters = model["adapters"]
+    kernels = [a for a in adapters if a["kind"] != "reference"]
+    refs = [a for a in adapters if a["kind"] == "reference"]
+    out = _header(model)
+    out += _kernel_sections(kernels, notes)
+    out += _generations_section(kernels, gens)
+    out += _declared_section(model["declared_vs_verified"])
+    out += _oracle_section(refs, gens)
     return "\n".join(out).rstrip() + "\n"
 
 
