@@ -156,9 +156,12 @@ def test_shards_partition_the_cells_stably() -> None:
             sweep.Shard.parse(bad)
 
 
-def test_two_shards_merged_render_the_same_matrix_as_one_run(tmp_path: Path) -> None:
+def test_two_shards_merged_render_the_same_matrix_as_one_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The user's flow: `matrix --shard K/N` on each machine, then `matrix --from` over the shards' folders."""
     from harness.cli import main
+
+    # `matrix --device cpu` chooses the interpreter for its process; on a GPU machine that must not outlive the test
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
     common = ["matrix", "--device", "cpu", "--jobs", "2", "--adapter", "reference-activation",
               "--adapter", FAKE.replace(":FAULTY", ":PARTIAL")]
