@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_LOG2E = 1.4426950408889634
+# a constexpr: a Triton kernel on the GPU may read no other global (the interpreter does not check this)
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
