@@ -56,7 +56,7 @@ def test_sweep_and_replay_on_the_example(example_on_path, device_info, unverifia
     with ResultStore(tmp_path / "bug", run_id="b") as store:
         store.append(runner.judge(case, wrong, device_info, unverifiable=unverifiable))
     (case_file,) = (tmp_path / "bug" / "cases").glob("*.json")
-    assert main(["replay", str(case_file), "--adapter", SPEC, "--device", "cpu"]) == 0
+    assert main(["replay", str(case_file), "--adapter", SPEC, "--device", device_info.device]) == 0
     out = capsys.readouterr().out
     assert out.startswith("pass: my-silu-mul on ") and "recorded: fail" in out
 
