@@ -131,7 +131,7 @@ def committed_other_generations(generation: str, results_dir: str, root: str | N
     base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
     skip = {Path(results_dir).resolve(), (base / "local").resolve()}
     found = []
-    for f in sorted(base.rglob("matrix-*.jsonl")) if base.is_dir() else []:
+    for f in sorted([*base.rglob("matrix-*.jsonl"), *base.rglob("matrix-*.jsonl.gz")]) if base.is_dir() else []:
         if any(f.resolve().is_relative_to(d) for d in skip):
             continue
         m = re.match(r"matrix-([a-z0-9]+)-", f.name)

@@ -71,14 +71,17 @@ def test_a_fresh_sweep_merges_the_committed_results_of_other_generations(tmp_pat
     from harness.commands.matrix import committed_other_generations
 
     for rel in ("interp/matrix-interp-1-a-main.jsonl", "sm90/matrix/matrix-sm90-2-b-w1.jsonl",
-                "sm100/matrix-sm100-3-c-w2.jsonl", "local/matrix-sm90-4-d-w3.jsonl", "sm90/pytest/pytest-x.jsonl"):
+                "sm100/matrix-sm100-3-c-w2.jsonl", "local/matrix-sm90-4-d-w3.jsonl", "sm90/pytest/pytest-x.jsonl",
+                "sm100/full/matrix-sm100-5-e-w4.jsonl.gz"):
         f = tmp_path / rel
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text("")
     names = [f.name for f in committed_other_generations("sm90", str(tmp_path / "local"), root=str(tmp_path))]
-    assert names == ["matrix-interp-1-a-main.jsonl", "matrix-sm100-3-c-w2.jsonl"]  # not sm90, not local, not pytest
+    # not sm90, not local, not pytest; gzipped archives too
+    assert sorted(names) == ["matrix-interp-1-a-main.jsonl", "matrix-sm100-3-c-w2.jsonl",
+                             "matrix-sm100-5-e-w4.jsonl.gz"]
     names = [f.name for f in committed_other_generations("interp", str(tmp_path / "elsewhere"), root=str(tmp_path))]
-    assert names == ["matrix-sm100-3-c-w2.jsonl", "matrix-sm90-2-b-w1.jsonl"]
+    assert sorted(names) == ["matrix-sm100-3-c-w2.jsonl", "matrix-sm100-5-e-w4.jsonl.gz", "matrix-sm90-2-b-w1.jsonl"]
 
 
 def test_selection_names_the_adapters_swept_in_full_next_to_a_pairwise_run() -> None:

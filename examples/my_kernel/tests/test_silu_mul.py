@@ -2,7 +2,6 @@
 
 import torch
 import torch.nn.functional as F
-
 from my_moe_kernel.swiglu import silu_mul
 
 
