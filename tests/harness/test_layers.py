@@ -169,3 +169,30 @@ def test_a_cycle_is_caught() -> None:
     graph = project_graph()
     graph["harness.store.results"] = graph["harness.store.results"] | {"harness.store.render"}
     assert any({"harness.store.render", "harness.store.results"} <= set(c) for c in cycles(graph))
+
+
+def test_the_flat_layout_paths_still_import() -> None:
+    """Adapters written before the layers import harness.device, harness.results, ...: the same module objects."""
+    import importlib
+    import warnings
+
+    from harness import _moved
+
+    for old, new in _moved.MOVED.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert module.__name__ == new  # the real module keeps its identity
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import sys
+
+        sys.modules.pop("harness.runner", None)
+        importlib.import_module("harness.runner")
+    assert any("harness.runner moved to harness.engine.runner" in str(w.message) for w in caught)
+    from harness.results import ResultStore  # the common spellings work
+
+    from harness.store.results import ResultStore as Same
+
+    assert ResultStore is Same
