@@ -26,7 +26,7 @@ from harness.core.compare import Comparison, bits, compare_bounded, compare_code
 from harness.core.device import DeviceInfo
 from harness.core.result import Result
 from harness.ops.base import Check, OutputSpec
-from harness.registry import Adapter, Unsupported
+from harness.registry import Adapter, SupportRuleError, Unsupported
 
 # Two poison patterns per dtype: an element still holding pattern A after run 1 and pattern B after run 2 was
 # never written. Float patterns are NaNs with distinctive payloads.
@@ -230,14 +230,18 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
             return _judge(case, adapter, device, unverifiable=unverifiable)
     except CaseTimeout as e:
         return Result(case=case, verdict="error", reason=f"hang: {e}", metrics={"timeout": True},
-                      declared=adapter.declares(case.features, device)[0],
+                      declared=adapter.claims(case.features, device),
                       duration_s=round(time.perf_counter() - t0, 4), generation=device.generation,
                       device=device.to_dict())
 
 
 def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None) -> Result:
     t0 = time.perf_counter()
-    declared, why_not = adapter.declares(case.features, device)
+    try:
+        declared, why_not = adapter.declares(case.features, device)
+        broken_rule = ""
+    except SupportRuleError as e:  # the adapter's own bug: an error verdict on this case, counted as claimed
+        declared, why_not, broken_rule = True, "", str(e)
 
     def result(verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
         checks = checks or []
@@ -248,6 +252,8 @@ def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: se
 
     if device.generation not in adapter.generations:
         return result("unsupported", f"{adapter.name} does not run on {device.generation}")
+    if broken_rule:
+        return result("error", f"support rule error: {broken_rule}")
     if (why_shape := adapter.shape_unsupported(case.shapes)) is not None:
         return result("unsupported", f"shape outside the adapter's limits: {why_shape}")
     if unverifiable and adapter.interp_features and device.generation == "interp":

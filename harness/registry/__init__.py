@@ -27,6 +27,10 @@ RunFn = Callable[[Case, dict[str, torch.Tensor], dict[str, torch.Tensor]], "dict
 RequiresFn = Callable[[DeviceInfo, Mapping[str, str]], "str | None"]
 
 
+class SupportRuleError(Exception):
+    """An adapter's `requires()` raised: a bug of that adapter, reported on its cases, never the sweep's end."""
+
+
 class Unsupported(Exception):
     """Raised by an adapter (or its kernel) to reject a feature it does not support; the message names it."""
 
@@ -78,10 +82,21 @@ class Adapter:
             if value not in self.support.get(axis, ()):
                 return False, f"{self.name} does not declare {axis}={value}"
         if device is not None and self.requires is not None:
-            why = self.requires(device, features)
+            try:
+                why = self.requires(device, features)
+            except Exception as e:
+                raise SupportRuleError(f"{self.name}: its requires() raised {type(e).__name__}: {e}") from e
             if why:
                 return False, why
         return True, ""
+
+    def claims(self, features: Mapping[str, str], device: DeviceInfo | None = None) -> bool:
+        """`declares` for bookkeeping: a support rule that raises counts as a claim, so the error verdict it earns
+        is listed among the adapter's bugs."""
+        try:
+            return self.declares(features, device)[0]
+        except SupportRuleError:
+            return True
 
     def shape_unsupported(self, shapes: Mapping[str, int]) -> str | None:
         """Why the case shapes break one of the adapter's `<dim>_multiple` limits (None: they do not)."""

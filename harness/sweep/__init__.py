@@ -63,7 +63,7 @@ class _Run:
     def mark(self, index: int, reason: str, kind: str, **metrics: Any) -> None:
         """An `error` verdict, written by the parent, for a case whose worker hung or died."""
         case, adapter = self.cases[index], self.owner[index]
-        declared = adapter.declares(case.features, self.device)[0]
+        declared = adapter.claims(case.features, self.device)
         r = Result(case=case, verdict="error", reason=reason, metrics={"marker": kind, **metrics}, declared=declared,
                    generation=self.device.generation, device=self.device.to_dict())
         self.main.append(r)

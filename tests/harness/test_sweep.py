@@ -183,3 +183,26 @@ def test_two_shards_merged_render_the_same_matrix_as_one_run(tmp_path: Path, mon
     assert models[0] == models[1]
     assert models[0]["declared_vs_verified"]["claimed_but_failing"], "the planted bug must show"
     assert models[0]["verdicts"] == len(shard_ids[0]) + len(shard_ids[1])
+
+
+def _rule_raises(device, features):  # type: ignore[no-untyped-def]
+    raise RuntimeError("requires exploded")
+
+
+def test_an_adapter_whose_support_rule_raises_gets_errors_and_the_others_their_verdicts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One adapter's `requires()` raising used to end the sweep with no verdict for anyone."""
+    import dataclasses
+
+    from harness.store.results import ResultStore
+
+    broken = dataclasses.replace(registry.resolve("reference-activation"), name="rule-raises", requires=_rule_raises)
+    monkeypatch.setitem(registry._REGISTRY, broken.name, broken)
+    with ResultStore(tmp_path, run_id="r") as store:
+        totals = sweep.sweep(["rule-raises", "reference-reduce"], detect("cpu"), store, out=None)
+    assert totals["reference-reduce"]["pass"] > 0 and set(totals["reference-reduce"]) <= {"pass", "unsupported"}
+    results = [r for r in load_results([tmp_path]) if r.adapter == "rule-raises"]
+    errors = [r for r in results if r.verdict == "error"]
+    assert errors and all("support rule error: rule-raises: its requires() raised RuntimeError" in r.reason
+                          and r.declared for r in errors)
+    assert {r.verdict for r in results} <= {"error", "unsupported"}
