@@ -92,7 +92,9 @@ class _CaseFiles:
         self.files: dict[str, dict[str, Any]] = {}
 
     def add(self, r: Result) -> str:
-        path = f"{self.folder}/{r.adapter}-{r.generation}-{r.case.case_id}.json"
+        # names come from results files: never let one steer the path out of the folder
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", f"{r.adapter}-{r.generation}-{r.case.case_id}").lstrip(".")
+        path = f"{self.folder}/{stem}.json"
         self.files[path] = {"case": r.case.to_dict(), "generation": r.generation, "verdict": r.verdict,
                             "declared": r.declared, "reason": r.reason}
         return path
@@ -644,6 +646,8 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
             old.unlink()
     for rel, record in model["case_files"].items():
         p = md_path.parent / rel
+        if not p.resolve().is_relative_to(case_dir.resolve()):
+            raise ValueError(f"case file {rel!r} would be written outside {case_dir}")
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return md_path, json_path, model["verdicts"]

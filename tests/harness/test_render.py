@@ -119,3 +119,20 @@ def test_from_skips_other_jsonl_in_result_folders_with_a_note(tmp_path: Path, ca
     (folder / "run.jsonl").write_text("\n".join([lines[0], '{"case": 1}', *lines[1:]]) + "\n", encoding="utf-8")
     assert cli.main(["matrix", "--from", str(folder), "--out", str(out)]) == 2
     assert "run.jsonl:2: not a valid result record" in capsys.readouterr().err
+
+
+def test_an_adapter_name_cannot_steer_case_files_out_of_their_folder(tmp_path: Path) -> None:
+    """Names come from results files, which anyone can write: `../..` in one must not place a file elsewhere."""
+    lines = []
+    for line in RESULTS.read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        if "case" in d and d["verdict"] in ("fail", "error"):
+            d["case"]["adapter"] = "../../../escaped"
+        lines.append(json.dumps(d))
+    results = tmp_path / "hostile.jsonl"
+    results.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "deep" / "docs" / "MATRIX.md"
+    assert cli.main(["matrix", "--from", str(results), "--out", str(out)]) == 0
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.json"))
+    assert written and all(str(p).startswith("deep/docs/") for p in written), written
+    assert any("escaped" in p.name for p in written)
