@@ -303,15 +303,7 @@ def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: se
                 checks.append(fin)
             checks.append(_compare(chk, first[name], first))
         if second is not None and "deterministic" in adapter.properties:
-            for name in specs:
-                a, b = bits(first[name].detach().cpu()), bits(second[name].detach().cpu())
-                mask = expected[name].mask if name in expected else None
-                if mask is not None:  # outside the contract each run keeps its own poison
-                    mask = mask.detach().cpu().expand(a.shape) if mask.shape != a.shape else mask.detach().cpu()
-                    a, b = a[mask], b[mask]
-                same = torch.equal(a, b)
-                checks.append(_check(f"deterministic:{name}", same,
-                                     "" if same else f"{name}: two runs on the same inputs differ bitwise"))
+            checks += _determinism_checks(specs, first, second, expected)
         if "batch_invariant" in adapter.properties and spec.token_subset is not None:
             checks.extend(_batch_invariance(case, adapter, spec, inputs, first, device))
     except Exception as e:
@@ -319,6 +311,22 @@ def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: se
                       metrics_trace=traceback.format_exc(limit=4))
     reason, metrics = _summary(checks)
     return result("fail" if reason else "pass", reason, checks, **metrics)
+
+
+def _determinism_checks(specs: Mapping[str, Any], first: Mapping[str, torch.Tensor],
+                        second: Mapping[str, torch.Tensor], expected: Mapping[str, Check]) -> list[Comparison]:
+    """Two runs on the same inputs agree bit for bit, within each output's contract mask."""
+    checks = []
+    for name in specs:
+        a, b = bits(first[name].detach().cpu()), bits(second[name].detach().cpu())
+        mask = expected[name].mask if name in expected else None
+        if mask is not None:  # outside the contract each run keeps its own poison
+            mask = mask.detach().cpu().expand(a.shape) if mask.shape != a.shape else mask.detach().cpu()
+            a, b = a[mask], b[mask]
+        same = torch.equal(a, b)
+        checks.append(_check(f"deterministic:{name}", same,
+                             "" if same else f"{name}: two runs on the same inputs differ bitwise"))
+    return checks
 
 
 def _batch_invariance(case: Case, adapter: Adapter, spec: ops.OpSpec, inputs: Mapping[str, torch.Tensor],

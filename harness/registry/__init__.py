@@ -126,6 +126,18 @@ def register(adapter: Adapter, *, replace: bool = False) -> Adapter:
     return adapter
 
 
+def _add_found(found: list[Adapter], origin: str) -> None:
+    """Register adapters found through an entry point or `module:object`; one that takes the name of a different,
+    already registered adapter (a built-in, another package's) is refused: it would silently replace it."""
+    for a in found:
+        old = _REGISTRY.get(a.name)
+        if old is not None and old is not a and old != a:
+            raise ValueError(f"{origin} defines an adapter named {a.name!r}, a name already registered (source "
+                             f"{old.source}); give yours another name")
+    for a in found:
+        _REGISTRY[a.name] = a
+
+
 def _as_adapters(obj: Any, origin: str) -> list[Adapter]:
     if callable(obj) and not isinstance(obj, Adapter):
         obj = obj()
@@ -163,13 +175,12 @@ def load_builtin_and_plugins() -> None:
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             found = _as_adapters(ep.load(), f"entry point {ep.name!r}")
+            _add_found(found, f"entry point {ep.name!r} ({ep.value})")
         except Exception as e:  # one broken kernel package must not hide the others
             LOAD_FAILURES[f"entry point {ep.name} ({ep.value})"] = f"{type(e).__name__}: {e}"
             warnings.warn(f"adapters of entry point {ep.name!r} ({ep.value}) unavailable: {e}", stacklevel=2)
             continue
-        for a in found:
-            register(a, replace=True)
-            _FROM_ENTRY_POINTS[a.name] = ep.name
+        _FROM_ENTRY_POINTS.update((a.name, ep.name) for a in found)
 
 
 def entry_point_adapters() -> list[Adapter]:
@@ -200,8 +211,7 @@ def resolve(spec: str) -> Adapter:
                 raise ValueError(f"adapter {spec!r}: module {module_name!r} has no attribute {attr!r}")
             obj = getattr(obj, part)
         found = _as_adapters(obj, f"adapter {spec!r}")
-        for a in found:
-            register(a, replace=True)
+        _add_found(found, f"adapter {spec!r}")
         return found[0]
     known = ", ".join(sorted(_REGISTRY)) or "none"
     raise ValueError(f"unknown adapter {spec!r}; registered: {known} (or pass module:object)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from harness import registry
@@ -40,3 +42,19 @@ def test_adapter_validates_its_declaration() -> None:
         registry.Adapter(name="x", op="gemm", source="", run=EXTERNAL.run, support={})
     with pytest.raises(ValueError, match="unknown generation"):
         registry.Adapter(name="x", op="reduce", source="", run=EXTERNAL.run, support={}, generations=("sm75x",))
+
+
+#: an outside adapter that takes a built-in's name
+IMPOSTOR = None
+
+
+def test_an_outside_adapter_cannot_take_a_builtin_name(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    builtin = registry.resolve("reference-routing")
+    impostor = dataclasses.replace(registry.resolve("reference-activation"), name="reference-routing",
+                                   source="elsewhere")
+    monkeypatch.setattr(sys.modules[__name__], "IMPOSTOR", impostor)
+    with pytest.raises(ValueError, match="'reference-routing', a name already registered"):
+        registry.resolve(f"{__name__}:IMPOSTOR")
+    assert registry.resolve("reference-routing") is builtin
