@@ -283,10 +283,12 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
         return {"shapes": {"E": e, "K": hidden, "N": n, "max_tokens": t}, "dtypes": {"x": cell["dtype"]},
                 "params": params}
     k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
-    # edges of the block and of its half (a kernel may run half-height tiles for an expert's last block)
+    # edges of the block and of its half (a kernel may run half-height tiles for an expert's last block), and decode
+    # batches of at most 16 routed slots (kernels switch to a per-slot path there: ours, vLLM's)
     block = lim(adapter, "block_M")
     m = draw(st.one_of(boundary_sizes(max(block // 2, 1), lim(adapter, "max_M")),
-                       boundary_sizes(block, lim(adapter, "max_M"))))
+                       boundary_sizes(block, lim(adapter, "max_M")),
+                       st.integers(min_value=1, max_value=max(1, min(16 // k, lim(adapter, "max_M"))))))
     if yes(cell["expert_map"]):
         params["local_experts"] = draw(local_experts(e))
     routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
