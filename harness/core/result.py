@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -48,3 +49,15 @@ class Result:
         d.pop("schema", None)
         d["case"] = Case.from_dict(d["case"])
         return cls(**d)
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float as the string "inf", "-inf" or "nan": Python's json writes `Infinity`,
+    which strict JSON readers (jq, JavaScript, most languages' parsers) refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value

@@ -22,12 +22,24 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from harness.core.result import SCHEMA_VERSION, Result
+from harness.core.result import SCHEMA_VERSION, Result, strict_json
 from harness.store.casefiles import write_case_file
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """Cut an unterminated last line (a writer killed mid-line) so that appended lines do not continue it."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return
+        fh.seek(0)
+        fh.truncate(fh.read().rfind(b"\n") + 1)
 
 
 class ResultStore:
@@ -41,13 +53,17 @@ class ResultStore:
         self._fh: IO[str] | None = None
         self.count = 0
 
-    def append(self, result: Result) -> None:
+    def _write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             self.directory.mkdir(parents=True, exist_ok=True)
+            _drop_partial_last_line(self.path)  # a resumed run appends after a process killed mid-write
             self._fh = open(self.path, "a", encoding="utf-8")
-        result.run_id = result.run_id or self.run_id
-        self._fh.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
+        self._fh.write(json.dumps(strict_json(record), sort_keys=True, allow_nan=False) + "\n")
         self._fh.flush()
+
+    def append(self, result: Result) -> None:
+        result.run_id = result.run_id or self.run_id
+        self._write(result.to_dict())
         self.count += 1
         if result.verdict in ("fail", "error"):
             self._write_case_file(result)
@@ -64,12 +80,7 @@ class ResultStore:
 
     def append_meta(self, kind: str, record: dict[str, Any]) -> None:
         """Write one metadata record (not a verdict; not counted)."""
-        if self._fh is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")
-        line = {"kind": kind, "schema": SCHEMA_VERSION, "run_id": self.run_id, **record}
-        self._fh.write(json.dumps(line, sort_keys=True) + "\n")
-        self._fh.flush()
+        self._write({"kind": kind, "schema": SCHEMA_VERSION, "run_id": self.run_id, **record})
 
     def close(self) -> None:
         if self._fh is not None:

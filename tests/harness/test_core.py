@@ -112,3 +112,36 @@ def test_commit_override_for_copied_trees(monkeypatch) -> None:  # type: ignore[
     assert git_state() == ("0123abc", False)
     monkeypatch.delenv("MOE_HARNESS_COMMIT")
     assert git_state()[0] != "0123abc"
+
+
+def _strict(line: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_records_are_strict_json_even_with_infinite_metrics(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    r = Result(case=CASE, verdict="fail", reason="r", metrics={"margin": float("inf"), "worst": [float("nan"), 1.0],
+                                                             "low": float("-inf")})
+    with ResultStore(tmp_path, run_id="s") as store:
+        store.append(r)
+        store.append_meta("run", {"wall_s": float("nan")})
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    records = [_strict(line) for line in lines]  # Infinity / NaN would be refused here
+    assert records[0]["metrics"] == {"margin": "inf", "worst": ["nan", 1.0], "low": "-inf"}
+    (case_file,) = (tmp_path / "cases").glob("*.json")  # the failure's case file is strict too
+    _strict(case_file.read_text())
+
+
+def test_appending_after_a_partial_last_line_keeps_the_file_readable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A worker killed mid-write leaves an unterminated line; a resumed run appending to the same file must not
+    continue it (a corrupt line mid-file would make the whole file unreadable)."""
+    with ResultStore(tmp_path, run_id="run", worker="main") as store:
+        store.append(Result(case=CASE, verdict="pass"))
+    path = tmp_path / "run-main.jsonl"
+    path.write_text(path.read_text() + '{"case": {"op": "exp')  # killed mid-line
+    with ResultStore(tmp_path, run_id="run", worker="main") as store:
+        store.append(Result(case=CASE.replace(seed=6), verdict="pass"))
+    got = load_results([tmp_path], strict=True)
+    assert [r.case.seed for r in got] == [5, 6]
