@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.commands import positive
 from harness.commands.replay import DEFAULT_TIMEOUT_S, EXIT_FAIL, EXIT_PASS, EXIT_UNTESTABLE
 from harness.core.case import Case
 from harness.store.casefiles import read_case_file
@@ -292,7 +293,8 @@ def add_parser(sub: Any) -> None:
     bi.add_argument("--repo", help="the git repository to bisect (default: the one holding the current directory)")
     bi.add_argument("--adapter", help="adapter to replay (name or module:object) instead of the case file's")
     bi.add_argument("--device", default="auto")
-    bi.add_argument("--timeout", type=float, default=300.0, help="per-replay timeout in seconds (default 300)")
+    bi.add_argument("--timeout", type=positive(float), default=300.0,
+                    help="per-replay timeout in seconds (default 300)")
     bi.add_argument("--log", help="log file (default results/local/bisect/<case-id>-<time>.log)")
     bi.add_argument("--no-check", action="store_true",
                     help="do not replay at --good and --bad first (they are trusted as given)")

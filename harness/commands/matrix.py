@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
+from harness.commands import positive
 from harness.core.device import prepare_interpreter
 
 # -- command line -------------------------------------------------------------------------------------------------
@@ -166,8 +167,8 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--only-this-run", action="store_true",
                    help="render only this sweep's results (default: also the committed results under results/ of "
                         "the other generations, so a CPU run keeps the GPU columns)")
-    m.add_argument("--jobs", type=int, default=None,
+    m.add_argument("--jobs", type=positive(int), default=None,
                    help="worker processes (default: the CPU count; on CUDA six per GPU, at most the CPU count)")
-    m.add_argument("--case-timeout", type=float, default=300.0,
+    m.add_argument("--case-timeout", type=positive(float), default=300.0,
                    help="seconds one case may run before its worker is killed and the case marked (default 300)")
     m.set_defaults(func=run)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness.commands import positive
 from harness.store.casefiles import CaseFile
 
 if TYPE_CHECKING:  # imported lazily: the replay parent never imports torch
@@ -223,6 +224,6 @@ def add_parser(sub: Any) -> None:
     r.add_argument("case", help="a case JSON file (a Case, or a result record holding one)")
     r.add_argument("--adapter", help="run this adapter (name or module:object) instead of the case file's")
     r.add_argument("--device", default="auto")
-    r.add_argument("--timeout", type=float, default=300.0,
+    r.add_argument("--timeout", type=positive(float), default=300.0,
                    help="seconds before a hanging kernel is killed and the case failed (default 300)")
     r.set_defaults(func=run)

@@ -148,5 +148,5 @@ def read_case_file(path: str | os.PathLike, *, validate: bool = True) -> CaseFil
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         return parse_case_file(data, validate=validate)
-    except (OSError, ValueError, TypeError, KeyError) as e:
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:  # RecursionError: absurdly nested JSON
         raise ValueError(f"cannot read case file {str(path)!r}: {e}") from None

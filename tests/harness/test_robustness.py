@@ -130,6 +130,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     Path(found["case_trunc"]).write_text('{"op": "activation", ')
     found["case_fields"] = str(d / "fields.json")
     Path(found["case_fields"]).write_text('{"op": "activation", "adapter": "x"}')
+    found["case_nested"] = str(d / "nested.json")
+    Path(found["case_nested"]).write_text("[" * 200_000 + "]" * 200_000)
     found["missing"] = str(d / "missing.json")
     found["out"] = str(d / "out.md")
     return found
@@ -145,6 +147,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (["replay", "{missing}"], "cannot read case file"),
     (["replay", "{case_trunc}"], "cannot read case file"),
     (["replay", "{case_fields}"], "missing field"),
+    (["replay", "{case_nested}"], "cannot read case file"),
     (["diff", "{corrupt}", "{good}"], "not a valid result record"),
     (["diff", "{good}", "{generation}"], "unknown generation 'sm42'"),
     (["diff", "{empty}", "{good}"], "no results in"),
@@ -156,3 +159,15 @@ def test_bad_cli_input_is_one_line_and_exit_2(argv: list[str], words: str, files
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert err.startswith("error: ") and "\n" not in err and words in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "case.json", "--timeout", "0"], ["replay", "case.json", "--timeout", "nan"],
+    ["bisect", "case.json", "--good", "a", "--bad", "b", "--timeout", "-1"],
+    ["matrix", "--jobs", "0"], ["matrix", "--case-timeout", "inf"], ["matrix", "--jobs", "two"],
+])
+def test_bad_option_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {argv[-2]}: expected" in err and "Traceback" not in err, err
