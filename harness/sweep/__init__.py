@@ -75,7 +75,9 @@ def _judged_before(results_dir: str, run_id: str) -> dict[str, Result]:
     previous = sorted(Path(results_dir).glob(f"{run_id}-*.jsonl"))
     if not previous:
         raise ValueError(f"resume: no results of run {run_id!r} in {results_dir}")
-    return {r.case.case_id: r for r in load_results(previous, strict=False)}
+    # a case marked "not run" (its workers never started it) was never judged: a resume runs it
+    return {r.case.case_id: r for r in load_results(previous, strict=False)
+            if not (r.metrics.get("marker") and r.reason.startswith("not run"))}
 
 
 def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard: Shard | None,

@@ -206,3 +206,24 @@ def test_an_adapter_whose_support_rule_raises_gets_errors_and_the_others_their_v
     assert errors and all("support rule error: rule-raises: its requires() raised RuntimeError" in r.reason
                           and r.declared for r in errors)
     assert {r.verdict for r in results} <= {"error", "unsupported"}
+
+
+def test_resume_runs_the_cases_marked_not_run(tmp_path: Path) -> None:
+    """Cases a dying pool marked "not run" were never judged: --resume must judge them, not count them."""
+    from harness.store.render import dedupe
+
+    name = "reference-activation"
+    sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=None)
+    [worker_file] = list(tmp_path.glob("r-w*.jsonl"))
+    lines = worker_file.read_text().splitlines()
+    worker_file.write_text("\n".join(lines[:2]) + "\n")
+    with open(tmp_path / "r-main.jsonl", "a") as fh:  # what the parent writes when its workers cannot start
+        for line in lines[2:]:
+            d = json.loads(line)
+            d.update(verdict="error", reason="not run: worker processes fail to start (exit code 1)",
+                     metrics={"marker": "died"})
+            fh.write(json.dumps(d) + "\n")
+    out = io.StringIO()
+    totals = sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=out, resume=True)
+    assert "2 of " in out.getvalue() and totals[name]["pass"] == len(lines)
+    assert {r.verdict for r in dedupe(load_results([tmp_path]))} == {"pass"}
