@@ -138,12 +138,24 @@ def _add_found(found: list[Adapter], origin: str) -> None:
         _REGISTRY[a.name] = a
 
 
-def _as_adapters(obj: Any, origin: str) -> list[Adapter]:
+def adapter_factory(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Mark `fn` (no arguments, returning an Adapter or a list of them) as one that `module:object` may call. An
+    unmarked callable is never called through `module:object`: a case file names one, and a case file may come
+    from anywhere (`os:abort` must not be callable that way). Entry points, which an installed package publishes,
+    may name any such callable."""
+    fn.__moe_harness_adapter_factory__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _as_adapters(obj: Any, origin: str, *, any_callable: bool = True) -> list[Adapter]:
     if callable(obj) and not isinstance(obj, Adapter):
+        if not (any_callable or getattr(obj, "__moe_harness_adapter_factory__", False)):
+            raise ValueError(f"{origin} names a callable that is not marked with harness.adapters.adapter_factory; "
+                             "name an Adapter (or a list of them), or mark the factory")
         obj = obj()
     if isinstance(obj, Adapter):
         return [obj]
-    if isinstance(obj, (list, tuple)) and all(isinstance(a, Adapter) for a in obj):
+    if isinstance(obj, (list, tuple)) and obj and all(isinstance(a, Adapter) for a in obj):
         return list(obj)
     raise ValueError(f"{origin} is not an Adapter (or a list of them, or a callable returning one)")
 
@@ -210,7 +222,7 @@ def resolve(spec: str) -> Adapter:
             if not hasattr(obj, part):
                 raise ValueError(f"adapter {spec!r}: module {module_name!r} has no attribute {attr!r}")
             obj = getattr(obj, part)
-        found = _as_adapters(obj, f"adapter {spec!r}")
+        found = _as_adapters(obj, f"adapter {spec!r}", any_callable=False)
         _add_found(found, f"adapter {spec!r}")
         return found[0]
     known = ", ".join(sorted(_REGISTRY)) or "none"

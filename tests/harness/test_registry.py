@@ -58,3 +58,20 @@ def test_an_outside_adapter_cannot_take_a_builtin_name(monkeypatch) -> None:  # 
     with pytest.raises(ValueError, match="'reference-routing', a name already registered"):
         registry.resolve(f"{__name__}:IMPOSTOR")
     assert registry.resolve("reference-routing") is builtin
+
+
+@registry.adapter_factory
+def make_external() -> registry.Adapter:
+    return EXTERNAL
+
+
+def unmarked_factory() -> registry.Adapter:
+    raise AssertionError("a module:object spec called an unmarked callable")
+
+
+def test_module_object_calls_only_marked_factories() -> None:
+    """A case file names its adapter as module:object and may come from anywhere: `os:abort` must not be called."""
+    assert registry.resolve(f"{__name__}:make_external") is EXTERNAL
+    for spec in (f"{__name__}:unmarked_factory", "os:abort", "builtins:print"):
+        with pytest.raises(ValueError, match=r"not marked with harness\.adapters\.adapter_factory"):
+            registry.resolve(spec)
