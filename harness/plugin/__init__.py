@@ -25,6 +25,7 @@ import pytest
 pytest.register_assert_rewrite("harness.plugin.generic")
 
 GENERIC = Path(__file__).resolve().parent / "generic.py"
+ENTRY_POINT_GROUP = "moe_harness.adapters"  # harness.registry.ENTRY_POINT_GROUP (a test keeps them equal)
 _ADAPTER_ARGS = ("moe_adapter_name", "moe_shard")
 
 
@@ -62,9 +63,15 @@ def adapter_specs(config: pytest.Config) -> list[str]:
 
 
 def is_active(config: pytest.Config) -> bool:
-    from harness import registry
+    """Whether this session runs generic tests: asked for, or some installed package publishes adapters. Decided
+    without importing torch or the harness, since the plugin loads in every pytest session of the environment."""
+    return bool(adapter_specs(config)) or has_entry_points()
 
-    return bool(adapter_specs(config)) or registry.has_entry_points()
+
+def has_entry_points() -> bool:
+    from importlib import metadata
+
+    return any(True for _ in metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
 def selected_adapters(config: pytest.Config) -> list[str]:

@@ -50,10 +50,11 @@ def test_this_worker_verifies_on_its_own_device(moe_device, pytestconfig) -> Non
 def test_the_plugin_is_inert_where_nothing_is_selected(monkeypatch: pytest.MonkeyPatch, pytestconfig) -> None:  # type: ignore[no-untyped-def]
     assert plugin.is_active(pytestconfig)  # this repository: ini moe_adapters = all
     monkeypatch.setattr(plugin, "adapter_specs", lambda config: [])
-    monkeypatch.setattr(registry, "has_entry_points", lambda: False)
+    monkeypatch.setattr(plugin, "has_entry_points", lambda: False)
     assert not plugin.is_active(pytestconfig)
-    monkeypatch.setattr(registry, "has_entry_points", lambda: True)
+    monkeypatch.setattr(plugin, "has_entry_points", lambda: True)
     assert plugin.is_active(pytestconfig)
+    assert plugin.ENTRY_POINT_GROUP == registry.ENTRY_POINT_GROUP
 
 
 def test_the_generic_tests_get_their_own_profile() -> None:
@@ -61,3 +62,15 @@ def test_the_generic_tests_get_their_own_profile() -> None:
     assert choose(None, "my-repos-profile", None, "gpu") == "gpu"  # a repository's own profile is passed over
     assert choose("thorough", "dev") == "thorough"
     assert PROFILES["gpu"].max_examples > PROFILES["ci"].max_examples
+
+
+def test_loading_the_plugin_imports_no_torch() -> None:
+    """The plugin loads in every pytest session of an environment that has moe-harness installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, harness.plugin as p; from types import SimpleNamespace as N\n"
+            "cfg = N(known_args_namespace=N(moe_adapter=[]), getini=lambda name: [])\n"
+            "p.is_active(cfg); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr
