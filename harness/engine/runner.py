@@ -10,6 +10,8 @@ adapter declares them, determinism (two runs bitwise equal) and batch invariance
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import os
 import signal
 import threading
@@ -25,6 +27,7 @@ from harness.core.case import Case
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set
 from harness.core.device import DeviceInfo
 from harness.core.result import Result
+from harness.engine import isolation
 from harness.ops.base import Check, OutputSpec
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -83,7 +86,7 @@ def _check(name: str, passed: bool, reason: str = "", **metrics: Any) -> Compari
 def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor],
                  specs: Mapping[str, OutputSpec], device: str, which: int) -> dict[str, torch.Tensor]:
     outputs = {name: poisoned(spec, device, which) for name, spec in specs.items()}
-    returned = adapter.run(case, dict(inputs), outputs)
+    returned = adapter.run(copy.deepcopy(case), dict(inputs), outputs)  # its own copy: the judge's stays intact
     if returned is not None:
         if not isinstance(returned, Mapping):
             raise TypeError(f"adapter {adapter.name} returned {type(returned).__name__}, expected a dict or None")
@@ -225,14 +228,30 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     ("hang: ..."), where the process can interrupt it (main thread, Unix).
     """
     t0 = time.perf_counter()
+    before = isolation.take()
     try:
         with _deadline(_timeout_s(timeout)):
-            return _judge(case, adapter, device, unverifiable=unverifiable)
+            result = _judge(case, adapter, device, unverifiable=unverifiable)
     except CaseTimeout as e:
-        return Result(case=case, verdict="error", reason=f"hang: {e}", metrics={"timeout": True},
-                      declared=adapter.claims(case.features, device),
-                      duration_s=round(time.perf_counter() - t0, 4), generation=device.generation,
-                      device=device.to_dict())
+        result = Result(case=case, verdict="error", reason=f"hang: {e}", metrics={"timeout": True},
+                        declared=adapter.claims(case.features, device),
+                        duration_s=round(time.perf_counter() - t0, 4), generation=device.generation,
+                        device=device.to_dict())
+    changed = isolation.changes(before)
+    isolation.restore(before)  # the next case, whoever's, starts from the same state
+    return _charged(result, changed) if changed else result
+
+
+def _charged(result: Result, changed: list[str]) -> Result:
+    """The case whose kernel changed the process state fails, with what it changed (that state is restored)."""
+    what = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
+    check = {"name": "process-state", "mode": "custom", "passed": False, "reason": f"kernel changed {what}",
+             "metrics": {"changed": changed}}
+    return dataclasses.replace(result, verdict="fail", checks=[*result.checks, check],
+                               reason=f"kernel changed the process state (restored): {what}"
+                                      + (f"; before that: {result.verdict}: {result.reason}" if result.reason else ""),
+                               metrics={**result.metrics, "failed_checks": [*result.metrics.get("failed_checks", []),
+                                                                            "process-state"]})
 
 
 def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None) -> Result:
