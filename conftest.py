@@ -10,14 +10,14 @@ its hypothesis profiles (ci by default) for their own property tests.
 from __future__ import annotations
 
 import os
-from importlib import metadata
 
 import pytest
 
 from harness.engine.profiles import load_profile, register_profiles
+from harness.plugin import is_installed
 
 register_profiles()  # before hypothesis' own plugin loads --hypothesis-profile NAME
-if not any(ep.name == "moe_harness" for ep in metadata.entry_points(group="pytest11")):
+if not is_installed():
     pytest_plugins = ["harness.plugin"]
 
 

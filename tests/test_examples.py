@@ -75,10 +75,9 @@ def test_entry_point_of_the_example_resolves(example_on_path) -> None:  # type: 
 
 def _plugin_args() -> list[str]:
     """`-p harness.plugin` where the plugin is not installed (a copied checkout); nothing where it is."""
-    from importlib import metadata
+    from harness.plugin import is_installed
 
-    installed = any(ep.name == "moe_harness" for ep in metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "harness.plugin"]
+    return [] if is_installed() else ["-p", "harness.plugin"]
 
 
 def _pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 
 def positive(kind: type) -> Callable[[str], float]:
@@ -22,3 +24,8 @@ def positive(kind: type) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def note_skipped(path: Path, why: str) -> None:
+    """The one-line note for a JSONL file in a results folder that holds other data (tuning sweeps)."""
+    print(f"note: skipped {path}: not a results file ({why})", file=sys.stderr)

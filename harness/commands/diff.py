@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.commands import note_skipped
 from harness.store.results import Result, ResultsFileError, load, result_files
 
 #: a cell's verdict is the first of these present among its cases
@@ -41,10 +42,6 @@ class Side:
         return sorted({g for g, _ in self.results})
 
 
-def _note_skip(path: Path, why: str) -> None:
-    print(f"note: skipped {path}: not a results file ({why})", file=sys.stderr)
-
-
 def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str | None = None) -> Side:
     """Read result files/folders into a `Side` (raises ResultsFileError for a bad file)."""
     if isinstance(paths, (str, os.PathLike)):
@@ -52,7 +49,7 @@ def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str
     side = Side(label or ", ".join(map(str, paths)))
     for root in map(Path, paths):
         for f in result_files([root]):  # .jsonl and .jsonl.gz
-            for r in load([f], on_skip=_note_skip)[0]:
+            for r in load([f], on_skip=note_skipped)[0]:
                 key = (r.generation, r.case.case_id)
                 old = side.results.get(key)
                 rank = ("marker" not in r.metrics, r.timestamp)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.commands import positive
+from harness.commands import note_skipped, positive
 from harness.core.device import prepare_interpreter
 
 # -- command line -------------------------------------------------------------------------------------------------
@@ -60,16 +60,12 @@ def _render_only(args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else DEFAULT_OUT
     try:
-        md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args), on_skip=_note_skip)
+        md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args), on_skip=note_skipped)
     except (ResultsFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"rendered {n} verdicts from {len(args.sources)} source(s) into {md_path} and {json_path}")
     return 0
-
-
-def _note_skip(path: Path, why: str) -> None:
-    print(f"note: skipped {path}: not a results file ({why})", file=sys.stderr)
 
 
 def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:

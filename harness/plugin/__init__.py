@@ -68,6 +68,14 @@ def is_active(config: pytest.Config) -> bool:
     return bool(adapter_specs(config)) or has_entry_points()
 
 
+def is_installed() -> bool:
+    """Whether this plugin is registered through its pytest11 entry point (else a checkout loads it with -p or
+    pytest_plugins)."""
+    from importlib import metadata
+
+    return any(ep.name == "moe_harness" for ep in metadata.entry_points(group="pytest11"))
+
+
 def has_entry_points() -> bool:
     from importlib import metadata
 

@@ -201,11 +201,6 @@ def entry_point_adapters() -> list[Adapter]:
     return [_REGISTRY[n] for n in sorted(_FROM_ENTRY_POINTS) if n in _REGISTRY]
 
 
-def has_entry_points() -> bool:
-    """Whether any installed package publishes adapters (without importing them)."""
-    return any(True for _ in metadata.entry_points(group=ENTRY_POINT_GROUP))
-
-
 def resolve(spec: str) -> Adapter:
     """An adapter by registered name, or by `module:object` (imported and registered)."""
     load_builtin_and_plugins()
