@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -22,12 +23,12 @@ from typing import Any
 
 import torch
 
-from harness import ops
+from harness import ops, registry
+from harness.core import isolation
 from harness.core.case import Case
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set
 from harness.core.device import DeviceInfo
 from harness.core.result import Result
-from harness.engine import isolation
 from harness.ops.base import Check, OutputSpec
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -48,34 +49,64 @@ _POISON: dict[torch.dtype, tuple[int, int]] = {
 }
 
 
+#: poisoned elements around every output buffer, each side: a write out of bounds within this distance is caught
+GUARD_BYTES = 64 * 1024
+
+
 def _int_view_dtype(dtype: torch.dtype) -> torch.dtype:
     return {1: torch.uint8 if dtype == torch.uint8 else torch.int8, 2: torch.int16, 4: torch.int32,
             8: torch.int64}[dtype.itemsize]
 
 
-def poisoned(spec: OutputSpec, device: str, which: int) -> torch.Tensor:
-    """An output tensor of `spec` filled with poison pattern `which` (0 or 1)."""
-    if spec.stride is None:
-        t = torch.empty(spec.shape, dtype=spec.dtype, device=device)
-    else:
-        t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
-    if spec.dtype == torch.bool:
+def _fill_poison(t: torch.Tensor, which: int) -> torch.Tensor:
+    if t.dtype == torch.bool:
         return t.fill_(bool(which))
-    pattern = _POISON[spec.dtype][which]
-    if spec.dtype.is_floating_point:
-        iv = _int_view_dtype(spec.dtype)
-        if spec.dtype.itemsize == 1:
+    pattern = _POISON[t.dtype][which]
+    if t.dtype.is_floating_point:
+        if t.dtype.itemsize == 1:
             pattern = pattern - 256 if pattern > 127 else pattern
-        t.view(iv).fill_(pattern)  # a view of the same storage, so strides are kept
+        t.view(_int_view_dtype(t.dtype)).fill_(pattern)  # a view of the same storage, so strides are kept
     else:
         t.fill_(pattern)
     return t
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+@dataclasses.dataclass
+class Band:
+    """An output's whole allocation: `base[start:end]` holds the output, the rest is poisoned guard."""
+
+    base: torch.Tensor
+    start: int
+    end: int
+    which: int
+
+
+def banded(spec: OutputSpec, device: str, which: int) -> tuple[torch.Tensor, Band]:
+    """An output tensor of `spec` filled with poison pattern `which` (0 or 1), inside a larger poisoned buffer."""
+    stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
+    span = 0 if 0 in spec.shape else 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride))
+    guard = GUARD_BYTES // spec.dtype.itemsize
+    base = _fill_poison(torch.empty(guard + span + guard, dtype=spec.dtype, device=device), which)
+    return base.as_strided(tuple(spec.shape), stride, guard), Band(base, guard, guard + span, which)
+
+
+def poisoned(spec: OutputSpec, device: str, which: int) -> torch.Tensor:
+    """An output tensor of `spec` filled with poison pattern `which` (0 or 1), with guard bands."""
+    return banded(spec, device, which)[0]
+
+
 def _is_poison(t: torch.Tensor, which: int) -> torch.Tensor:
     if t.dtype == torch.bool or t.dtype not in _POISON:
         return torch.zeros(t.shape, dtype=torch.bool)
-    ref = poisoned(OutputSpec(tuple(t.shape), t.dtype), "cpu", which)
+    ref = _fill_poison(torch.empty(t.shape, dtype=t.dtype), which)
     return bits(t.detach().cpu()) == bits(ref)
 
 
@@ -83,20 +114,86 @@ def _check(name: str, passed: bool, reason: str = "", **metrics: Any) -> Compari
     return Comparison(name, "integrity", passed, reason, metrics)
 
 
+def _guard_checks(bands: Mapping[str, Band], run: str) -> list[Comparison]:
+    """Every guard element still holds its poison: the kernel wrote nothing just before or after an output."""
+    found = []
+    for name, band in bands.items():
+        flat = band.base.detach().cpu()
+        ref = _fill_poison(torch.empty(flat.shape, dtype=flat.dtype), band.which)
+        hit = bits(flat) != bits(ref)
+        hit[band.start:band.end] = False
+        n = int(hit.sum())
+        if n:
+            first = int(hit.nonzero()[0, 0])
+            where = (f"{band.start - first} elements before its start" if first < band.start
+                     else f"{first - band.end + 1} elements past its end")
+            found.append(_check(f"guard:{name}", False, f"{name}: the {run} wrote {n} elements outside the output "
+                                f"buffer (first {where})", out_of_bounds=n))
+        else:
+            found.append(_check(f"guard:{name}", True))
+    return found
+
+
+#: frames of the judge itself, skipped when naming where a kernel raised
+_JUDGE_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, "")
+                    for d in ("engine", "core"))
+
+
+class KernelExitAttempt(Exception):
+    """The kernel tried to end the process (SystemExit, os._exit, a KeyboardInterrupt of its own); refused."""
+
+
+def _contained_call(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor],
+                    outputs: dict[str, torch.Tensor], device: str) -> Any:
+    with isolation.Containment() as contained:
+        try:
+            returned = adapter.run(copy.deepcopy(case), dict(inputs), outputs)  # its own copy of the Case
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            return returned
+        except KeyboardInterrupt:
+            if contained.interrupted:  # the user's Ctrl-C: stop the run
+                raise
+            raise KernelExitAttempt("the kernel raised KeyboardInterrupt itself").with_traceback(
+                sys.exc_info()[2]) from None
+        except (SystemExit, isolation.KernelExit) as e:
+            what = str(e) if isinstance(e, isolation.KernelExit) else f"the kernel raised SystemExit({e.code!r})"
+            raise KernelExitAttempt(f"{what}; refused, the process judges other kernels").with_traceback(
+                e.__traceback__) from None
+
+
 def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor],
-                 specs: Mapping[str, OutputSpec], device: str, which: int) -> dict[str, torch.Tensor]:
-    outputs = {name: poisoned(spec, device, which) for name, spec in specs.items()}
-    returned = adapter.run(copy.deepcopy(case), dict(inputs), outputs)  # its own copy: the judge's stays intact
+                 specs: Mapping[str, OutputSpec], device: str, which: int,
+                 changed: list[str] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Band]]:
+    """One kernel run on fresh poisoned outputs. What it changed in the process state is appended to `changed` and
+    undone at once, so everything after (the comparisons included) runs in the judge's own state."""
+    outputs, bands = {}, {}
+    for name, spec in specs.items():
+        outputs[name], bands[name] = banded(spec, device, which)
+    before = isolation.take()
+    try:
+        returned = _contained_call(adapter, case, inputs, outputs, device)
+    finally:
+        if changed is not None:
+            changed += [c for c in isolation.changes(before) if c not in changed]
+        isolation.restore(before, rng=False)
     if returned is not None:
         if not isinstance(returned, Mapping):
             raise TypeError(f"adapter {adapter.name} returned {type(returned).__name__}, expected a dict or None")
         outputs.update(returned)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return outputs
+    return outputs, bands
 
 
-def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any]) -> list[Comparison]:
+def _on_device(t: torch.Tensor, device: str) -> bool:
+    want = torch.device(device)
+    if t.device.type != want.type:
+        return False
+    if want.type == "cuda":
+        return t.device.index == (want.index if want.index is not None else torch.cuda.current_device())
+    return True
+
+
+def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any], device: str) -> list[Comparison]:
     found = []
     for name, spec in specs.items():
         t = outputs.get(name)
@@ -105,6 +202,10 @@ def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any
             found.append(_check(f"output:{name}", False, why))
             continue
         problems = []
+        if type(t) is not torch.Tensor or t.layout != torch.strided:  # a subclass could answer anything it is asked
+            problems.append(f"a {type(t).__name__} with layout {t.layout}, not a plain strided torch.Tensor")
+        elif not _on_device(t, device):
+            problems.append(f"on device {t.device}, the case runs on {device}")
         if tuple(t.shape) != tuple(spec.shape):
             problems.append(f"shape {list(t.shape)} != {list(spec.shape)}")
         if t.dtype != spec.dtype:
@@ -185,7 +286,7 @@ def _describe(e: BaseException) -> str:
     while cur is not None and id(cur) not in seen and len(parts) < 4:
         seen.add(id(cur))
         parts.append(f"{type(cur).__name__}: {cur}".strip())
-        cur = cur.__cause__ or cur.__context__
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
     return " <- caused by ".join(parts)
 
 
@@ -224,22 +325,48 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
           timeout: float | None = None) -> Result:
     """Run `case` on `adapter` on `device` and judge it. Never raises for kernel misbehaviour.
 
-    timeout: seconds (default: $HARNESS_CASE_TIMEOUT, else none); a case running past it is an error verdict
-    ("hang: ..."), where the process can interrupt it (main thread, Unix).
+    The oracle's expected outputs are computed before the kernel runs, with the torch and `reference` functions as
+    they were when the harness loaded (`isolation.pristine`); every kernel run (the second one and the
+    batch-invariance one included) is contained: what it changes in the process state is undone and fails the case,
+    an exit it attempts is refused and fails the case. timeout: seconds (default: $HARNESS_CASE_TIMEOUT, else none);
+    a case running past it is an error verdict ("hang: ..."), where the process can interrupt it (main thread, Unix).
     """
     t0 = time.perf_counter()
     before = isolation.take()
+    judging = _Judging(case, adapter, device, unverifiable)
     try:
         with _deadline(_timeout_s(timeout)):
-            result = _judge(case, adapter, device, unverifiable=unverifiable)
+            result = judging.run()
     except CaseTimeout as e:
-        result = Result(case=case, verdict="error", reason=f"hang: {e}", metrics={"timeout": True},
-                        declared=adapter.claims(case.features, device),
-                        duration_s=round(time.perf_counter() - t0, 4), generation=device.generation,
-                        device=device.to_dict())
-    changed = isolation.changes(before)
+        result = judging.result("error", f"hang: {e}", timeout=True)
+    changed = [*registry.IMPORT_CHANGES.get(adapter.name, []), *judging.changed]
+    changed += [c for c in isolation.changes(before) if c not in changed]
     isolation.restore(before)  # the next case, whoever's, starts from the same state
+    _probe_cuda(device)
+    result = dataclasses.replace(result, duration_s=round(time.perf_counter() - t0, 4))
     return _charged(result, changed) if changed else result
+
+
+#: why this process's CUDA context is unusable (a sticky error: illegal address, device assert), or "" while it is
+CONTEXT_LOST = ""
+
+
+def _probe_cuda(device: DeviceInfo) -> None:
+    """After a case on a GPU: is the CUDA context still usable? A sticky error makes every later CUDA call fail, so
+    the sweep's worker and the pytest plugin stop judging in this process (`context_lost()`)."""
+    global CONTEXT_LOST
+    if not device.is_cuda or CONTEXT_LOST:
+        return
+    try:
+        torch.cuda.synchronize()
+        torch.empty(1, device=device.device).fill_(1).item()
+    except Exception as e:
+        CONTEXT_LOST = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+
+def context_lost() -> str:
+    """Why this process's CUDA context is unusable after a kernel's sticky error ("" when it is fine)."""
+    return CONTEXT_LOST
 
 
 def _charged(result: Result, changed: list[str]) -> Result:
@@ -254,62 +381,113 @@ def _charged(result: Result, changed: list[str]) -> Result:
                                                                             "process-state"]})
 
 
-def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None) -> Result:
-    t0 = time.perf_counter()
-    try:
-        declared, why_not = adapter.declares(case.features, device)
-        broken_rule = ""
-    except SupportRuleError as e:  # the adapter's own bug: an error verdict on this case, counted as claimed
-        declared, why_not, broken_rule = True, "", str(e)
+class _KernelFailed(Exception):
+    """A kernel run ended the judging early: `result` is the verdict."""
 
-    def result(verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
-        checks = checks or []
-        return Result(case=case, verdict=verdict, reason=reason, metrics=metrics,
-                      checks=[c.to_dict() for c in checks], declared=declared,
-                      duration_s=round(time.perf_counter() - t0, 4), generation=device.generation,
-                      device=device.to_dict())
+    def __init__(self, result: Result):
+        super().__init__(result.reason)
+        self.result = result
 
-    if device.generation not in adapter.generations:
-        return result("unsupported", f"{adapter.name} does not run on {device.generation}")
-    if broken_rule:
-        return result("error", f"support rule error: {broken_rule}")
-    if (why_shape := adapter.shape_unsupported(case.shapes)) is not None:
-        return result("unsupported", f"shape outside the adapter's limits: {why_shape}")
-    if unverifiable and adapter.interp_features and device.generation == "interp":
-        blocked = sorted(set(adapter.interp_features(case.features)) & unverifiable)
-        if blocked:
-            return result("not-verifiable", f"the Triton interpreter cannot be made faithful for {', '.join(blocked)}")
-    try:
-        spec = ops.get(case.op)
-        inputs = spec.make_inputs(case, device.device)
-        specs = spec.outputs(case, inputs)
-    except Exception as e:  # a harness or case problem, not the kernel's
-        if not declared:  # e.g. the adapter's conventions do not apply to a cell it does not claim
-            return result("unsupported", f"undeclared cell ({why_not}) cannot be built with this adapter's "
-                          f"conventions: {type(e).__name__}: {e}", exception=f"{why_not}: {e}")
-        return result("error", f"harness could not build the case: {type(e).__name__}: {e}")
-    snapshot = {k: v.detach().clone().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
-    try:
-        first = _run_adapter(adapter, case, inputs, specs, device.device, 0)
-    except Exception as e:
-        msg = _describe(e)
-        if not declared:
-            return result("unsupported", f"rejected undeclared cell ({why_not}): {msg}", exception=msg)
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        kind = "rejected a declared cell" if isinstance(e, Unsupported) else "raised"
-        return result("error", f"kernel {kind}: {msg} (at {tb.filename}:{tb.lineno})")
+class _Judging:
+    """One case being judged: gates, inputs and oracle, the kernel's runs, the checks."""
 
-    try:
-        checks = list(_unchanged(inputs, snapshot))
-        checks += _structure_checks(specs, first)
+    def __init__(self, case: Case, adapter: Adapter, device: DeviceInfo, unverifiable: set[str] | None):
+        self.case, self.adapter, self.device, self.unverifiable = case, adapter, device, unverifiable
+        self.t0 = time.perf_counter()
+        self.changed: list[str] = []
+        try:
+            self.declared, self.why_not = adapter.declares(case.features, device)
+            self.broken_rule = ""
+        except SupportRuleError as e:  # the adapter's own bug: an error verdict on this case, counted as claimed
+            self.declared, self.why_not, self.broken_rule = True, "", str(e)
+
+    def result(self, verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
+        return Result(case=self.case, verdict=verdict, reason=reason, metrics=metrics,
+                      checks=[c.to_dict() for c in checks or []], declared=self.declared,
+                      duration_s=round(time.perf_counter() - self.t0, 4), generation=self.device.generation,
+                      device=self.device.to_dict())
+
+    def gate(self) -> Result | None:
+        """The verdict when the case is not judged at all (not this device, a broken rule, outside its limits)."""
+        adapter, device = self.adapter, self.device
+        if device.generation not in adapter.generations:
+            return self.result("unsupported", f"{adapter.name} does not run on {device.generation}")
+        if self.broken_rule:
+            return self.result("error", f"support rule error: {self.broken_rule}")
+        if (why_shape := adapter.shape_unsupported(self.case.shapes)) is not None:
+            return self.result("unsupported", f"shape outside the adapter's limits: {why_shape}")
+        if self.unverifiable and adapter.interp_features and device.generation == "interp":
+            blocked = sorted(set(adapter.interp_features(self.case.features)) & self.unverifiable)
+            if blocked:
+                return self.result("not-verifiable",
+                                   f"the Triton interpreter cannot be made faithful for {', '.join(blocked)}")
+        if isolation.FOREIGN:
+            names = ", ".join(f"{k} (from {v})" for k, v in sorted(isolation.FOREIGN.items())[:4])
+            return self.result("error", f"the oracle cannot be sealed: functions it calls were replaced before "
+                               f"moe-harness loaded: {names}; import the harness before the library that does it")
+        return None
+
+    def kernel(self, inputs: Mapping[str, torch.Tensor], specs: Mapping[str, OutputSpec], which: int,
+               run: str, case: Case | None = None) -> dict[str, torch.Tensor]:
+        """One contained kernel run; its outputs, or `_KernelFailed` with the verdict (raised, out of bounds)."""
+        snapshot = {k: v.detach().clone().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        try:
+            outputs, bands = _run_adapter(self.adapter, case or self.case, inputs, specs, self.device.device, which,
+                                          self.changed)
+        except Exception as e:
+            raise _KernelFailed(self.raised(e, run)) from None
+        checks = _unchanged(inputs, snapshot) + _guard_checks(bands, run)
+        checks += _structure_checks(specs, outputs, self.device.device)
         if not all(c.passed for c in checks):
             reason, metrics = _summary(checks)
-            return result("fail", reason, checks, **metrics)
-        expected = {c.name: c for c in spec.expected(case, inputs, adapter.conventions)}
-        second = None
-        if any(_is_poison(first[n], 0).any() for n in specs) or "deterministic" in adapter.properties:
-            second = _run_adapter(adapter, case, inputs, specs, device.device, 1)
+            raise _KernelFailed(self.result("fail", reason, checks, **metrics))
+        return outputs
+
+    def raised(self, e: Exception, run: str) -> Result:
+        msg = _describe(e)
+        if not self.declared:
+            return self.result("unsupported", f"rejected undeclared cell ({self.why_not}): {msg}", exception=msg)
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_JUDGE_DIRS)]
+        tb = frames[-1] if frames else None
+        kind = "rejected a declared cell" if isinstance(e, Unsupported) else "raised"
+        where = f" (at {tb.filename}:{tb.lineno})" if tb else ""
+        return self.result("error", f"kernel {kind}{'' if run == 'first run' else ' on its ' + run}: {msg}{where}")
+
+    def run(self) -> Result:
+        if (gated := self.gate()) is not None:
+            return gated
+        case, adapter, device = self.case, self.adapter, self.device
+        try:
+            spec = ops.get(case.op)
+            inputs = spec.make_inputs(case, device.device)
+            specs = spec.outputs(case, inputs)
+            with isolation.pristine():  # before the kernel runs, with the functions as the harness loaded them
+                expected = {c.name: c for c in spec.expected(case, inputs, adapter.conventions)}
+        except Exception as e:  # a harness or case problem, not the kernel's
+            if not self.declared:  # e.g. the adapter's conventions do not apply to a cell it does not claim
+                return self.result("unsupported", f"undeclared cell ({self.why_not}) cannot be built with this "
+                                   f"adapter's conventions: {type(e).__name__}: {e}", exception=f"{self.why_not}: {e}")
+            return self.result("error", f"harness could not build the case: {type(e).__name__}: {e}")
+        try:
+            first = self.kernel(inputs, specs, 0, "first run")
+            second = None
+            if any(_is_poison(first[n], 0).any() for n in specs) or "deterministic" in adapter.properties:
+                second = self.kernel(inputs, specs, 1, "second run")
+            checks = self.compare(spec, specs, expected, first, second)
+            if "batch_invariant" in adapter.properties and spec.token_subset is not None:
+                checks += self.batch_invariance(spec, inputs, first)
+        except _KernelFailed as failed:
+            return failed.result
+        except Exception as e:
+            return self.result("error", f"harness error while judging: {type(e).__name__}: {e}",
+                               metrics_trace=traceback.format_exc(limit=4))
+        reason, metrics = _summary(checks)
+        return self.result("fail" if reason else "pass", reason, checks, **metrics)
+
+    def compare(self, spec: ops.OpSpec, specs: Mapping[str, OutputSpec], expected: Mapping[str, Check],
+                first: Mapping[str, torch.Tensor], second: Mapping[str, torch.Tensor] | None) -> list[Comparison]:
+        checks = []
         for name in specs:
             chk = expected.get(name)
             checks.append(_unwritten(name, first[name], None if second is None else second[name],
@@ -321,15 +499,24 @@ def _judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: se
             if (fin := _finite(chk, first[name])) is not None:
                 checks.append(fin)
             checks.append(_compare(chk, first[name], first))
-        if second is not None and "deterministic" in adapter.properties:
+        if second is not None and "deterministic" in self.adapter.properties:
             checks += _determinism_checks(specs, first, second, expected)
-        if "batch_invariant" in adapter.properties and spec.token_subset is not None:
-            checks.extend(_batch_invariance(case, adapter, spec, inputs, first, device))
-    except Exception as e:
-        return result("error", f"harness error while judging: {type(e).__name__}: {e}",
-                      metrics_trace=traceback.format_exc(limit=4))
-    reason, metrics = _summary(checks)
-    return result("fail" if reason else "pass", reason, checks, **metrics)
+        return checks
+
+    def batch_invariance(self, spec: ops.OpSpec, inputs: Mapping[str, torch.Tensor],
+                         full: Mapping[str, torch.Tensor]) -> list[Comparison]:
+        m = self.case.shapes.get("M", self.case.shapes.get("T", 0))  # the token dimension (activations call it T)
+        if m < 2 or spec.token_subset is None:
+            return []
+        rows = slice(0, (m + 1) // 2)
+        sub_case, sub_inputs = spec.token_subset(self.case, inputs, rows)
+        sub_out = self.kernel(sub_inputs, spec.outputs(sub_case, sub_inputs), 0, "batch-invariance run", sub_case)
+        found = []
+        for name in spec.token_outputs:
+            same = torch.equal(bits(full[name][rows].detach().cpu()), bits(sub_out[name].detach().cpu()))
+            found.append(_check(f"batch_invariant:{name}", same,
+                                "" if same else f"{name}: rows change when the other tokens of the batch change"))
+        return found
 
 
 def _determinism_checks(specs: Mapping[str, Any], first: Mapping[str, torch.Tensor],
@@ -346,19 +533,3 @@ def _determinism_checks(specs: Mapping[str, Any], first: Mapping[str, torch.Tens
         checks.append(_check(f"deterministic:{name}", same,
                              "" if same else f"{name}: two runs on the same inputs differ bitwise"))
     return checks
-
-
-def _batch_invariance(case: Case, adapter: Adapter, spec: ops.OpSpec, inputs: Mapping[str, torch.Tensor],
-                      full: Mapping[str, torch.Tensor], device: DeviceInfo) -> list[Comparison]:
-    m = case.shapes.get("M", case.shapes.get("T", 0))  # the token dimension (activations call it T)
-    if m < 2:
-        return []
-    rows = slice(0, (m + 1) // 2)
-    sub_case, sub_inputs = spec.token_subset(case, inputs, rows)
-    sub_out = _run_adapter(adapter, sub_case, sub_inputs, spec.outputs(sub_case, sub_inputs), device.device, 0)
-    found = []
-    for name in spec.token_outputs:
-        same = torch.equal(bits(full[name][rows].detach().cpu()), bits(sub_out[name].detach().cpu()))
-        found.append(_check(f"batch_invariant:{name}", same,
-                            "" if same else f"{name}: rows change when the other tokens of the batch change"))
-    return found

@@ -9,14 +9,16 @@ returning one or a list of them); any adapter can also be named on the command l
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 import torch
 
+from harness.core import isolation
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
 
@@ -167,6 +169,40 @@ BUILTIN_PROVIDERS = ("harness.ops.reference", "kernels.adapters")
 _FROM_ENTRY_POINTS: dict[str, str] = {}
 #: provider or entry point -> why it could not be loaded
 LOAD_FAILURES: dict[str, str] = {}
+#: adapter name -> what importing its module changed in the state the judge watches (undone at once; every case of
+#: the adapter fails with it: a library that patches torch on import changes every user's torch)
+IMPORT_CHANGES: dict[str, list[str]] = {}
+
+
+class AdapterImportError(ValueError, ImportError):
+    """Importing an adapter module tried to end the process (refused)."""
+
+
+@contextlib.contextmanager
+def _watched_import(origin: str) -> Iterator[list[Adapter]]:
+    """Import an adapter module under watch: an exit it attempts is refused (the process survives, the caller gets
+    an ImportError), what it changes in the judge's state is undone and charged to the adapters it defines (the
+    caller appends them to the yielded list)."""
+    before = isolation.take()
+    defined: list[Adapter] = []
+    names_before = set(_REGISTRY)
+    try:
+        with isolation.Containment() as contained:
+            try:
+                yield defined
+            except KeyboardInterrupt:
+                if contained.interrupted:
+                    raise
+                raise AdapterImportError(f"{origin} raised KeyboardInterrupt on import") from None
+            except (SystemExit, isolation.KernelExit) as e:
+                raise AdapterImportError(f"{origin} tried to end the process on import ({type(e).__name__}: {e}); "
+                                  "refused") from None
+    finally:
+        changed = isolation.changes(before)
+        isolation.restore(before)
+        if changed:
+            for a in defined + [_REGISTRY[n] for n in set(_REGISTRY) - names_before]:
+                IMPORT_CHANGES[a.name] = [f"{c} (on import of {origin})" for c in changed]
 
 
 def load_builtin_and_plugins() -> None:
@@ -180,13 +216,16 @@ def load_builtin_and_plugins() -> None:
 
     for module_name in BUILTIN_PROVIDERS:
         try:
-            importlib.import_module(module_name)
+            with _watched_import(module_name):
+                importlib.import_module(module_name)
         except ImportError as e:  # triton missing: the kernels' adapters are unavailable, the rest still works
             LOAD_FAILURES[module_name] = f"{type(e).__name__}: {e}"
             warnings.warn(f"built-in adapters of {module_name} unavailable: {e}", stacklevel=2)
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
-            found = _as_adapters(ep.load(), f"entry point {ep.name!r}")
+            with _watched_import(f"entry point {ep.name!r} ({ep.value})") as defined:
+                found = _as_adapters(ep.load(), f"entry point {ep.name!r}")
+                defined += found
             _add_found(found, f"entry point {ep.name!r} ({ep.value})")
         except Exception as e:  # one broken kernel package must not hide the others
             LOAD_FAILURES[f"entry point {ep.name} ({ep.value})"] = f"{type(e).__name__}: {e}"
@@ -208,16 +247,18 @@ def resolve(spec: str) -> Adapter:
         return _REGISTRY[spec]
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ValueError(f"adapter {spec!r}: cannot import module {module_name!r} ({e})") from None
-        obj = module
-        for part in attr.split("."):
-            if not hasattr(obj, part):
-                raise ValueError(f"adapter {spec!r}: module {module_name!r} has no attribute {attr!r}")
-            obj = getattr(obj, part)
-        found = _as_adapters(obj, f"adapter {spec!r}", any_callable=False)
+        with _watched_import(f"module {module_name!r}") as defined:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as e:
+                raise ValueError(f"adapter {spec!r}: cannot import module {module_name!r} ({e})") from None
+            obj = module
+            for part in attr.split("."):
+                if not hasattr(obj, part):
+                    raise ValueError(f"adapter {spec!r}: module {module_name!r} has no attribute {attr!r}")
+                obj = getattr(obj, part)
+            found = _as_adapters(obj, f"adapter {spec!r}", any_callable=False)
+            defined += found
         _add_found(found, f"adapter {spec!r}")
         return found[0]
     known = ", ".join(sorted(_REGISTRY)) or "none"

@@ -199,3 +199,71 @@ def test_quantized_experts_convention_bugs_are_caught(act_quant: dict, requant: 
                   conventions={"act_quant": act_quant})
     if requant:  # the same kernel passes once it declares its convention
         assert _judge(good, cell, QEXP_FIELDS).verdict == "pass"
+
+
+def _writes_outside(where: str, on_run: int = 1) -> Callable:  # type: ignore[type-arg]
+    calls = []
+
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        _reference_run("reference-activation")(case, inputs, outputs)
+        calls.append(1)
+        if len(calls) != on_run:
+            return
+        out = outputs["out"]
+        start = out.storage_offset() + out.numel() if where == "after" else out.storage_offset() - 7
+        torch.as_strided(out, (7,), (1,), start).fill_(float("nan"))  # past the end / before the start
+
+    return run
+
+
+@pytest.mark.parametrize(("where", "words"), [("after", "1 elements past its end"),
+                                              ("before", "7 elements before its start")])
+def test_out_of_bounds_writes_are_caught(where: str, words: str) -> None:
+    r = _judge(_wrong("reference-activation", "oob", _writes_outside(where)), ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "fail" and "guard:out" in r.metrics["failed_checks"], r.reason
+    assert "wrote 7 elements outside the output buffer" in r.reason and words in r.reason
+
+
+def test_out_of_bounds_writes_on_the_second_run_are_caught() -> None:
+    bad = _wrong("reference-activation", "oob2", _writes_outside("after", on_run=2),
+                 properties=frozenset({"deterministic"}))
+    r = _judge(bad, ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "fail" and "second run wrote 7 elements outside" in r.reason, r.reason
+
+
+def test_out_of_bounds_writes_on_the_batch_invariance_run_are_caught() -> None:
+    bad = _wrong("reference-activation", "oob3", _writes_outside("after", on_run=2),
+                 properties=frozenset({"batch_invariant"}))
+    r = _judge(bad, ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "fail" and "batch-invariance run wrote 7 elements outside" in r.reason, r.reason
+
+
+class _Agreeable(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize(("returned", "words"), [
+    (lambda t: t.to("meta"), "on device meta, the case runs on cpu"),
+    (lambda t: t.as_subclass(_Agreeable), "a _Agreeable with layout torch.strided, not a plain strided"),
+])
+def test_outputs_must_be_plain_tensors_on_the_case_device(returned: Callable, words: str) -> None:  # type: ignore[type-arg]
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        _reference_run("reference-activation")(case, inputs, outputs)
+        return {"out": returned(outputs["out"])}
+
+    r = _judge(_wrong("reference-activation", "elsewhere", run), ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "fail" and words in r.reason, r.reason
+
+
+def test_a_kernel_raising_on_its_second_run_is_the_kernels_error() -> None:
+    calls = []
+
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("second call breaks")
+        _reference_run("reference-activation")(case, inputs, outputs)
+
+    r = _judge(_wrong("reference-activation", "flaky", run, properties=frozenset({"deterministic"})),
+               ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "error" and r.reason.startswith("kernel raised on its second run: RuntimeError"), r.reason

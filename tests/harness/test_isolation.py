@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import warnings
 from collections.abc import Callable
 
@@ -109,3 +110,75 @@ def test_a_kernel_gets_a_copy_of_the_case() -> None:
     r = runner.judge(CASE, dataclasses.replace(_REFERENCE, name="hostile", run=run), detect("cpu"))
     assert r.verdict == "pass" and r.case.features["activation"] == "silu_and_mul"
     assert CASE.features["activation"] == "silu_and_mul"
+
+
+def test_the_oracle_is_computed_before_the_kernel_with_the_original_functions() -> None:
+    # the kernel patches silu and then computes with it: the oracle, computed before with the original silu,
+    # disagrees with it (before this fix the oracle ran after the kernel and agreed with the patched function)
+    r = runner.judge(CASE.replace(adapter="patches-silu"), _hostile("patches-silu", _patch_silu), detect("cpu"))
+    assert r.verdict == "fail" and "out" in r.metrics["failed_checks"], r.reason
+    assert "outside the error bound" in r.reason
+
+
+def _silu_by_hand(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    x = inputs["x"].float()
+    gate, up = x.chunk(2, dim=-1)
+    outputs["out"].copy_(gate / (1 + torch.exp(-gate)) * up)  # uses no torch function anyone patched
+
+
+def test_a_function_patched_between_cases_does_not_change_the_oracle() -> None:
+    correct = dataclasses.replace(_REFERENCE, name="by-hand", run=_silu_by_hand)
+    original = F.silu
+    F.silu = _wrong_silu  # e.g. a library imported by the test session, outside any case
+    try:
+        r = runner.judge(CASE.replace(adapter="by-hand"), correct, detect("cpu"))
+    finally:
+        F.silu = original
+    assert r.verdict == "pass", r.reason
+
+
+def test_a_library_that_patches_torch_on_import_fails_and_others_do_not() -> None:
+    silu = F.silu
+    adapter = registry.resolve("tests.harness.fixtures.patching_adapter:ADAPTER")
+    assert F.silu is silu  # undone at once
+    r = runner.judge(CASE.replace(adapter=adapter.name), adapter, detect("cpu"))
+    assert r.verdict == "fail" and "torch.nn.functional.silu replaced (on import of module" in r.reason, r.reason
+    following = runner.judge(CASE.replace(adapter="reference-activation"), _REFERENCE, detect("cpu"))
+    assert following.verdict == "pass", following.reason
+
+
+def test_an_adapter_module_that_exits_on_import_is_refused_and_the_process_survives() -> None:
+    with pytest.raises(ValueError, match="tried to end the process on import"):
+        registry.resolve("tests.harness.fixtures.exiting_adapter:ADAPTER")
+    assert os._exit.__module__ in ("posix", "nt", "os")  # the guard is gone again
+
+
+def _exits(how: str) -> Callable[..., None]:
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        _REFERENCE.run(case, inputs, outputs)
+        if how == "os._exit":
+            os._exit(0)
+        if how == "SystemExit":
+            raise SystemExit(0)
+        raise KeyboardInterrupt
+
+    return run
+
+
+@pytest.mark.parametrize("how", ["os._exit", "SystemExit", "KeyboardInterrupt"])
+def test_a_kernel_that_tries_to_end_the_process_is_an_error_of_that_kernel(how: str) -> None:
+    bad = dataclasses.replace(_REFERENCE, name="exits", run=_exits(how))
+    r = runner.judge(CASE.replace(adapter="exits"), bad, detect("cpu"))
+    assert r.verdict == "error" and "KernelExitAttempt" in r.reason and how.split(".")[-1] in r.reason, r.reason
+    assert "test_isolation.py" in r.reason  # where the kernel did it, not where the judge caught it
+    following = runner.judge(CASE.replace(adapter="reference-activation"), _REFERENCE, detect("cpu"))
+    assert following.verdict == "pass", following.reason
+
+
+def test_a_real_ctrl_c_during_a_kernel_still_stops_the_run() -> None:
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        signal.raise_signal(signal.SIGINT)  # as the terminal would deliver it
+        _REFERENCE.run(case, inputs, outputs)
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.judge(CASE.replace(adapter="interrupted"), dataclasses.replace(_REFERENCE, run=run), detect("cpu"))

@@ -73,7 +73,7 @@ def test_fault_isolation_marks_the_faulty_cases_and_loses_nothing(tmp_path: Path
     faulty = registry.resolve(FAKE)
     planned = sweep.plan(faulty, "quick").cases
     faults = fake_adapters.faulty_cases()
-    assert sorted(faults.values()) == ["exit", "hang", "raise", "signal"]
+    assert sorted(faults.values()) == ["exit", "hang", "os-exit", "raise", "signal"]
     out = io.StringIO()
     totals = sweep.run_sweep([FAKE], detect("cpu"), str(tmp_path), profile="quick", run_id="t", jobs=2,
                              case_timeout=1.5, out=out)
@@ -86,7 +86,8 @@ def test_fault_isolation_marks_the_faulty_cases_and_loses_nothing(tmp_path: Path
         r = verdict[case_id]
         assert r.verdict == "error", (fault, r.verdict, r.reason)
         expected = {"raise": "planted failure", "hang": "hang: no verdict within 1.5s",
-                    "exit": "exit code 7", "signal": "killed by signal 9"}[fault]
+                    "exit": "exit code 7", "signal": "killed by signal 9",
+                    "os-exit": "kernel raised: KernelExitAttempt: the kernel called os._exit(5); refused"}[fault]
         assert expected in r.reason, (fault, r.reason)
     others = [r for r in results if r.case.case_id not in faults]
     assert others and all(r.verdict in ("pass", "unsupported") for r in others), \

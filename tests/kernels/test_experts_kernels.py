@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from harness import registry
+from harness.core import isolation
 from harness.core.case import Case
 from harness.core.device import detect
-from harness.engine import isolation, runner
+from harness.engine import runner
 from harness.engine.interpreter import unverifiable_here
 from reference import experts as ref
 from reference import permute

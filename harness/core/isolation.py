@@ -16,11 +16,13 @@ flush-denormal mode (torch has no getter for it) and state of other libraries.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -75,8 +77,24 @@ class State:
     rng: torch.Tensor | None = None
 
 
-#: the namespaces as they were when the judge started: a kernel library that patched torch at import is caught too
+def _foreign(spaces: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Watched callables defined outside torch, the standard library and the oracle: a library imported before the
+    harness that replaced a function the oracle calls. name -> the module that defined the replacement."""
+    allowed = {"torch", "reference", "typing_extensions", *sys.stdlib_module_names}
+    found = {}
+    for space, names in spaces.items():
+        for name, obj in names.items():
+            module = getattr(obj, "__module__", None) if callable(obj) else None
+            if isinstance(module, str) and module.split(".")[0] not in allowed:
+                found[f"{space}.{name}"] = module
+    return found
+
+
+#: the namespaces as they were when the harness loaded (before any adapter module): what the oracle computes with
 ORIGINALS: dict[str, dict[str, Any]] = {name: dict(vars(ns)) for name, ns in _namespaces().items()}
+#: watched functions that were already foreign replacements then (name -> defining module): the oracle cannot be
+#: sealed from those, so the runner refuses to judge while there are any
+FOREIGN: dict[str, str] = _foreign(ORIGINALS)
 
 
 def accept_current() -> None:
@@ -84,17 +102,51 @@ def accept_current() -> None:
     purpose (a CPU stand-in for a CUDA-only op), before judging and again after undoing it."""
     ORIGINALS.clear()
     ORIGINALS.update({name: dict(vars(ns)) for name, ns in _namespaces().items()})
+    FOREIGN.clear()
 
 
 def take() -> State:
+    """The watched state now (namespaces seen for the first time join the originals)."""
     settings = {}
     for name, (read, _) in _settings().items():
         try:
             settings[name] = read()
         except Exception:  # a backend without the setting: nothing to watch
             continue
-    originals = {name: ORIGINALS.get(name) or dict(vars(ns)) for name, ns in _namespaces().items()}
-    return State(attrs=originals, settings=settings, rng=torch.get_rng_state())
+    attrs = {}
+    for name, ns in _namespaces().items():
+        attrs[name] = dict(vars(ns))
+        ORIGINALS.setdefault(name, attrs[name])
+    return State(attrs=attrs, settings=settings, rng=torch.get_rng_state())
+
+
+@contextlib.contextmanager
+def pristine() -> Iterator[None]:
+    """The watched namespaces as originally loaded, for the oracle; whatever was there before comes back after."""
+    spaces = _namespaces()
+    swapped: list[tuple[Any, str, Any]] = []
+    for space, names in ORIGINALS.items():
+        target = spaces.get(space)
+        if target is None:
+            continue
+        now = vars(target)
+        for name, obj in names.items():
+            current = now.get(name, _MISSING)
+            if current is not obj:
+                swapped.append((target, name, current))
+                setattr(target, name, obj)
+        if space == "torch.Tensor":
+            for name in set(now) - set(names):
+                swapped.append((target, name, now[name]))
+                delattr(target, name)
+    try:
+        yield
+    finally:
+        for target, name, obj in reversed(swapped):
+            if obj is _MISSING:
+                delattr(target, name)
+            else:
+                setattr(target, name, obj)
 
 
 def changes(before: State) -> list[str]:
@@ -122,8 +174,9 @@ def changes(before: State) -> list[str]:
     return found
 
 
-def restore(before: State) -> None:
-    """Put back everything `changes` watches (and the RNG state)."""
+def restore(before: State, *, rng: bool = True) -> None:
+    """Put back everything `changes` watches (and the RNG state, unless `rng=False`: between two runs of one
+    kernel the random stream goes on, so a kernel whose output depends on it is seen to be nondeterministic)."""
     spaces = _namespaces()
     for space, names in before.attrs.items():
         target = spaces.get(space)
@@ -143,10 +196,51 @@ def restore(before: State) -> None:
                     write(before.settings[name])
             except Exception:
                 continue
-    if before.rng is not None:
+    if rng and before.rng is not None:
         torch.set_rng_state(before.rng)
 
 
 def _short(value: Any) -> str:
     text = str(value) if not isinstance(value, list) else f"{len(value)} entries"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+class KernelExit(BaseException):
+    """The kernel called `os._exit`; refused, so that the process and every verdict after it survive."""
+
+
+class Containment:
+    """While a kernel runs (`with Containment() as c:`): `os._exit` raises `KernelExit` instead of ending the
+    process (only in this process: a child the kernel forked still exits), and a real Ctrl-C is told apart from a
+    KeyboardInterrupt the kernel raises itself (`c.interrupted`)."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self._pid = os.getpid()
+        self._exits: dict[ModuleType, Callable[[int], Any]] = {}
+        self._old_sigint: Any = None
+
+    def _refuse_exit(self, status: int = 0) -> None:
+        if os.getpid() != self._pid:
+            self._exits[os](status)
+        raise KernelExit(f"the kernel called os._exit({status})")
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.interrupted = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> Containment:
+        import posix
+
+        for module in (os, posix):
+            self._exits[module] = module._exit
+            module._exit = self._refuse_exit  # type: ignore[assignment]
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for module, original in self._exits.items():
+            module._exit = original  # type: ignore[assignment]
+        if self._old_sigint is not None:
+            signal.signal(signal.SIGINT, self._old_sigint)
