@@ -20,13 +20,17 @@ How it works:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +48,7 @@ _STEP_SCRIPT = '''\
 import os
 import subprocess
 import sys
+import tempfile
 
 if __name__ == "__main__":  # spawned replay children re-import this file: only the step itself runs here
     checkout = os.getcwd()
@@ -51,6 +56,13 @@ if __name__ == "__main__":  # spawned replay children re-import this file: only 
     sys.path[1:1] = extra  # sys.path[0] is this folder, holding the harness copy
     head = subprocess.run(["git", "log", "-1", "--format=%H %s"], capture_output=True, text=True).stdout.strip()
     print(f"--- bisect step at {head}", flush=True)
+    # the kernel's own output (and the replay's) is captured and echoed indented: a line a kernel prints can never
+    # pass for one of git's ("<sha> is the first bad commit")
+    sys.stdout.flush()
+    saved = os.dup(1)
+    captured = tempfile.TemporaryFile()
+    os.dup2(captured.fileno(), 1)
+    os.dup2(captured.fileno(), 2)
     try:
         from harness.cli import main
 
@@ -61,6 +73,13 @@ if __name__ == "__main__":  # spawned replay children re-import this file: only 
         traceback.print_exc()
         print(f"harness failure during the bisect step: {e!r}", flush=True)
         code = 128
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(saved, 1)
+    os.dup2(saved, 2)
+    captured.seek(0)
+    for line in captured:
+        os.write(1, b"    | " + line)
     print(f"--- exit {code}", flush=True)
     sys.stdout.flush()
     os._exit(code)
@@ -171,11 +190,12 @@ def _check_ends(source: Path, work: Path, checkout: Path, step: list[str], env: 
     for which, (_, sha) in ends.items():
         _git(where[which], "checkout", "--quiet", "--detach", sha)
         running[which] = subprocess.Popen(step, cwd=where[which], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True)
+                                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     codes = {}
-    for which, p in running.items():
-        tee.write(p.communicate()[0])
-        codes[which] = p.returncode
+    with _killed_on_abort(*running.values()):
+        for which, p in running.items():
+            tee.write(p.communicate()[0])
+            codes[which] = p.returncode
     for which, want in (("bad", EXIT_FAIL), ("good", EXIT_PASS)):
         code = codes[which]
         if code != want:
@@ -186,16 +206,49 @@ def _check_ends(source: Path, work: Path, checkout: Path, step: list[str], env: 
                               + ("nothing to bisect" if which == "bad" else "pick a good commit"))
 
 
+@contextlib.contextmanager
+def _killed_on_abort(*procs: subprocess.Popen) -> Iterator[None]:
+    """Kill the processes (each leads its own session: the step, its replay child, the kernel's) when the bisect
+    stops early (Ctrl-C, SIGTERM), before their folder is removed."""
+    try:
+        yield
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        raise
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while the bisect runs, so that its clean-up (the temporary folder, the child
+    processes) still happens."""
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _run_bisect(checkout: Path, step: list[str], env: dict[str, str], tee: _Tee, log: Path) -> BisectResult:
     """`git bisect run` with the replay step (started by the caller); its output is teed into the log."""
     proc = subprocess.Popen(["git", "bisect", "run", *step], cwd=checkout, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     output = []
-    for line in proc.stdout:
-        output.append(line)
-        tee.write(line)
-    proc.wait()
+    with _killed_on_abort(proc):
+        for line in proc.stdout:
+            output.append(line)
+            tee.write(line)
+        proc.wait()
     bisect_log = _git(checkout, "bisect", "log", check=False)
     tee.write("\n--- git bisect log\n" + bisect_log + "\n")
     result = _parse("".join(output), bisect_log)
@@ -223,20 +276,34 @@ def bisect(case_path: str | os.PathLike, good: str, bad: str, *, repo: str | os.
     log = Path(log_path) if log_path else Path("results/local/bisect") / (
         f"{case_id}-{time.strftime('%Y%m%dT%H%M%S')}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="moe-bisect-"))
+    with _terminate_as_exit():
+        work = Path(tempfile.mkdtemp(prefix="moe-bisect-"))
+        try:
+            return _bisect_in(work, case_path, source, case_id, (good, good_sha), (bad, bad_sha), log,
+                              adapter=adapter, device=device, timeout=timeout, check_ends=check_ends, out=out)
+        finally:
+            if keep:
+                print(f"kept {work}", file=out or sys.stderr)
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+
+
+def _bisect_in(work: Path, case_path: str | os.PathLike, source: Path, case_id: str, good: tuple[str, str],
+               bad: tuple[str, str], log: Path, *, adapter: str | None, device: str, timeout: float,
+               check_ends: bool, out: IO[str] | None) -> BisectResult:
     checkout = work / "checkout"
     step, env, copy = _step_command(case_path, work, checkout, adapter, device, timeout)
     started = False
     with open(log, "w", encoding="utf-8") as log_fh:
         tee = _Tee(log_fh, out)
-        tee.write(f"bisect {case_path} ({case_id}) in {source}: good {good} ({good_sha[:12]}), bad {bad} "
-                  f"({bad_sha[:12]}); harness copy {copy}\n")
+        tee.write(f"bisect {case_path} ({case_id}) in {source}: good {good[0]} ({good[1][:12]}), bad {bad[0]} "
+                  f"({bad[1][:12]}); harness copy {copy}\n")
         try:
             _git(work, "clone", "--quiet", "--shared", "--no-checkout", str(source), str(checkout))
-            _git(checkout, "checkout", "--quiet", "--detach", bad_sha)  # a full tree, not a no-checkout index
+            _git(checkout, "checkout", "--quiet", "--detach", bad[1])  # a full tree, not a no-checkout index
             if check_ends:
-                _check_ends(source, work, checkout, step, env, tee, {"bad": (bad, bad_sha), "good": (good, good_sha)})
-            _git(checkout, "bisect", "start", bad_sha, good_sha)
+                _check_ends(source, work, checkout, step, env, tee, {"bad": bad, "good": good})
+            _git(checkout, "bisect", "start", bad[1], good[1])
             started = True
             return _run_bisect(checkout, step, env, tee, log)
         except BisectError as e:
@@ -245,18 +312,16 @@ def bisect(case_path: str | os.PathLike, good: str, bad: str, *, repo: str | os.
         finally:
             if started:
                 _git(checkout, "bisect", "reset", "--quiet", check=False)
-            if keep:
-                tee.write(f"kept {work}\n")
-            else:
-                shutil.rmtree(work, ignore_errors=True)
 
 
 def _parse(run_output: str, bisect_log: str) -> BisectResult:
-    m = re.search(r"^([0-9a-f]{40}) is the first bad commit", run_output, re.M)
+    """The result from git's own lines: `git bisect log` names the first bad commit; the candidates hidden by skips
+    come from git's output, where every line of the steps' own output is indented."""
+    m = re.search(r"^# first bad commit: \[([0-9a-f]{40})\]", bisect_log, re.M)
     steps = [(kind, sha) for kind, sha in re.findall(r"^# (good|bad|skip): \[([0-9a-f]{40})\]", bisect_log, re.M)]
     if m:
         return BisectResult(m.group(1), steps=steps)
-    m = re.search(r"first bad commit could be any of:\n((?:[0-9a-f]{40}\n?)+)", run_output)
+    m = re.search(r"^The first bad commit could be any of:\n((?:[0-9a-f]{40}\n?)+)", run_output, re.M)
     candidates = m.group(1).split() if m else []
     return BisectResult(None, candidates=candidates, steps=steps)
 

@@ -339,8 +339,9 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
             result = judging.run()
     except CaseTimeout as e:
         result = judging.result("error", f"hang: {e}", timeout=True)
+    # each kernel run was checked on its own (judging.changed); what the judge's own work changed (a module it
+    # imported lazily adds a warning filter) is undone without blame
     changed = [*registry.IMPORT_CHANGES.get(adapter.name, []), *judging.changed]
-    changed += [c for c in isolation.changes(before) if c not in changed]
     isolation.restore(before)  # the next case, whoever's, starts from the same state
     _probe_cuda(device)
     result = dataclasses.replace(result, duration_s=round(time.perf_counter() - t0, 4))

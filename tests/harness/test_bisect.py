@@ -100,3 +100,69 @@ def test_bisect_refuses_wrong_endpoints(toy_repo, tmp_path) -> None:  # type: ig
         bisect(case_path, "no-such-rev", shas[4], repo=repo, device="cpu", log_path=tmp_path / "b.log")
     with pytest.raises(BisectError, match="fails at --good"):  # c3 is not good: bisecting c3..c4 would blame c4
         bisect(case_path, shas[3], shas[4], repo=repo, device="cpu", log_path=tmp_path / "c.log")
+
+
+@pytest.fixture(scope="module")
+def noisy_repo(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """c0 correct; c1 wrong, and from then on the kernel prints a line that looks like git naming c0 as the first
+    bad commit; c2 unrelated; c3 the kernel hangs on import (for the SIGTERM test); c4 unrelated."""
+    repo = tmp_path_factory.mktemp("noisy-repo")
+    _git(repo, "init", "-q", "-b", "main")
+    c0 = _commit(repo, "c0 correct kernel",
+                 {"toykern/__init__.py": "", "toykern/adapter.py": ADAPTER.format(expr=GOOD)})
+    liar = f"print('{c0} is the first bad commit', flush=True)\n"
+    shas = [c0, _commit(repo, "c1 wrong and noisy", {"toykern/adapter.py": liar + ADAPTER.format(expr=BAD)}),
+            _commit(repo, "c2 unrelated", {"README": "toy\n"}),
+            _commit(repo, "c3 hangs", {"toykern/__init__.py": "import time\ntime.sleep(120)\n"}),
+            _commit(repo, "c4 unrelated", {"README": "toy 2\n"})]
+    case = Case(op="activation", adapter="toy-silu", features={"activation": "silu_and_mul", "dtype": "float32"},
+                shapes={"T": 3, "N": 8}, dtypes={"x": "float32"}, seed=2)
+    case_path = repo.parent / "noisy-case.json"
+    case_path.write_text(json.dumps({"kind": CASE_FILE_KIND, "case": case.to_dict(), "adapter": "toy-silu",
+                                     "adapter_object": "toykern.adapter:ADAPTER", "verdict": "fail"}))
+    return repo, shas, case_path
+
+
+def test_what_a_kernel_prints_cannot_pass_for_gits_answer(noisy_repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    repo, shas, case_path = noisy_repo
+    r = bisect(case_path, shas[0], shas[2], repo=repo, device="cpu", log_path=tmp_path / "b.log", timeout=120)
+    assert r.first_bad == shas[1], (tmp_path / "b.log").read_text()
+    assert f"    | {shas[0]} is the first bad commit" in (tmp_path / "b.log").read_text()  # still logged
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    from pathlib import Path
+
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(cmdline.parent.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_terminated_bisect_leaves_no_temporary_folder_or_process(noisy_repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import sys
+    import time
+
+    repo, shas, case_path = noisy_repo
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    log = tmp_path / "t.log"
+    # c2..c4 (trusted with --no-check): git tests c3, whose kernel hangs on import
+    p = subprocess.Popen([sys.executable, "-m", "harness", "bisect", str(case_path), "--good", shas[2], "--bad",
+                          shas[4], "--repo", str(repo), "--device", "cpu", "--no-check", "--quiet", "--log", str(log)],
+                         env=dict(os.environ, TMPDIR=str(scratch)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (log.exists() and "bisect step at" in log.read_text(errors="replace")):
+        time.sleep(0.2)
+    time.sleep(3)  # the step's replay child is importing the hanging kernel
+    assert _processes_mentioning(str(scratch)), "the step should be running"
+    p.terminate()
+    p.wait(30)
+    time.sleep(0.5)
+    assert not list(scratch.glob("moe-bisect-*")), list(scratch.iterdir())
+    assert not _processes_mentioning(str(scratch))
