@@ -73,7 +73,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     from harness import registry
     from harness.core.device import detect
     from harness.store.results import new_run_id
-    from harness.sweep import run_sweep
+    from harness.sweep import VerdictsLost, run_sweep
 
     try:
         dev = detect(args.device)
@@ -94,6 +94,9 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     except ValueError as e:  # --resume of a run that has no results here
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except VerdictsLost as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     bad = sum(c["fail"] + c["error"] for c in totals.values())
     run_files = sorted(Path(args.results_dir).glob(f"{run_id}-*.jsonl"))
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl "

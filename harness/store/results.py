@@ -46,7 +46,7 @@ class ResultStore:
     """Writes results of one run (one process) to `<dir>/<run_id>[-<worker>].jsonl`, one flushed line each."""
 
     def __init__(self, directory: str | os.PathLike, run_id: str | None = None, worker: str | None = None):
-        self.directory = Path(directory)
+        self.directory = Path(os.path.abspath(directory))  # fixed at start: a later chdir cannot move the file
         self.run_id = run_id or new_run_id()
         stem = self.run_id + (f"-{worker}" if worker else "")
         self.path = self.directory / f"{stem}.jsonl"

@@ -35,7 +35,8 @@ from harness.sweep.selection import (
 )
 from harness.sweep.workers import WorkerPool, _Chunk, default_jobs, judge_safely
 
-__all__ = ["CASES_PER_CELL", "QUICK_ALL_CELLS", "Plan", "Shard", "adapter_record", "default_jobs", "pairwise_cover",
+__all__ = ["CASES_PER_CELL", "QUICK_ALL_CELLS", "Plan", "Shard", "VerdictsLost", "adapter_record", "default_jobs",
+           "pairwise_cover",
            "plan", "run_sweep", "select_cells", "sweep"]
 
 
@@ -155,6 +156,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     shard: judge only this shard of the cells (the metadata still describes the whole plan, so shards merge).
     """
     run_id = run_id or f"matrix-{device.generation}-{new_run_id()}"
+    results_dir = os.path.abspath(results_dir)  # fixed now: a kernel that changes the cwd cannot move the results
     done = _judged_before(results_dir, run_id) if resume else {}
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
     commit, dirty = git_state()
@@ -181,7 +183,24 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
                                          "wall_s": round(run.progress.elapsed(), 2),
                                          "counts": dict(run.progress.counts)})
         run.main.close()
+    _check_recorded(results_dir, run_id, run)
     return run.totals
+
+
+class VerdictsLost(RuntimeError):
+    """Verdicts the sweep counted are not in its results files (something removed or rewrote them)."""
+
+
+def _check_recorded(results_dir: str, run_id: str, run: _Run) -> None:
+    """Every case the parent counted has its verdict in the run's files: what is rendered is what was judged."""
+    recorded = {r.case.case_id for r in load_results(sorted(Path(results_dir).glob(f"{run_id}-*.jsonl")),
+                                                     strict=False)}
+    lost = [c for c in run.cases.values() if c.case_id not in recorded]
+    if lost:
+        names = ", ".join(sorted({c.adapter for c in lost}))
+        raise VerdictsLost(f"{len(lost)} of {len(run.cases)} verdicts counted by this sweep are missing from "
+                           f"{results_dir}/{run_id}-*.jsonl (adapters: {names}): the files were removed or "
+                           "rewritten while the sweep ran; nothing is rendered from them")
 
 
 def sweep(adapter_names: Iterable[str], device: DeviceInfo, store: ResultStore, *, profile: str = "quick",

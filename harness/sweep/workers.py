@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
+import threading
 import time
 import traceback
 from collections import deque
@@ -50,8 +51,25 @@ def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[st
                       generation=dev.generation, device=dev.to_dict())
 
 
-def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: int, threads: int) -> None:
+def _watch_lifeline(lifeline: Connection) -> None:
+    """End this worker when the parent is gone (killed: its end of the lifeline closes), even mid-kernel."""
+    real_exit = os._exit  # the judge refuses os._exit to kernels while they run; this thread is not a kernel
+
+    def watch() -> None:
+        try:
+            lifeline.recv()
+        except (EOFError, OSError):
+            pass
+        real_exit(70)
+
+    threading.Thread(target=watch, name="moe-harness-lifeline", daemon=True).start()
+
+
+def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: int, threads: int,
+            lifeline: Connection | None = None) -> None:
     """Worker loop: receive (adapter spec, [(index, case dict)]) chunks, judge each case, append, report."""
+    if lifeline is not None:
+        _watch_lifeline(lifeline)
     import torch
 
     torch.set_num_threads(max(1, threads))
@@ -80,9 +98,12 @@ def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: 
             r = judge_safely(Case.from_dict(case_dict), adapter, dev, unverifiable)
             store.append(r)
             conn.send(("done", index, r.verdict, r.declared))
-            if dev.is_cuda and r.verdict == "error" and _STICKY_CUDA.search(r.reason):
+            lost = runner.context_lost() or (dev.is_cuda and r.verdict == "error" and _STICKY_CUDA.search(r.reason)
+                                             and r.reason)
+            if lost:  # the CUDA context is gone: the parent starts a fresh worker for the rest of the chunk
+                conn.send(("recycle", str(lost)[:200]))
                 store.close()
-                os._exit(3)  # the CUDA context is gone; the parent starts a fresh worker for the rest
+                os._exit(3)
         conn.send(("idle",))
     store.close()
 
@@ -116,6 +137,7 @@ class _Slot:
     chunk: _Chunk | None = None
     current: int | None = None  # index of the case in flight
     since: float = 0.0
+    recycling: str = ""  # the worker announced it exits (its CUDA context is lost): not a death
 
 
 def default_jobs(device: DeviceInfo) -> int:
@@ -157,6 +179,8 @@ class WorkerPool:
         self.cpu_threads = max(1, (os.cpu_count() or 1) // n_slots)
         self.slots = [_Slot(i, devices[i % len(devices)]) for i in range(n_slots)]
         self.start_failures = 0  # workers that died before reporting ready, in a row
+        # every worker holds the read end; when this process dies the write end closes and the workers exit
+        self.lifeline, self._lifeline_w = self.ctx.Pipe(duplex=False)
 
     def run(self) -> None:
         try:
@@ -175,10 +199,12 @@ class WorkerPool:
     def start(self, slot: _Slot) -> None:
         parent, child = self.ctx.Pipe()
         slot.proc = self.ctx.Process(target=_worker, args=(child, slot.device, self.results_dir, self.run_id,
-                                                           slot.index, self.cpu_threads), daemon=True)
+                                                           slot.index, self.cpu_threads, self.lifeline),
+                                     daemon=True)
         slot.proc.start()
         child.close()
         slot.conn, slot.ready, slot.born, slot.chunk, slot.current = parent, False, time.monotonic(), None, None
+        slot.recycling = ""
 
     def dispatch(self) -> None:
         """Restart dead slots that still have work, and hand a chunk to every idle ready worker."""
@@ -212,6 +238,11 @@ class WorkerPool:
             self.retire(slot, f"worker did not start within {START_TIMEOUT_S:g}s", "died")
 
     def died(self, slot: _Slot) -> None:
+        if slot.recycling:
+            self.progress.note(f"worker {slot.index} recycled after a lost CUDA context ({slot.recycling}); the rest "
+                               "of its chunk goes to a fresh worker")
+            self.retire(slot, f"worker recycled: {slot.recycling}", "recycled")
+            return
         code = slot.proc.exitcode
         why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         if slot.current is not None:
@@ -246,6 +277,8 @@ class WorkerPool:
             for i, _ in slot.chunk.items:
                 self.mark(i, f"adapter could not be loaded in the worker: {msg[1]}", "unloadable")
             slot.chunk, slot.current = None, None
+        elif kind == "recycle":
+            slot.recycling = msg[1]
         elif kind == "idle":
             slot.chunk, slot.current = None, None
 
@@ -289,3 +322,4 @@ class WorkerPool:
                 if slot.proc.is_alive():
                     slot.proc.kill()
                     slot.proc.join(5)
+        self._lifeline_w.close()

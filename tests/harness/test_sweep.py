@@ -228,3 +228,80 @@ def test_resume_runs_the_cases_marked_not_run(tmp_path: Path) -> None:
     totals = sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=out, resume=True)
     assert "2 of " in out.getvalue() and totals[name]["pass"] == len(lines)
     assert {r.verdict for r in dedupe(load_results([tmp_path]))} == {"pass"}
+
+
+def test_lost_cuda_contexts_recycle_the_worker_and_no_case_is_left_unjudged(tmp_path: Path) -> None:
+    # several sticky errors in one chunk once marked the rest of the chunk "not run" (19 false errors on an H100)
+    spec = "tests.harness.fixtures.fake_adapters:LOSES_CONTEXT"
+    adapter = registry.resolve(spec)
+    planned = sweep.plan(adapter, "quick").cases
+    lost = [c for c in planned if c.features["dtype"] == "float32"]
+    assert len(lost) >= 3
+    out = io.StringIO()
+    sweep.run_sweep([spec], detect("cpu"), str(tmp_path), profile="quick", run_id="t", jobs=1, case_timeout=60,
+                    out=out)
+    results = {r.case.case_id: r for r in load_results([tmp_path])}
+    assert set(results) == {c.case_id for c in planned}
+    assert not [r.reason for r in results.values() if "not run" in r.reason]
+    for c in planned:
+        want = "error" if c in lost else "pass"
+        assert results[c.case_id].verdict in (want, "unsupported"), results[c.case_id].reason
+    assert out.getvalue().count("recycled after a lost CUDA context") == len(lost)
+
+
+def test_workers_end_when_the_sweep_parent_is_killed(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = tmp_path / "pids"
+    script = ("import sys; from harness.cli import main; sys.exit(main(['matrix', '--adapter', "
+              "'tests.harness.fixtures.fake_adapters:HANGS', '--device', 'cpu', '--jobs', '2', '--case-timeout', "
+              f"'300', '--results-dir', {str(tmp_path / 'r')!r}, '--out', '']))")
+    parent = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, MOE_TEST_PIDFILE=str(pidfile)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(pidfile.read_text().split() if pidfile.exists() else []) < 2:
+        time.sleep(0.2)
+    workers = [int(p) for p in pidfile.read_text().split()]
+    assert len(workers) == 2
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 15
+    alive = workers
+    while alive and time.time() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in workers if _alive(p)]
+    assert not alive, "workers outlived their killed parent"
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) is not running
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_verdicts_missing_from_the_files_fail_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOE_TEST_RESULTS", str(tmp_path))
+    with pytest.raises(sweep.VerdictsLost, match="verdicts counted by this sweep are missing"):
+        sweep.run_sweep(["tests.harness.fixtures.fake_adapters:DELETES_RESULTS"], detect("cpu"), str(tmp_path),
+                        profile="quick", run_id="t", jobs=1, case_timeout=60, out=None)
+
+
+def test_a_kernel_that_changes_directory_cannot_move_the_results(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # a relative results folder is fixed at start (a kernel's chdir is also undone after its case)
+    monkeypatch.chdir(tmp_path)
+    store = sweep.ResultStore("rel", run_id="t")
+    monkeypatch.chdir("/")
+    assert store.directory == tmp_path / "rel"
