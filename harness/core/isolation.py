@@ -9,9 +9,11 @@ no other verdict depends on it.
 Watched: the attributes of the namespaces the oracle calls (torch, torch.nn.functional, torch.special, torch.linalg,
 torch.Tensor, every `reference.*` module; replaced or deleted names, and for torch.Tensor added ones too, since an
 added method shadows the C implementation), the default dtype and device, grad mode, deterministic algorithms, the
-fp32 matmul precision and TF32 switches, the thread count, the working directory, warning filters and the SIGINT and
-SIGTERM handlers. The CPU RNG state is restored without blame (kernels may draw random numbers). Not covered: the
-flush-denormal mode (torch has no getter for it) and state of other libraries.
+fp32 matmul precision and TF32 switches, the thread count, the working directory, warning filters, the SIGINT and
+SIGTERM handlers and the blocked-signal mask. The CPU RNG state is restored without blame (kernels may draw random
+numbers). Not covered: the flush-denormal mode (torch has no getter for it) and state of other libraries.
+`pristine()` gives the oracle the functions as they were when the harness loaded; `Containment` refuses the exits
+a kernel attempts while it runs.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def _settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
         "SIGINT handler": (lambda: signal.getsignal(signal.SIGINT), lambda h: signal.signal(signal.SIGINT, h)),
         "SIGTERM handler": (lambda: signal.getsignal(signal.SIGTERM), lambda h: signal.signal(signal.SIGTERM, h)),
     }
+    if hasattr(signal, "pthread_sigmask"):  # a blocked SIGALRM would disable every later case's deadline
+        found["blocked signals"] = (lambda: sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                                    lambda v: signal.pthread_sigmask(signal.SIG_SETMASK, v))
     if hasattr(torch, "get_default_device"):
         found["default device"] = (lambda: str(torch.get_default_device()), torch.set_default_device)
     return found

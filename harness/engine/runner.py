@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import faulthandler
 import os
 import signal
 import sys
@@ -300,11 +301,25 @@ def _timeout_s(timeout: float | None) -> float | None:
     return timeout if timeout and timeout > 0 else None
 
 
+def _hard_grace(seconds: float) -> float:
+    return max(5.0, 0.25 * seconds)
+
+
+def _arm_hard_stop(seconds: float) -> None:
+    for stream in (sys.stderr, sys.__stderr__):  # pytest's capture replaces stderr with an object without a file
+        try:
+            faulthandler.dump_traceback_later(seconds, exit=True, file=stream)
+            return
+        except (AttributeError, ValueError, OSError):
+            continue
+
+
 @contextlib.contextmanager
 def _deadline(seconds: float | None) -> Iterator[None]:
     # SIGALRM interrupts a Python-level hang (the Triton interpreter, a Python loop) on the main thread of a Unix
-    # process; elsewhere no deadline applies in-process (the sweep's and replay's child processes are the hard
-    # limit, and they also survive a hang inside a C call).
+    # process. A hang inside one C call never returns to Python: faulthandler's watchdog thread then prints every
+    # thread's stack and ends the process with status 1 after a grace period (the sweep and replay run cases in
+    # child processes, and pytest-xdist reports the test as crashed; never a silent wait).
     if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -314,9 +329,11 @@ def _deadline(seconds: float | None) -> Iterator[None]:
 
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    _arm_hard_stop(seconds + _hard_grace(seconds))
     try:
         yield
     finally:
+        faulthandler.cancel_dump_traceback_later()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
 

@@ -17,6 +17,7 @@ on), `moe_results` (its `ResultStore`), `moe_unverifiable` (interpreter features
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ pytest.register_assert_rewrite("harness.plugin.generic")
 GENERIC = Path(__file__).resolve().parent / "generic.py"
 ENTRY_POINT_GROUP = "moe_harness.adapters"  # harness.registry.ENTRY_POINT_GROUP (a test keeps them equal)
 _ADAPTER_ARGS = ("moe_adapter_name", "moe_shard")
+DEFAULT_CASE_TIMEOUT_S = 300.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,6 +45,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--moe-shards", type=int, default=int(os.environ.get("MOE_HARNESS_SHARDS", "1")),
                     help="split each adapter's property test into N items, so xdist runs one adapter on several "
                          "workers (GPU runs)")
+    group.addoption("--moe-case-timeout", type=float,
+                    default=float(os.environ.get("HARNESS_CASE_TIMEOUT") or DEFAULT_CASE_TIMEOUT_S), metavar="S",
+                    help="seconds one judged case may take (every runner.judge call of the session); past it the case "
+                         f"is an error verdict, and a hang inside C code ends the process after a grace period "
+                         f"(default {DEFAULT_CASE_TIMEOUT_S:g}, also HARNESS_CASE_TIMEOUT; 0: none)")
     group.addoption("--moe-results-dir", default=None,
                     help="where verdicts are written, one JSONL file per run and worker (default: ini "
                          "moe_results_dir, else results/local)")
@@ -120,11 +127,31 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_active(config):
         return
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
+    timeout = config.getoption("moe_case_timeout")
+    if timeout < 0:
+        raise pytest.UsageError(f"--moe-case-timeout must be >= 0, got {timeout:g}")
+    os.environ["HARNESS_CASE_TIMEOUT"] = f"{timeout:g}"  # runner.judge reads it; xdist workers inherit it
     device = worker_device(config)
     if device.startswith("cuda:"):
         import torch
 
         torch.cuda.set_device(int(device.split(":")[1]))  # kernels that allocate on "cuda" follow the worker
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After a test whose kernel lost the CUDA context (a sticky error: illegal address, device assert), no later
+    test can run on it. Under xdist the worker ends now (xdist reports this test as crashed and a fresh worker takes
+    the rest); in one process the session stops with the reason, instead of failing every test after."""
+    runner = sys.modules.get("harness.engine.runner")
+    lost = runner.context_lost() if runner is not None else ""
+    if not lost:
+        return
+    why = f"moe-harness: {item.nodeid} lost the CUDA context of this process ({lost})"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        sys.stderr.write(why + "; ending this xdist worker so that a fresh one runs the remaining tests\n")
+        sys.stderr.flush()
+        os._exit(3)
+    item.session.shouldstop = why + "; the remaining tests cannot run in this process (run with -n to recycle)"
 
 
 def worker_device(config: pytest.Config) -> str:

@@ -64,6 +64,10 @@ def _tf32() -> None:
     torch.set_float32_matmul_precision("medium")
 
 
+def _blocks_alarm() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+
+
 def _mutate_case(case: Case) -> None:
     case.features["activation"] = "gelu_and_mul"  # type: ignore[index]
 
@@ -77,6 +81,7 @@ HOSTILE: dict[str, tuple[Callable[..., None], str]] = {
     "warnings-as-errors": (_warnings_as_errors, "warning filters"),
     "tensor-method": (_tensor_method, "torch.Tensor.sigmoid added"),
     "tf32": (_tf32, "fp32 matmul precision highest -> medium"),
+    "blocks-alarm": (_blocks_alarm, "blocked signals"),
 }
 
 

@@ -291,8 +291,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_verdicts_missing_from_the_files_fail_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MOE_TEST_RESULTS", str(tmp_path))
+def test_verdicts_missing_from_the_files_fail_the_sweep(tmp_path: Path) -> None:
     with pytest.raises(sweep.VerdictsLost, match="verdicts counted by this sweep are missing"):
         sweep.run_sweep(["tests.harness.fixtures.fake_adapters:DELETES_RESULTS"], detect("cpu"), str(tmp_path),
                         profile="quick", run_id="t", jobs=1, case_timeout=60, out=None)
