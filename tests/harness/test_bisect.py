@@ -53,6 +53,15 @@ def _commit(repo, message: str, files: dict[str, str]) -> str:  # type: ignore[n
     return _git(repo, "rev-parse", "HEAD")
 
 
+def _toy_case_file(path):  # type: ignore[no-untyped-def]
+    """The case file every bisect test replays: toy-silu, named by module:object, recorded as a fail."""
+    case = Case(op="activation", adapter="toy-silu", features={"activation": "silu_and_mul", "dtype": "float32"},
+                shapes={"T": 3, "N": 8}, dtypes={"x": "float32"}, seed=2)
+    path.write_text(json.dumps({"kind": CASE_FILE_KIND, "case": case.to_dict(), "adapter": "toy-silu",
+                                "adapter_object": "toykern.adapter:ADAPTER", "verdict": "fail"}))
+    return path
+
+
 @pytest.fixture(scope="module")
 def toy_repo(tmp_path_factory):  # type: ignore[no-untyped-def]
     repo = tmp_path_factory.mktemp("toy-repo")
@@ -66,12 +75,7 @@ def toy_repo(tmp_path_factory):  # type: ignore[no-untyped-def]
         _commit(repo, "c3 import fixed", {"toykern/__init__.py": ""}),
         _commit(repo, "c4 unrelated", {"README": "toy\n"}),
     ]
-    case = Case(op="activation", adapter="toy-silu", features={"activation": "silu_and_mul", "dtype": "float32"},
-                shapes={"T": 3, "N": 8}, dtypes={"x": "float32"}, seed=2)
-    case_path = repo.parent / "toy-case.json"
-    case_path.write_text(json.dumps({"kind": CASE_FILE_KIND, "case": case.to_dict(), "adapter": "toy-silu",
-                                     "adapter_object": "toykern.adapter:ADAPTER", "verdict": "fail"}))
-    return repo, shas, case_path
+    return repo, shas, _toy_case_file(repo.parent / "toy-case.json")
 
 
 def test_bisect_names_the_first_bad_commit_and_skips_the_broken_one(toy_repo, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -115,12 +119,7 @@ def noisy_repo(tmp_path_factory):  # type: ignore[no-untyped-def]
             _commit(repo, "c2 unrelated", {"README": "toy\n"}),
             _commit(repo, "c3 hangs", {"toykern/__init__.py": "import time\ntime.sleep(120)\n"}),
             _commit(repo, "c4 unrelated", {"README": "toy 2\n"})]
-    case = Case(op="activation", adapter="toy-silu", features={"activation": "silu_and_mul", "dtype": "float32"},
-                shapes={"T": 3, "N": 8}, dtypes={"x": "float32"}, seed=2)
-    case_path = repo.parent / "noisy-case.json"
-    case_path.write_text(json.dumps({"kind": CASE_FILE_KIND, "case": case.to_dict(), "adapter": "toy-silu",
-                                     "adapter_object": "toykern.adapter:ADAPTER", "verdict": "fail"}))
-    return repo, shas, case_path
+    return repo, shas, _toy_case_file(repo.parent / "noisy-case.json")
 
 
 def test_what_a_kernel_prints_cannot_pass_for_gits_answer(noisy_repo, tmp_path) -> None:  # type: ignore[no-untyped-def]

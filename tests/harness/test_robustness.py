@@ -95,13 +95,19 @@ def test_timeout_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r.verdict == "error" and "within 0.3s" in r.reason
 
 
-def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> None:
+def _generic_tests_in_xdist(results: Path, *adapters: str) -> tuple[subprocess.CompletedProcess, str]:
+    """The plugin's declared-cases test for `adapters` in a child pytest with two xdist workers."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-           "harness/plugin/generic.py::test_declared_cases_pass", "--moe-adapter", "tests.harness.test_robustness:SEGV",
-           "--moe-adapter", "reference-activation", "--moe-results-dir", str(tmp_path)]
+           "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir", str(results)]
+    for spec in adapters:
+        cmd += ["--moe-adapter", spec]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = p.stdout + p.stderr
+    return p, p.stdout + p.stderr
+
+
+def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> None:
+    p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:SEGV", "reference-activation")
     assert p.returncode == 1, out[-3000:]
     assert "robust-segv" in out and "crashed" in out, out[-3000:]
     assert "1 passed" in out, out[-3000:]
@@ -184,13 +190,8 @@ LOSES_CONTEXT = _like("robust-loses-context", _loses_context)
 
 def test_a_lost_cuda_context_in_the_pytest_path_ends_that_worker_only(tmp_path: Path) -> None:
     # an illegal memory access in one test once failed two correct adapters after it on an H100
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-           "harness/plugin/generic.py::test_declared_cases_pass", "--moe-adapter",
-           "tests.harness.test_robustness:LOSES_CONTEXT", "--moe-adapter", "reference-activation",
-           "--moe-adapter", "reference-reduce", "--moe-results-dir", str(tmp_path)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = p.stdout + p.stderr
+    p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:LOSES_CONTEXT", "reference-activation",
+                                     "reference-reduce")
     assert p.returncode == 1, out[-3000:]
     assert "robust-loses-context" in out and "crashed" in out, out[-3000:]
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
