@@ -77,6 +77,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
 
     try:
         dev = detect(args.device)
+        registry.probe_imports(args.adapter)  # an import that ends the process from C code must not end this one
         specs = list(args.adapter) or [a.name for a in registry.all_adapters()]
         for spec in specs:
             registry.resolve(spec)

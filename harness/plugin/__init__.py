@@ -53,6 +53,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--moe-results-dir", default=None,
                     help="where verdicts are written, one JSONL file per run and worker (default: ini "
                          "moe_results_dir, else results/local)")
+    group.addoption("--moe-no-supervise", action="store_true", default=False,
+                    help="do not watch a one-process session from a parent process (by default a session that a "
+                         "kernel ends from C code exits 1 with the test it was in, instead of the kernel's status)")
     parser.addini("moe_adapters", type="linelist", default=[],
                   help="adapters whose generic tests run when --moe-adapter is not given ('all': every one)")
     parser.addini("moe_results_dir", default="results/local", help="default of --moe-results-dir")
@@ -126,6 +129,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "moe_generic: a generic test of an MoE kernel adapter (moe-harness)")
     if not is_active(config):
         return
+    from harness.plugin import supervise
+
+    if supervise.wanted(config):
+        supervise.start(config)  # from here on this process is the session, watched by its parent
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
     timeout = config.getoption("moe_case_timeout")
     if timeout < 0:
@@ -136,6 +143,19 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.cuda.set_device(int(device.split(":")[1]))  # kernels that allocate on "cuda" follow the worker
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    from harness.plugin import supervise
+
+    supervise.tell(f"test {nodeid}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from harness.plugin import supervise
+
+    supervise.tell("closed")
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

@@ -172,6 +172,8 @@ LOAD_FAILURES: dict[str, str] = {}
 #: adapter name -> what importing its module changed in the state the judge watches (undone at once; every case of
 #: the adapter fails with it: a library that patches torch on import changes every user's torch)
 IMPORT_CHANGES: dict[str, list[str]] = {}
+#: "module NAME" / "entry-point NAME" -> why this process never imports it (it ended a probe child: `probe_imports`)
+DEADLY: dict[str, str] = {}
 
 
 class AdapterImportError(ValueError, ImportError):
@@ -215,6 +217,11 @@ def load_builtin_and_plugins() -> None:
     import warnings
 
     for module_name in BUILTIN_PROVIDERS:
+        if f"module {module_name}" in DEADLY:
+            LOAD_FAILURES[module_name] = DEADLY[f"module {module_name}"]
+            warnings.warn(f"built-in adapters of {module_name} unavailable: {LOAD_FAILURES[module_name]}",
+                          stacklevel=2)
+            continue
         try:
             with _watched_import(module_name):
                 importlib.import_module(module_name)
@@ -222,6 +229,11 @@ def load_builtin_and_plugins() -> None:
             LOAD_FAILURES[module_name] = f"{type(e).__name__}: {e}"
             warnings.warn(f"built-in adapters of {module_name} unavailable: {e}", stacklevel=2)
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if f"entry-point {ep.name}" in DEADLY:
+            LOAD_FAILURES[f"entry point {ep.name} ({ep.value})"] = DEADLY[f"entry-point {ep.name}"]
+            warnings.warn(f"adapters of entry point {ep.name!r} ({ep.value}) unavailable: "
+                          f"{DEADLY[f'entry-point {ep.name}']}", stacklevel=2)
+            continue
         try:
             with _watched_import(f"entry point {ep.name!r} ({ep.value})") as defined:
                 found = _as_adapters(ep.load(), f"entry point {ep.name!r}")
@@ -232,6 +244,21 @@ def load_builtin_and_plugins() -> None:
             warnings.warn(f"adapters of entry point {ep.name!r} ({ep.value}) unavailable: {e}", stacklevel=2)
             continue
         _FROM_ENTRY_POINTS.update((a.name, ep.name) for a in found)
+
+
+def probe_imports(specs: Iterable[str]) -> None:
+    """Import the built-in providers, the entry points and the modules of the `module:object` specs among `specs`
+    in a child process first (`harness.registry.probe`): one whose import ends or hangs that child is recorded in
+    `DEADLY` and never imported here, so an exit from C code at import cannot end this process with no report.
+    For a process that imports every adapter it runs (the matrix parent); a no-op once adapters are loaded."""
+    from harness.registry.probe import probe
+
+    if _loaded:
+        return
+    origins = [("module", m) for m in BUILTIN_PROVIDERS]
+    origins += [("entry-point", ep.name) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    origins += [("module", s.partition(":")[0]) for s in specs if ":" in s and s not in _REGISTRY]
+    DEADLY.update(probe(origins))
 
 
 def entry_point_adapters() -> list[Adapter]:
@@ -247,6 +274,8 @@ def resolve(spec: str) -> Adapter:
         return _REGISTRY[spec]
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
+        if f"module {module_name}" in DEADLY:
+            raise ValueError(f"adapter {spec!r}: module {module_name!r}: {DEADLY[f'module {module_name}']}")
         with _watched_import(f"module {module_name!r}") as defined:
             try:
                 module = importlib.import_module(module_name)

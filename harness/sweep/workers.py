@@ -34,6 +34,10 @@ from harness.sweep.progress import Progress
 START_TIMEOUT_S = 180.0
 #: after this many worker deaths on one chunk before its first case starts, the chunk is marked, not retried
 MAX_SILENT_DEATHS = 2
+#: each worker judges one adapter's cases only: whatever a kernel leaves behind that the judge cannot undo (threads,
+#: allocator state, a module's globals) never reaches another adapter's verdicts (a fresh worker from the fork server
+#: costs about 0.4 s on CPU)
+FRESH_WORKER_PER_ADAPTER = True
 #: CUDA errors after which the context is unusable: the worker exits and a fresh one takes over
 _STICKY_CUDA = re.compile(r"illegal memory access|unspecified launch failure|misaligned address|"
                           r"device-side assert|CUDA error: an illegal|cudaErrorIllegalAddress|CUDA-capable device",
@@ -114,7 +118,7 @@ def _context() -> Any:
     of a second instead of a full torch import. Where there is no fork server, spawn."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch"])
+        ctx.set_forkserver_preload(["torch", "triton", "harness.sweep.workers"])  # missing ones are skipped
         return ctx
     return mp.get_context("spawn")
 
@@ -138,6 +142,7 @@ class _Slot:
     current: int | None = None  # index of the case in flight
     since: float = 0.0
     recycling: str = ""  # the worker announced it exits (its CUDA context is lost): not a death
+    judged: str = ""  # the adapter spec this worker has judged cases of
 
 
 def default_jobs(device: DeviceInfo) -> int:
@@ -204,7 +209,29 @@ class WorkerPool:
         slot.proc.start()
         child.close()
         slot.conn, slot.ready, slot.born, slot.chunk, slot.current = parent, False, time.monotonic(), None, None
-        slot.recycling = ""
+        slot.recycling, slot.judged = "", ""
+
+    def _next_chunk(self, slot: _Slot) -> _Chunk:
+        """The next chunk for this worker: one of the adapter it already judged, else the next in line."""
+        for chunk in self.chunks:
+            if chunk.spec == slot.judged:
+                self.chunks.remove(chunk)
+                return chunk
+        return self.chunks.popleft()
+
+    def _renew(self, slot: _Slot) -> None:
+        """End an idle worker normally (its results file closes) and start a fresh one in its slot."""
+        assert slot.conn is not None and slot.proc is not None
+        try:
+            slot.conn.send(None)
+        except OSError:
+            pass
+        slot.proc.join(10)
+        if slot.proc.is_alive():
+            slot.proc.kill()
+            slot.proc.join(5)
+        slot.conn.close()
+        self.start(slot)
 
     def dispatch(self) -> None:
         """Restart dead slots that still have work, and hand a chunk to every idle ready worker."""
@@ -212,7 +239,12 @@ class WorkerPool:
             if slot.proc is None and (self.chunks or slot.chunk is not None):
                 self.start(slot)
             if slot.ready and slot.chunk is None and self.chunks and slot.conn is not None:
-                slot.chunk = self.chunks.popleft()
+                chunk = self._next_chunk(slot)
+                if FRESH_WORKER_PER_ADAPTER and slot.judged and chunk.spec != slot.judged:
+                    self.chunks.appendleft(chunk)
+                    self._renew(slot)  # it takes the chunk once it is ready
+                    continue
+                slot.chunk, slot.judged = chunk, chunk.spec
                 slot.conn.send((slot.chunk.spec, [(i, c.to_dict()) for i, c in slot.chunk.items]))
 
     def drain(self, slot: _Slot) -> None:

@@ -304,3 +304,12 @@ def test_a_kernel_that_changes_directory_cannot_move_the_results(tmp_path: Path,
     store = sweep.ResultStore("rel", run_id="t")
     monkeypatch.chdir("/")
     assert store.directory == tmp_path / "rel"
+
+
+def test_each_worker_judges_the_cases_of_one_adapter_only(tmp_path: Path) -> None:
+    """What one kernel leaves in its process that the judge cannot undo never reaches another adapter."""
+    specs = ["reference-activation", "reference-reduce"]
+    sweep.run_sweep(specs, detect("cpu"), str(tmp_path), profile="quick", run_id="one", jobs=1, out=None)
+    by_file = {f.name: {r.adapter for r in load_results([f])} for f in tmp_path.glob("one-w*.jsonl")}
+    assert len(by_file) >= 2 and all(len(names) == 1 for names in by_file.values()), by_file
+    assert set().union(*by_file.values()) == set(specs)

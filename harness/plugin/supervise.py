@@ -1,0 +1,111 @@
+"""A one-process pytest session that runs generic tests is watched from a parent process.
+
+A kernel can end its process from C code (`_exit(0)` in an extension, a crash); nothing inside the process can
+refuse that, and under plain `pytest` it would end the session with the kernel's exit status, 0 included: a green
+run with no tests after it. So the plugin forks at configure time: the child runs the session and tells the parent
+which test it is in and, at the very end, that the session closed; the parent only waits. A session that ends
+without closing exits 1 (or the signal's 128+N) with a line naming the test it was in. pytest-xdist sessions need
+none of this (xdist reports a worker that dies), nor do in-process `pytest.main()` calls (a fork would end the
+caller); `--moe-no-supervise` or MOE_HARNESS_SUPERVISE=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+_ENV = "MOE_HARNESS_SUPERVISE"
+#: the write end of the pipe to the watching parent, in the child (None: not supervised)
+_channel: int | None = None
+
+
+def wanted(config: pytest.Config) -> bool:
+    """A one-process session started from the command line, on a platform with fork, not turned off."""
+    if not hasattr(os, "fork") or os.environ.get(_ENV, "1") == "0" or config.getoption("moe_no_supervise"):
+        return False
+    if hasattr(config, "workerinput"):  # an xdist worker (the variable PYTEST_XDIST_WORKER leaks to subprocesses)
+        return False
+    if getattr(config.option, "dist", "no") != "no":  # the xdist controller: its workers are watched by xdist
+        return False
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    from_command_line = argv0.name in ("pytest", "py.test") or argv0.parts[-2:] == ("pytest", "__main__.py")
+    return from_command_line and tuple(sys.argv[1:]) == tuple(config.invocation_params.args)
+
+
+def start(config: pytest.Config) -> None:
+    """Fork; the parent never returns (it exits with the session's status), the child goes on as the session."""
+    global _channel
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        os.environ[_ENV] = "0"  # a pytest the session starts in-process is not supervised again
+        _die_with_parent()
+        _channel = write_end
+        return
+    os.close(write_end)
+    os._exit(_watch(pid, read_end))
+
+
+def _die_with_parent() -> None:
+    """Linux: the session ends when the watching parent is killed (a CI timeout that kills only it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def tell(line: str) -> None:
+    """Send one line to the watching parent (no-op when not supervised)."""
+    if _channel is not None:
+        try:
+            os.write(_channel, (line.replace("\n", " ") + "\n").encode()[:4000])
+        except OSError:
+            pass
+
+
+def _watch(child: int, channel: int) -> int:
+    """The parent: relay signals, follow the child's messages, and return the exit status this process ends with."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child from the terminal; it reports it
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os.kill(child, signum))
+    buffered, current, closed, eof = b"", "", False, False
+    status = None
+    while status is None:
+        if not eof and select.select([channel], [], [], 0.5)[0]:
+            data = os.read(channel, 65536)
+            eof = not data
+            buffered += data
+        pid, raw = os.waitpid(child, 0 if eof else os.WNOHANG)
+        if pid == child:
+            status = raw
+            while not eof and select.select([channel], [], [], 0)[0]:  # written just before the child ended
+                data = os.read(channel, 65536)
+                eof = not data
+                buffered += data
+        *lines, buffered = buffered.split(b"\n")
+        for line in lines:
+            text = line.decode(errors="replace")
+            if text.startswith("test "):
+                current = text[5:]
+            elif text == "closed":
+                closed = True
+    code = os.waitstatus_to_exitcode(status)
+    if closed:
+        return code if code >= 0 else 128 - code
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    where = f" during {current}" if current else ""
+    sys.stderr.write(f"\nmoe-harness: the pytest session ended without closing: its process {how}{where}. A test "
+                     "ended the process (a kernel's exit or crash in C code); its verdict and those of every later "
+                     "test are missing. Run with -n 1 (pytest-xdist) to have the crash reported and the rest run.\n")
+    sys.stderr.flush()
+    return 128 - code if code < 0 else (code or 1)

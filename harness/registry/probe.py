@@ -1,0 +1,90 @@
+"""Import adapter modules in a child process first, so that one whose import ends the process from C code (a
+`_exit` in an extension, a crash, a hang) cannot take the parent with it.
+
+The registry's own watched import refuses exits made from Python (`os._exit`, `SystemExit`); an exit from C code
+cannot be refused, only survived by not being in that process. `probe(origins)` imports each origin in turn in one
+child, which prints a line before and after each; when the child ends early, the origin it had started is the one
+that killed it (recorded in `registry.DEADLY`, never imported by this process) and a fresh child goes on with the
+origins after it. Used by `python -m harness matrix`, whose parent process imports every adapter it sweeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+#: seconds the child may take for all its imports (a module whose import hangs is named as such)
+PROBE_TIMEOUT_S = 180.0
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S) -> dict[str, str]:
+    """Import each `(kind, target)` origin in a child process, in order: kind "entry-point" (target: the entry
+    point's name) or "module" (target: a module name). Returns `{"kind target": why}` for the origins whose import
+    ended or hung the child; the others imported (or raised, which the caller's own import reports)."""
+    deadly: dict[str, str] = {}
+    rest = list(origins)
+    # the child finds modules where this process does (a caller may have extended sys.path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    while rest:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "harness.registry.probe", json.dumps(rest)],
+                                  capture_output=True, text=True, timeout=timeout, env=env)
+            out, code = proc.stdout, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            code = None
+        lines = out.splitlines()
+        if "probe-end" in lines:
+            break
+        started = [int(w.split()[1]) for w in lines if w.startswith("probe-start ")]
+        finished = {int(w.split()[1]) for w in lines if w.startswith("probe-done ")}
+        if not started or started[-1] in finished:
+            # died outside any import (the child's own startup): nothing to blame, let the real import report it
+            break
+        culprit = started[-1]
+        kind, target = rest[culprit]
+        deadly[f"{kind} {target}"] = (f"importing it hung (no answer within {timeout:g} s)" if code is None else
+                          f"importing it ended the process ({_how(code)}), in a probe child process; not imported "
+                          "here")
+        rest = rest[culprit + 1:]
+    return deadly
+
+
+def _main(argv: list[str]) -> int:
+    from importlib import import_module, metadata
+
+    from harness import registry
+
+    origins = json.loads(argv[0])
+    points = {ep.name: ep for ep in metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
+    for i, (kind, target) in enumerate(origins):
+        print(f"probe-start {i}", flush=True)
+        try:
+            with registry._watched_import(f"{kind} {target!r}"):  # exits from Python are refused, as in the parent
+                if kind == "entry-point":
+                    if target in points:
+                        points[target].load()
+                else:
+                    import_module(target)
+        except BaseException:  # noqa: BLE001 - an import that raises is the parent's to report, not a death
+            pass
+        print(f"probe-done {i}", flush=True)
+    print("probe-end", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
