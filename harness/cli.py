@@ -7,6 +7,7 @@ Commands (one module each in `harness.commands`):
   bisect   git-bisect the first commit where a case fails (this repository or an external kernel's)
   bench    time the kernels (or the oracle) on this device
   golden   check or regenerate the committed golden vectors
+  conventions  every convention key and value, and the inputs' layouts, per op
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import argparse
 
 from harness import __version__
-from harness.commands import bench, bisect, diff, golden, matrix, replay
+from harness.commands import bench, bisect, conventions, diff, golden, matrix, replay
 
-COMMANDS = (matrix, replay, diff, bisect, bench, golden)
+COMMANDS = (matrix, replay, diff, bisect, bench, golden, conventions)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -104,13 +104,14 @@ def _register() -> None:
 
     # Not batch invariant: on CUDA, torch picks reduction kernels by batch size (softmax rows changed with M on
     # an H200), so the oracle itself does not promise it.
-    common = dict(source="reference", properties=frozenset({"deterministic"}), conventions={"nonfinite": "zero"})
+    common = dict(source="reference", properties=frozenset({"deterministic"}))
+    nonfinite = {"nonfinite": "zero"}
     register(Adapter(name="reference-routing", op="routing", run=_run_routing, requires=_llama4_only_plain,
-                     support=_values(routing_op.ROUTING_AXES), description="reference.routing", **common),
-             replace=True)
+                     support=_values(routing_op.ROUTING_AXES), description="reference.routing", conventions=nonfinite,
+                     **common), replace=True)
     register(Adapter(name="reference-grouped-routing", op="grouped_routing", run=_run_routing,
-                     support=_values(routing_op.GROUPED_AXES), description="reference.routing", **common),
-             replace=True)
+                     support=_values(routing_op.GROUPED_AXES), description="reference.routing", conventions=nonfinite,
+                     **common), replace=True)
     register(Adapter(name="reference-align", op="align", run=_run_align, support=_values(align.AXES),
                      description="reference.permute.align_block_size", **common), replace=True)
     register(Adapter(name="reference-activation", op="activation", run=_run_activation,

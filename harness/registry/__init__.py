@@ -26,7 +26,19 @@ ENTRY_POINT_GROUP = "moe_harness.adapters"
 PROPERTIES = ("deterministic", "batch_invariant")
 
 RunFn = Callable[[Case, dict[str, torch.Tensor], dict[str, torch.Tensor]], "dict[str, torch.Tensor] | None"]
-RequiresFn = Callable[[DeviceInfo, Mapping[str, str]], "str | None"]
+RequiresFn = Callable[..., "str | None"]
+
+
+def _takes_shapes(fn: Callable[..., Any]) -> bool:
+    """Whether a support rule takes the case's shapes as a third argument."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 class SupportRuleError(Exception):
@@ -44,7 +56,19 @@ class Adapter:
     run(case, inputs, outputs): `outputs` holds pre-allocated, poisoned output tensors (destination-passing); the
     adapter writes into them, or returns a dict of tensors that replace them (kernels that allocate).
     support: feature axis -> declared values. An axis the adapter omits is declared for no value.
-    requires(device, features): a reason string when the cell cannot run on this device (e.g. fp8 needs sm89+).
+    requires: the support rule beyond the product of `support`, one function for every kind of exclusion:
+      `requires(device, features)` or `requires(device, features, shapes)` returns a reason string for what the
+      kernel does not support, else None. Combinations of axis values (bias=Y with apply_weight_on_input=Y) and
+      device needs (fp8 needs sm89+) are both said here. `device` is None when the harness plans cells for any
+      device (return None for device-dependent parts then); `shapes` is None when a whole cell is asked about.
+      A cell the rule excludes is undeclared: its kernel still runs and must reject it or be right, since a
+      kernel that silently returns wrong results outside its declared support is a bug users can hit (run need
+      not repeat the rule). A *case* excluded by shape only (the rule answers for its shapes, not for its cell)
+      is reported unsupported without running, like `limits`.
+    conventions: the numeric conventions the oracle follows for this kernel (harness.core.conventions lists every
+      key of every op; an unknown key or value is an error when the adapter is made).
+    conventions_for(case, device): conventions that depend on the case (dtype, shapes, device), merged over
+      `conventions` for that case, e.g. {"matmul_precision": "tf32"} for fp32 inputs; validated the same way.
     limits: shape constraints the strategies respect (e.g. {"K_multiple": 16, "max_E": 512}). A `<dim>_multiple`
     limit is also a support rule: the runner reports a case whose shape `<dim>` breaks it as unsupported (never a
     failure), see `shape_unsupported`.
@@ -65,8 +89,11 @@ class Adapter:
     interp_features: Callable[[Mapping[str, str]], set[str]] | None = None
     description: str = ""
     test_aid: bool = False  # a test aid, not a production kernel (shown as such in the matrix)
+    conventions_for: Callable[[Case, DeviceInfo], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
+        from harness.core import conventions as conv
+
         if self.op not in OPS:
             raise ValueError(f"adapter {self.name!r}: op must be one of {', '.join(OPS)}, got {self.op!r}")
         unknown = set(self.generations) - set(GENERATIONS)
@@ -75,22 +102,51 @@ class Adapter:
         bad = set(self.properties) - set(PROPERTIES)
         if bad:
             raise ValueError(f"adapter {self.name!r}: unknown properties {sorted(bad)}; known: {PROPERTIES}")
+        conv.validate(self.op, self.conventions, f"adapter {self.name!r}")
+
+    def conventions_of(self, case: Case, device: DeviceInfo) -> dict[str, Any]:
+        """The conventions the oracle follows for `case` on `device` (`conventions`, then `conventions_for`)."""
+        from harness.core import conventions as conv
+
+        merged = dict(self.conventions)
+        if self.conventions_for is not None:
+            extra = self.conventions_for(case, device) or {}
+            conv.validate(self.op, extra, f"adapter {self.name!r}: conventions_for")
+            merged.update(extra)
+        return merged
+
+    def _rule(self, device: DeviceInfo | None, features: Mapping[str, str],
+              shapes: Mapping[str, int] | None) -> str | None:
+        if self.requires is None:
+            return None
+        try:
+            if _takes_shapes(self.requires):
+                return self.requires(device, features, shapes)  # type: ignore[call-arg]
+            if device is None:
+                try:  # a two-argument rule written when rules only ever saw a device
+                    return self.requires(device, features)
+                except AttributeError:
+                    return None
+            return self.requires(device, features)
+        except Exception as e:
+            raise SupportRuleError(f"{self.name}: its requires() raised {type(e).__name__}: {e}") from e
 
     def declares(self, features: Mapping[str, str], device: DeviceInfo | None = None) -> tuple[bool, str]:
-        """Whether the adapter claims the cell `features` on `device`, and if not, why (naming the feature)."""
+        """Whether the adapter claims the cell `features` (on `device`; None: on some device), and if not, why."""
         if device is not None and device.generation not in self.generations:
             return False, f"{self.name} does not run on {device.generation}"
         for axis, value in features.items():
             if value not in self.support.get(axis, ()):
                 return False, f"{self.name} does not declare {axis}={value}"
-        if device is not None and self.requires is not None:
-            try:
-                why = self.requires(device, features)
-            except Exception as e:
-                raise SupportRuleError(f"{self.name}: its requires() raised {type(e).__name__}: {e}") from e
-            if why:
-                return False, why
-        return True, ""
+        why = self._rule(device, features, None)
+        return (False, why) if why else (True, "")
+
+    def case_unsupported(self, device: DeviceInfo, features: Mapping[str, str],
+                         shapes: Mapping[str, int]) -> str | None:
+        """Why the rule excludes a case of a declared cell by its shapes (None: it does not)."""
+        if self.requires is None or not _takes_shapes(self.requires):
+            return None
+        return self._rule(device, features, shapes)
 
     def claims(self, features: Mapping[str, str], device: DeviceInfo | None = None) -> bool:
         """`declares` for bookkeeping: a support rule that raises counts as a claim, so the error verdict it earns

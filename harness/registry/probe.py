@@ -40,7 +40,7 @@ def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S) 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     while rest:
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.registry.probe", json.dumps(rest)],
+            proc = subprocess.run([sys.executable, "-m", "harness.registry", json.dumps(rest)],
                                   capture_output=True, text=True, timeout=timeout, env=env)
             out, code = proc.stdout, proc.returncode
         except subprocess.TimeoutExpired as e:
@@ -61,30 +61,3 @@ def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S) 
                           "here")
         rest = rest[culprit + 1:]
     return deadly
-
-
-def _main(argv: list[str]) -> int:
-    from importlib import import_module, metadata
-
-    from harness import registry
-
-    origins = json.loads(argv[0])
-    points = {ep.name: ep for ep in metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
-    for i, (kind, target) in enumerate(origins):
-        print(f"probe-start {i}", flush=True)
-        try:
-            with registry._watched_import(f"{kind} {target!r}"):  # exits from Python are refused, as in the parent
-                if kind == "entry-point":
-                    if target in points:
-                        points[target].load()
-                else:
-                    import_module(target)
-        except BaseException:  # an import that raises is the parent's to report, not a death
-            pass
-        print(f"probe-done {i}", flush=True)
-    print("probe-end", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

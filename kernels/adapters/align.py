@@ -30,8 +30,7 @@ register(Adapter(
     name="triton-align", op="align", source="kernels.align", run=_run,
     support={"block_size": BLOCK_SIZES, "expert_map": EXPERT_MAPS, "ids_dtype": IDS_DTYPES},
     # Entries of one expert come in ascending flattened index (a stable order, no atomics): the layout is the
-    # oracle's, bitwise, on every run.
-    conventions={"order_within_expert": "ascending_index"},
+    # oracle's, bitwise, on every run (the op has no convention to state).
     properties=frozenset({"deterministic"}),
     description="histogram per chunk, scan of padded counts, stable in-chunk sort and scatter (2-3 launches)",
 ))

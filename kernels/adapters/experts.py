@@ -57,8 +57,7 @@ GROUPED_MM = {"format": ("standard", "batched"), **_UNQUANTIZED, "activation": t
 #: fp32 inputs multiplied in IEEE fp32 (input_precision="ieee", never TF32),
 #: slots of non-local experts left out of the layout (and of the sum).
 TRITON_CONVENTIONS = {**_ACT_CONVENTIONS, "intermediate_rounding": "activation_output",
-                      "weight_placement": "accumulator", "accumulation": "rounded_slots", "matmul_precision": "ieee",
-                      "expert_map_convention": "exclude"}
+                      "weight_placement": "accumulator", "accumulation": "rounded_slots", "matmul_precision": "ieee"}
 #: quantized cells: x and the intermediate are quantized by kernels.group_quant with the default recipe
 #: (float scale rule, eps 1e-10 on amax, correctly rounded x / s, int8 half to even), stated explicitly except
 #: scale_rule: act_quant is applied to every quant type's recipe, and MX recipes reject the float rule.

@@ -51,8 +51,7 @@ def _interp_features(f: Mapping[str, str]) -> set[str]:
 register(Adapter(
     name="triton-reduce", op="reduce", source="kernels.reduce", run=_run, support=SUPPORT, requires=_consistent,
     # fp32: terms and sum in fp32 in slot order, one rounding; sequential: vLLM moe_sum rounding per add.
-    # The routed scaling factor multiplies the fp32 sum (the op's params carry it).
-    conventions={"scaling_placement": "reduce"},
+    # The routed scaling factor multiplies the fp32 sum (the op's params carry it; no convention to state).
     properties=frozenset({"deterministic", "batch_invariant"}),
     interp_features=_interp_features,
     description="one program per (token, column block), k loads in flight, fp32 terms in slot order",

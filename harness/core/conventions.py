@@ -1,0 +1,185 @@
+"""Every convention an adapter can declare, per op: its key, its values, what each means, who uses it.
+
+An adapter's `conventions` tell the oracle how its kernel computes where libraries differ (SEMANTICS.md). This
+module is the one list of them: the registry validates every adapter against it (an unknown key or value is an
+error naming the valid ones, never silently the oracle's default), and `python -m harness conventions` renders it
+(docs/CONVENTIONS.md). The values of an enum-backed key come from the reference enum itself, so the list cannot
+drift from what the oracle accepts; a test checks that every key listed here is read by its op.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference import activations as act_ref
+from reference import experts as exp_ref
+from reference import quant as q_ref
+from reference import routing as rt_ref
+from reference import scales as sc_ref
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One convention key.
+
+    kind: "choice" (one of `values`), "number", "int", "bool", "recipe" (a dict of QuantRecipe fields, only the
+    `fields` listed). default: what the oracle assumes when the adapter does not say (None: see `meaning`).
+    values: value -> what it means and which libraries use it.
+    """
+
+    key: str
+    meaning: str
+    kind: str = "choice"
+    values: Mapping[str, str] = field(default_factory=dict)
+    default: Any = None
+    fields: tuple[str, ...] = ()
+
+    def check(self, value: Any, where: str) -> None:
+        """Raise ValueError naming `where` and the valid values when `value` is not one of this key's."""
+        if self.kind == "choice":
+            if value not in self.values:
+                raise ValueError(f"{where}: convention {self.key}={value!r} is not one of "
+                                 f"{', '.join(map(repr, self.values))}")
+        elif self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"{where}: convention {self.key} must be true or false, got {value!r}")
+        elif self.kind in ("number", "int"):
+            ok = isinstance(value, int) if self.kind == "int" else isinstance(value, (int, float))
+            if value is not None and (isinstance(value, bool) or not ok):
+                what = "an integer" if self.kind == "int" else "a number"
+                raise ValueError(f"{where}: convention {self.key} must be {what}, got {value!r}")
+        elif self.kind == "recipe":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{where}: convention {self.key} must be a mapping of QuantRecipe fields, got "
+                                 f"{type(value).__name__}")
+            for k, v in value.items():
+                if k not in self.fields:
+                    raise ValueError(f"{where}: convention {self.key} has unknown field {k!r}; valid: "
+                                     f"{', '.join(self.fields)}")
+                RECIPE_FIELDS[k].check(v, f"{where}: {self.key}")
+
+
+def _choices(enum_cls: type[enum.Enum], said: Mapping[str, str]) -> dict[str, str]:
+    """The enum's values (all of them, in order) with what `said` tells about each (empty where nothing)."""
+    unknown = set(said) - {m.value for m in enum_cls}
+    if unknown:
+        raise AssertionError(f"{enum_cls.__name__} has no values {sorted(unknown)}")
+    return {m.value: said.get(m.value, "") for m in enum_cls}
+
+
+# -- QuantRecipe fields an adapter may set (group_quant at top level; act_quant's `quant`, experts' `*_quant`) --
+
+RECIPE_FIELDS: dict[str, Convention] = {c.key: c for c in (
+    Convention("scale_rule", "how a unit's scale comes from its amax", values=_choices(sc_ref.ScaleRule, {
+        "float": "s = max(amax, eps) / qmax in fp32", "ue8m0": "s rounded up to a power of two (DeepGEMM, "
+        "vLLM's ue8m0 quantizers)", "ocp_floor": "OCP MX: 2^(floor(log2 amax) - emax)"})),
+    Convention("eps", "the guard of an all-zero unit (float rule)", kind="number", default=1e-10),
+    Convention("eps_placement", "where eps applies", values=_choices(sc_ref.EpsPlacement, {
+        "amax": "max(amax, eps) / qmax (vLLM, SGLang)", "scale": "max(amax / qmax, eps)"}), default="amax"),
+    Convention("scale_formula", "how the float scale is computed", values=_choices(sc_ref.ScaleFormula, {
+        "divide": "amax / qmax, correctly rounded", "multiply_reciprocal": "amax * fp32(1 / qmax)"}),
+        default="divide"),
+    Convention("ue8m0_clamp", "clamp the ue8m0 exponent to [1, 254] (DeepGEMM)", kind="bool", default=False),
+    Convention("application", "how elements are scaled before rounding", values=_choices(sc_ref.ScaleApplication, {
+        "divide": "x / s, correctly rounded (vLLM's CUDA quantizers, Triton's div_rn)",
+        "multiply_reciprocal": "x * fp32(1 / s) (DeepGEMM's current helpers: x * (1 / sf))",
+        "qmax_over_amax": "x * (qmax / max(amax, eps)) as PyTorch computes it (float rule only)"}),
+        default="divide"),
+    Convention("int8_rounding", "int8 rounding of x / s", values=_choices(q_ref.Int8Rounding, {
+        "half_even": "vLLM scaled_int8_quant", "half_away": "per_token_quant_int8",
+        "truncate": "per_token_group_quant_int8"}), default="half_even"),
+    Convention("global_scale", "what NVFP4's per-tensor scale holds", values=_choices(q_ref.GlobalScaleConvention, {
+        "quant_side": "gs = 448*6 / amax (vLLM, FlashInfer)", "dequant_side": "g = amax / (448*6)"}),
+        default="quant_side"),
+    Convention("zero_point", "asymmetric weights with explicit zero points", kind="bool", default=False),
+    Convention("ragged_k", "the last group along K may be shorter", kind="bool", default=False),
+)}
+_ACT_QUANT_FIELDS = ("eps", "eps_placement", "scale_formula", "application", "ue8m0_clamp")
+_EXPERT_QUANT_FIELDS = ("scale_rule", "eps", "eps_placement", "scale_formula", "ue8m0_clamp", "application",
+                        "int8_rounding", "global_scale")
+
+# -- per op --------------------------------------------------------------------------------------------------------
+
+_ACTIVATION = (
+    Convention("gate_order", "which part of a gated input is the gate", values=_choices(act_ref.GateOrder, {
+        "gate_first": "vLLM, SGLang", "up_first": "TRT-LLM, FlashInfer"}), default="gate_first"),
+    Convention("layout", "how gate and up are stored (default: the activation's own: interleaved for swigluoai)",
+               values=_choices(act_ref.GateLayout, {"halves": "[gate | up]", "interleaved": "even/odd columns"})),
+    Convention("rounding", "where a gated activation rounds to the output dtype", values=_choices(act_ref.Rounding, {
+        "round_once": "fp32 throughout, one rounding (Triton kernels)",
+        "round_activation_first": "act(gate) rounded before the multiply (vLLM CUDA)"}), default="round_once"),
+    Convention("alpha", "swigluoai's alpha", kind="number", default=act_ref.SWIGLUOAI_ALPHA),
+    Convention("beta", "swigluoai's beta", kind="number", default=act_ref.SWIGLUOAI_BETA),
+    Convention("limit", "swigluoai's / swiglustep's clamp limit", kind="number", default=act_ref.SWIGLUOAI_LIMIT),
+    Convention("clamp_limit", "a clamp of gate (max) and up (+-) before the activation (None: none)",
+               kind="number"),
+)
+
+BY_OP: dict[str, tuple[Convention, ...]] = {
+    "routing": (
+        Convention("nonfinite", "what happens to NaN / Inf logits", values=_choices(rt_ref.NonFinitePolicy, {
+            "zero": "non-finite scores become 0 (vLLM's CUDA kernel)", "raise": "the oracle refuses such rows"})),
+    ),
+    "align": (),
+    "reduce": (),
+    "activation": _ACTIVATION,
+    "act_quant": (
+        *(c for c in _ACTIVATION if c.key != "clamp_limit"),  # the cell's clamp_limit axis decides that one
+        Convention("act_rounding", "the activation output before quantization", values={
+            "fp32": "kept in fp32 (a fused kernel)", "input_dtype": "rounded to the input dtype first (an "
+            "unfused activation, then a quantizer)"}, default="fp32"),
+        Convention("quant", "the quantizer's recipe details", kind="recipe", fields=_ACT_QUANT_FIELDS),
+    ),
+    "group_quant": (
+        *(RECIPE_FIELDS[k] for k in ("eps", "eps_placement", "scale_formula", "application", "int8_rounding",
+                                     "ue8m0_clamp")),
+        Convention("scale_ulps", "how many fp32 ulps the kernel's scales may differ from the oracle's (default 0 "
+                   "when scale_formula is stated, else 1)", kind="int"),
+    ),
+    "experts": (
+        *_ACTIVATION,
+        Convention("intermediate_rounding", "which intermediates are stored in the input dtype",
+                   values=_choices(exp_ref.IntermediateRounding, {
+                       "none": "fp32 throughout", "activation_output": "the activation output (Triton fused_moe)",
+                       "gemm1_and_activation_output": "GEMM1's output and the activation's (unfused GEMMs)"})),
+        Convention("weight_placement", "where the router weight multiplies the expert output",
+                   values=_choices(exp_ref.WeightPlacement, {
+                       "accumulator": "on GEMM2's fp32 result (Triton fused_moe)",
+                       "rounded_expert_output": "on the expert output rounded to the output dtype"})),
+        Convention("accumulation", "how a token's weighted slots are summed", values=_choices(exp_ref.Accumulation, {
+            "fp32": "fp32, one final rounding (SGLang, DeepGEMM, FlashInfer)",
+            "sequential_out_dtype": "slot by slot in the output dtype",
+            "rounded_slots": "each slot rounded to the output dtype, then an fp32 sum (vLLM moe_sum)"})),
+        Convention("matmul_precision", "the GEMMs' arithmetic", values={
+            "ieee": "fp32 accumulation of exact products", "tf32": "fp32 inputs rounded to TF32 (torch's "
+            "allow_tf32, Triton's default fp32 dot)", "fp8_mma_promoted": "sm90 fp8 MMAs whose partial sums are "
+            "promoted to fp32 only every few steps (CUTLASS, DeepGEMM)"}, default="ieee"),
+        Convention("weight_dequant_dtype", "a weight-only kernel rounds dequantized weights to this dtype before "
+                   "its MMA", values={"bfloat16": "", "float16": ""}),
+        Convention("act_quant", "the activation quantizer's recipe (quantized cells)", kind="recipe",
+                   fields=_EXPERT_QUANT_FIELDS),
+        Convention("weight_quant", "how the harness quantizes the weights it gives the kernel", kind="recipe",
+                   fields=_EXPERT_QUANT_FIELDS),
+    ),
+}
+BY_OP["grouped_routing"] = BY_OP["routing"]
+
+
+def for_op(op: str) -> dict[str, Convention]:
+    return {c.key: c for c in BY_OP.get(op, ())}
+
+
+def validate(op: str, conventions: Mapping[str, Any], where: str) -> None:
+    """Raise ValueError naming `where`, the key and the valid keys or values, for a convention `op` does not
+    have or a value it does not take."""
+    if not isinstance(conventions, Mapping):
+        raise ValueError(f"{where}: conventions must be a mapping, got {type(conventions).__name__}")
+    known = for_op(op)
+    for key, value in conventions.items():
+        if key not in known:
+            valid = ", ".join(known) or "none (this op has no conventions)"
+            raise ValueError(f"{where}: unknown convention {key!r} for op {op}; valid: {valid}")
+        known[key].check(value, where)

@@ -1,0 +1,34 @@
+"""The probe child of `harness.registry.probe`: import each origin given as JSON in argv[1], printing a line
+before and after each, so the parent can tell which import ended this process."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _main(argv: list[str]) -> int:
+    from importlib import import_module, metadata
+
+    from harness import registry
+
+    origins = json.loads(argv[0])
+    points = {ep.name: ep for ep in metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
+    for i, (kind, target) in enumerate(origins):
+        print(f"probe-start {i}", flush=True)
+        try:
+            with registry._watched_import(f"{kind} {target!r}"):  # exits from Python are refused, as in the parent
+                if kind == "entry-point":
+                    if target in points:
+                        points[target].load()
+                else:
+                    import_module(target)
+        except BaseException:  # an import that raises is the parent's to report, not a death
+            pass
+        print(f"probe-done {i}", flush=True)
+    print("probe-end", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
