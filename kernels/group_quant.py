@@ -53,8 +53,11 @@ def _row_offsets(rows, stride):
 
 
 @triton.jit
-def _scale_of(amax, eps, QMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
-    s = tl.div_rn(tl.maximum(amax, eps), tl.full(amax.shape, QMAX, tl.float32))
+def _scale_of(amax, eps, QMAX: tl.constexpr, SCALE_MODE: tl.constexpr, FAST_DIV: tl.constexpr):
+    if FAST_DIV:  # fp32 '/': an approximate division on the GPU (div.full.f32, within 2 ulp)
+        s = tl.maximum(amax, eps) / tl.full(amax.shape, QMAX, tl.float32)
+    else:
+        s = tl.div_rn(tl.maximum(amax, eps), tl.full(amax.shape, QMAX, tl.float32))
     if SCALE_MODE == 1:
         bits = s.to(tl.int32, bitcast=True)
         e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
@@ -63,11 +66,14 @@ def _scale_of(amax, eps, QMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
 
 
 @triton.jit
-def _codes_of(x, s, QMAX: tl.constexpr, POW2: tl.constexpr, OUT_INT8: tl.constexpr, INT8_RTE: tl.constexpr):
+def _codes_of(x, s, QMAX: tl.constexpr, POW2: tl.constexpr, OUT_INT8: tl.constexpr, INT8_RTE: tl.constexpr,
+              FAST_DIV: tl.constexpr):
     # x fp32, s broadcastable to x
     safe = tl.where(s == 0.0, 1.0, s)
     if POW2:
         y = x * tl.div_rn(tl.full(safe.shape, 1.0, tl.float32), safe)  # exact: s is a power of two
+    elif FAST_DIV:
+        y = x / tl.broadcast_to(safe, x.shape)
     else:
         y = tl.div_rn(x, tl.broadcast_to(safe, x.shape))
     y = tl.where(s == 0.0, 0.0, y)
@@ -90,7 +96,7 @@ def _tile_quant_kernel(
     M, K, G, stride_xm, stride_xk, stride_qm, stride_sm, stride_sg,
     QMAX: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr,
     GROUPS: tl.constexpr, SCALE_MODE: tl.constexpr, PACKED: tl.constexpr, STORE_SCALE: tl.constexpr,
-    OUT_INT8: tl.constexpr, INT8_RTE: tl.constexpr,
+    OUT_INT8: tl.constexpr, INT8_RTE: tl.constexpr, FAST_DIV: tl.constexpr,
 ):
     """One [BLOCK_M, GROUPS, GROUP_P2] tile: rows x groups x elements of a group (GROUP valid of GROUP_P2)."""
     pid_m = tl.program_id(0)
@@ -110,8 +116,8 @@ def _tile_quant_kernel(
     if SCALE_MODE == 2:
         s = tl.load(s_in_ptr + tl.zeros([BLOCK_M, GROUPS], tl.int32))
     else:
-        s = _scale_of(tl.max(tl.abs(x), axis=2), eps, QMAX, SCALE_MODE)
-    q = _codes_of(x, s[:, :, None], QMAX, SCALE_MODE == 1, OUT_INT8, INT8_RTE)
+        s = _scale_of(tl.max(tl.abs(x), axis=2), eps, QMAX, SCALE_MODE, FAST_DIV)
+    q = _codes_of(x, s[:, :, None], QMAX, SCALE_MODE == 1, OUT_INT8, INT8_RTE, FAST_DIV)
     tl.store(q_ptr + _row_offsets(rows, stride_qm)[:, None, None] + cols, q, mask=mask)
 
     if STORE_SCALE:
@@ -148,20 +154,20 @@ def _amax_partial_kernel(x_ptr, part_ptr, M, K, stride_xm, stride_xk, BLOCK_M: t
 
 @triton.jit
 def _amax_final_kernel(part_ptr, s_ptr, n, eps, QMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, FAST_DIV: tl.constexpr):
     acc = tl.zeros([BLOCK], tl.float32)
     for i0 in range(0, n, BLOCK):
         i = i0 + tl.arange(0, BLOCK)
         acc = tl.maximum(acc, tl.load(part_ptr + i, mask=i < n, other=0.0))
     amax = tl.max(acc, axis=0)
-    s = _scale_of(tl.full([1], 0.0, tl.float32) + amax, eps, QMAX, SCALE_MODE)
+    s = _scale_of(tl.full([1], 0.0, tl.float32) + amax, eps, QMAX, SCALE_MODE, FAST_DIV)
     tl.store(s_ptr + tl.arange(0, 1), s)
 
 
 @triton.jit
 def _wide_row_kernel(x_ptr, q_ptr, s_ptr, eps, M, K, stride_xm, stride_xk, stride_qm, stride_sm,
                      QMAX: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_MODE: tl.constexpr,
-                     OUT_INT8: tl.constexpr, INT8_RTE: tl.constexpr):
+                     OUT_INT8: tl.constexpr, INT8_RTE: tl.constexpr, FAST_DIV: tl.constexpr):
     """Per-token quant of one row wider than a register tile: amax pass, then quant pass."""
     row = tl.program_id(0)
     xb = x_ptr + row.to(tl.int64) * stride_xm
@@ -170,11 +176,11 @@ def _wide_row_kernel(x_ptr, q_ptr, s_ptr, eps, M, K, stride_xm, stride_xk, strid
         cols = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(xb + cols.to(tl.int64) * stride_xk, mask=cols < K, other=0.0)
         acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
-    s = _scale_of(tl.full([1], 0.0, tl.float32) + tl.max(acc, axis=0), eps, QMAX, SCALE_MODE)
+    s = _scale_of(tl.full([1], 0.0, tl.float32) + tl.max(acc, axis=0), eps, QMAX, SCALE_MODE, FAST_DIV)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(xb + cols.to(tl.int64) * stride_xk, mask=cols < K, other=0.0).to(tl.float32)
-        q = _codes_of(x, s, QMAX, SCALE_MODE == 1, OUT_INT8, INT8_RTE)
+        q = _codes_of(x, s, QMAX, SCALE_MODE == 1, OUT_INT8, INT8_RTE, FAST_DIV)
         tl.store(q_ptr + row.to(tl.int64) * stride_qm + cols, q, mask=cols < K)
     tl.store(s_ptr + row.to(tl.int64) * stride_sm + tl.arange(0, 1), s)
 
@@ -284,6 +290,7 @@ def group_quant(
     layout: str = "row_major",
     eps: float = 1e-10,
     int8_rounding: str = "half_even",
+    fast_division: bool = False,
     out: torch.Tensor | None = None,
     scales: torch.Tensor | None = None,
     block_m: int | None = None,
@@ -295,7 +302,9 @@ def group_quant(
     dtype: fp8_e4m3fn (codes torch.float8_e4m3fn) or int8. unit: group (group_size contiguous elements along K;
     any group_size in [1, 8192] dividing K), token (one scale per row) or tensor (one scale). scale_rule: float or
     ue8m0. layout: the group scales' layout (token/tensor take row_major only; packed_ue8m0 needs fp8 and ue8m0).
-    eps >= 0. int8_rounding: half_even or truncate. out / scales: optional destinations (shape, dtype and
+    eps >= 0. int8_rounding: half_even or truncate. fast_division: divide with fp32 `/` (approximate on the GPU,
+    within 2 ulp) instead of the correctly rounded tl.div_rn (a variant for the harness's approximate-division
+    convention; power-of-two scales are exact either way). out / scales: optional destinations (shape, dtype and
     layout strides as this function would allocate them). block_m, groups_per_program (a power of two, a
     multiple of 4 for packed_ue8m0), num_warps: tiling overrides (powers of two).
     Raises ValueError naming the offending argument.
@@ -308,7 +317,8 @@ def group_quant(
     out, scales = _destinations(out, scales, m, k, g, qdtype, unit, layout, dev)
 
     mode = _UE8M0 if scale_rule == "ue8m0" else _FLOAT
-    common = dict(QMAX=qmax, OUT_INT8=dtype == "int8", INT8_RTE=int8_rounding == "half_even")
+    common = dict(QMAX=qmax, OUT_INT8=dtype == "int8", INT8_RTE=int8_rounding == "half_even",
+                  FAST_DIV=bool(fast_division))
     eps = float(eps)
 
     if unit == "tensor":
@@ -318,7 +328,8 @@ def group_quant(
         parts = torch.empty(nparts, dtype=torch.float32, device=dev)
         _amax_partial_kernel[(nparts,)](x, parts, m, k, x.stride(0), x.stride(1), BLOCK_M=bm, BLOCK_K=bk,
                                         num_warps=num_warps or 4)
-        _amax_final_kernel[(1,)](parts, scales, nparts, eps, QMAX=qmax, SCALE_MODE=mode, BLOCK=1024, num_warps=4)
+        _amax_final_kernel[(1,)](parts, scales, nparts, eps, QMAX=qmax, SCALE_MODE=mode, BLOCK=1024, num_warps=4,
+                                 FAST_DIV=bool(fast_division))
         if m:
             _launch_tiles(x, out, scales, scales, eps, min(k, 1024), triton.cdiv(k, min(k, 1024)), 0, 0, _STATIC,
                           False, False, block_m, groups_per_program, num_warps, common)

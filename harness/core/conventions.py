@@ -136,6 +136,10 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
     "group_quant": (
         *(RECIPE_FIELDS[k] for k in ("eps", "eps_placement", "scale_formula", "application", "int8_rounding",
                                      "ue8m0_clamp")),
+        Convention("division", "how the kernel's fp32 divisions round", values={
+            "correctly_rounded": "IEEE division (CUDA's `/`, Triton's tl.div_rn, PyTorch)",
+            "approximate": "Triton's fp32 `/` on NVIDIA GPUs (div.full.f32, within 2 ulp): codes next to a "
+            "rounding boundary may take either neighbour"}, default="correctly_rounded"),
         Convention("scale_ulps", "how many fp32 ulps the kernel's scales may differ from the oracle's (default 0 "
                    "when scale_formula is stated, else 1)", kind="int"),
     ),

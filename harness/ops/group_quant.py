@@ -25,6 +25,11 @@ Judging (the oracle is reference.quant.quantize with a QuantRecipe built from th
   scales judged within `scale_ulps` ulps (default 1: `amax / qmax` and `amax * (1/qmax)` differ by at most one)
   of the oracle's - ue8m0 scales within the round-up of that interval - and its codes judged exactly against the
   oracle's quantization of x with the kernel's *own* scales, so the codes stay bit-exact.
+- `division="approximate"` (fp32 `/` lowered to an approximate divide, as Triton does on the GPU: div.full.f32,
+  within 2 ulp): scales within 2 ulp unless `scale_ulps` says otherwise, and each code must be one that a quotient
+  x / s (with the kernel's own s) off by that error can round to: where the exact quotient lies within the error
+  of a rounding boundary either neighbouring code is accepted, everywhere else the code is exact. On the
+  interpreter, which divides exactly, the kernel's codes are simply the exact ones, so the cell stays verifiable.
 """
 
 from __future__ import annotations
@@ -240,12 +245,53 @@ def _logical(actual: torch.Tensor, features: Mapping[str, str], m: int, g: int) 
     return from_layout(actual.detach().cpu(), features["scale_layout"], m, g)
 
 
+#: error of an approximate fp32 division (PTX div.full.f32), in ulps of the quotient
+APPROX_DIV_ULPS = 2
+
+
+def _expand(s: torch.Tensor, f: Mapping[str, str], k: int) -> torch.Tensor:
+    """Logical scales broadcast to x's [M, K] elements."""
+    if f["unit"] == "group":
+        return s.repeat_interleave(int(f["group_size"]), dim=1)[:, :k]
+    return s.reshape(-1, 1) if f["unit"] == "token" else s.reshape(1, 1)
+
+
+def _codes_under_approximate_division(x: torch.Tensor, f: Mapping[str, str], conventions: Mapping[str, Any],
+                                      got_s: torch.Tensor, actual: torch.Tensor) -> Any:
+    """Accept exactly the codes a quotient x / s off by the division's error can round to (s: the kernel's)."""
+    application = recipe(f, conventions).application.value
+    steps = APPROX_DIV_ULPS + (1 if application == "divide" else 2)  # + the reciprocal's product rounding
+    s = _expand(got_s.double(), f, x.shape[1])
+    q = torch.where(s == 0, torch.zeros_like(s), x.double() / torch.where(s == 0, torch.ones_like(s), s)).float()
+    lo, hi = q.clone(), q.clone()
+    for _ in range(steps):
+        lo, hi = torch.nextafter(lo, torch.full_like(lo, -math.inf)), torch.nextafter(hi, torch.full_like(hi, math.inf))
+    # the quotients lo and hi quantized as they are (static scale 1: the division by it is exact), by the cell's
+    # own element rounding (fp8 RNE with saturation, or the declared int8 rounding)
+    plain = {**{k: v for k, v in conventions.items() if k in CONVENTION_KEYS}, "application": "divide"}
+    ones = torch.ones_like(got_s)
+    bounds = [oracle(v, f, plain, scales=ones)[0] for v in (lo, hi)]
+    val = [t.float() for t in (actual.detach().cpu(), *bounds)]
+    low, high = torch.minimum(val[1], val[2]), torch.maximum(val[1], val[2])
+    bad = ~((val[0] >= low) & (val[0] <= high))
+    ambiguous = int((val[1] != val[2]).sum())
+    n = int(bad.sum())
+    if n:
+        i = tuple(bad.nonzero()[0].tolist())
+        return custom("codes", False, f"codes: {n} of {bad.numel()} codes are not what x / s (the kernel's own "
+                      f"scales) rounds to under an approximate division (<= {APPROX_DIV_ULPS} ulp); first at "
+                      f"{list(i)}: got {val[0][i].item()!r}, allowed [{low[i].item()!r}, {high[i].item()!r}]",
+                      mismatches=n)
+    return custom("codes", True, ambiguous=ambiguous)
+
+
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
     x = inputs["x"].detach().cpu()
     f = case.features
     codes, scales = oracle(x, f, conventions)
     stated = conventions.get("scale_formula") is not None
-    ulps = int(conventions.get("scale_ulps", 0 if stated else 1))
+    approximate = conventions.get("division") == "approximate"
+    ulps = int(conventions.get("scale_ulps", APPROX_DIV_ULPS if approximate else 0 if stated else 1))
     if ulps == 0 or x.shape[0] == 0:
         return [Check("codes", "exact", expected=codes), Check("scales", "exact", expected=scales)]
 
@@ -273,6 +319,8 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         if not bool(torch.isfinite(got_s).all()) or bool((got_s < 0).any()):
             return custom("codes", False, "codes: cannot be judged against the kernel's own scales, which are "
                           "not finite and >= 0")
+        if approximate:
+            return _codes_under_approximate_division(x, f, conventions, got_s.contiguous(), actual)
         own, _ = oracle(x, f, conventions, scales=got_s.contiguous())
         return compare_exact("codes", actual, own)
 

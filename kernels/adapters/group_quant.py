@@ -44,14 +44,19 @@ def _interp_features(features: Mapping[str, str]) -> set[str]:
     return {"fp8_cast"} if features.get("quant_dtype") == "fp8_e4m3fn" else {"fp_to_int_overflow"}
 
 
-def run(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+def run(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor],
+        fast_division: bool = False) -> None:
     f = case.features
     _check_declared(f)
     unit = f["unit"]
     group_quant(inputs["x"], dtype=f["quant_dtype"], unit=unit,
                 group_size=int(f["group_size"]) if unit == "group" else 128, scale_rule=f["scale_rule"],
                 layout=f["scale_layout"], eps=CONVENTIONS["eps"], int8_rounding=CONVENTIONS["int8_rounding"],
-                out=outputs["codes"], scales=outputs["scales"])
+                fast_division=fast_division, out=outputs["codes"], scales=outputs["scales"])
+
+
+def run_fast_division(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+    run(case, inputs, outputs, fast_division=True)
 
 
 ADAPTER = register(Adapter(
@@ -60,4 +65,14 @@ ADAPTER = register(Adapter(
     generations=("interp", "sm80", "sm89", "sm90", "sm100", "sm120"), requires=requires,
     interp_features=_interp_features,
     description="Triton dynamic 8-bit quant: per-token-group (any group size dividing K), per-token, per-tensor",
+))
+
+#: the same kernel dividing with fp32 `/` (approximate on NVIDIA GPUs): declared as such, judged by what that
+#: division can produce (harness.ops.group_quant), exact on the interpreter
+FAST_DIVISION_ADAPTER = register(Adapter(
+    name="triton-group-quant-fastdiv", op="group_quant", source="kernels.group_quant", run=run_fast_division,
+    support=SUPPORT, conventions={**CONVENTIONS, "division": "approximate"}, properties=frozenset({"deterministic"}),
+    generations=("interp", "sm80", "sm89", "sm90", "sm100", "sm120"), requires=requires,
+    interp_features=_interp_features,
+    description="triton-group-quant with fp32 '/' (div.full.f32 on the GPU) instead of tl.div_rn",
 ))

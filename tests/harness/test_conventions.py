@@ -13,10 +13,10 @@ import pytest
 
 from harness import registry
 from harness.commands import conventions as conventions_command
+from harness.core import conventions as conv
 from harness.core.case import Case
 from harness.core.device import detect
 from harness.engine import runner
-from harness.core import conventions as conv
 from harness.sweep.selection import plan
 
 ROOT = Path(__file__).resolve().parents[2]

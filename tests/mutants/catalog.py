@@ -125,6 +125,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("gq-last-row-unmasked", "triton-group-quant", _GQ, (
         P("    rmask = rows < M\n", "    rmask = rows < M - 1\n"),),
         "off-by-one row mask (last row never stored)"),
+    # approximate division declared (division="approximate"): the declaration must not let real bugs through
+    Mutant("gq-fastdiv-wrong-scale", "triton-group-quant-fastdiv", _GQ, (
+        P("s = tl.maximum(amax, eps) / tl.full(amax.shape, QMAX, tl.float32)",
+          "s = tl.maximum(amax, eps) / tl.full(amax.shape, QMAX * 0.99, tl.float32)"),),
+        "scale 1% off under a declared approximate division", {"scale_rule": ("float",)}),
+    Mutant("gq-fastdiv-divisor-off", "triton-group-quant-fastdiv", _GQ, (
+        P("y = x / tl.broadcast_to(safe, x.shape)", "y = x / tl.broadcast_to(safe * 1.0002, x.shape)"),),
+        "elements divided by a divisor 2^-12 off (far beyond the declared division error)",
+        {"scale_rule": ("float",), "unit": ("group", "token")}),
     # ------------------------------------------------------------------------------------------ align
     Mutant("align-sentinel-zero", "triton-align", _ALIGN, (
         P("tl.store(sorted_ptr + base + totals + jj, tl.zeros([NB], dtype=tl.int32) + numel,",

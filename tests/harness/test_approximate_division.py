@@ -1,0 +1,81 @@
+"""Approximate division as a declared, judged convention (`division="approximate"` of group_quant).
+
+A kernel whose fp32 `/` is off by up to 2 ulp (Triton on NVIDIA GPUs) is emulated on the CPU: it must pass under
+the declaration and fail without it (the declaration is needed), and a planted wrong scale or divisor must fail
+under it (the declaration does not let real bugs through).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from harness import registry
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.engine import runner
+from harness.ops import group_quant as gq
+
+CELL = {"quant_dtype": "fp8_e4m3fn", "unit": "group", "group_size": "128", "scale_rule": "float",
+        "scale_layout": "row_major", "input_dtype": "bfloat16"}
+EXACT = {"eps": 1e-10, "eps_placement": "amax", "scale_formula": "divide", "application": "divide"}
+
+
+def _cases() -> list[Case]:
+    return [Case(op="group_quant", adapter="x", features=CELL, seed=seed, shapes={"M": 33, "K": 384},
+                 dtypes={"x": "bfloat16"}, params={"pattern": pattern, "exponent": 0})
+            for seed, pattern in ((1, "special"), (2, "random"), (3, "special"))]
+
+
+def _kernel(steps: int, scale_factor: float = 1.0, divisor_factor: float = 1.0):  # type: ignore[no-untyped-def]
+    """Codes of x / s with the quotient moved by up to `steps` fp32 ulps (a seeded random direction per element),
+    s the correctly rounded scale (times scale_factor as reported; times divisor_factor as divided by)."""
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        x = inputs["x"].detach().cpu()
+        _, s = gq.oracle(x, case.features, EXACT)
+        q = (x.double() / (gq._expand(s.double(), case.features, x.shape[1]) * divisor_factor)).float()
+        g = torch.Generator().manual_seed(case.seed)
+        move = torch.randint(-steps, steps + 1, q.shape, generator=g)
+        for _ in range(steps):
+            q = torch.where(move > 0, torch.nextafter(q, torch.full_like(q, float("inf"))), q)
+            q = torch.where(move < 0, torch.nextafter(q, torch.full_like(q, -float("inf"))), q)
+            move = move - move.sign()
+        codes, _ = gq.oracle(q, case.features, EXACT, scales=torch.ones_like(s))
+        outputs["codes"].copy_(codes)
+        outputs["scales"].copy_(s * scale_factor)
+    return run
+
+
+def _adapter(run, division: str) -> registry.Adapter:  # type: ignore[no-untyped-def]
+    base = registry.resolve("reference-group-quant")
+    return dataclasses.replace(base, name=f"approx-{division}", source="tests", run=run,
+                               conventions={**EXACT, "division": division})
+
+
+def _verdicts(run, division: str) -> list[str]:  # type: ignore[no-untyped-def]
+    a = _adapter(run, division)
+    return [runner.judge(c, a, detect("cpu")).verdict for c in _cases()]
+
+
+def test_a_quotient_within_the_division_error_passes_under_the_declaration() -> None:
+    assert _verdicts(_kernel(2), "approximate") == ["pass"] * 3
+
+
+def test_the_same_kernel_fails_without_the_declaration() -> None:
+    assert "fail" in _verdicts(_kernel(2), "correctly_rounded")
+
+
+@pytest.mark.parametrize("bug", [dict(scale_factor=1.01), dict(divisor_factor=1 + 2**-12)])
+def test_a_planted_bug_still_fails_under_the_declaration(bug: dict) -> None:
+    assert "fail" in _verdicts(_kernel(2, **bug), "approximate"), bug
+
+
+def test_the_fast_division_kernel_is_exact_on_the_interpreter_and_passes_as_declared() -> None:
+    from harness.engine.interpreter import unverifiable_here
+
+    a = registry.resolve("triton-group-quant-fastdiv")
+    for c in _cases():  # with the interpreter's fp8-cast fix installed, as every judged interp run has it
+        r = runner.judge(c.replace(adapter=a.name), a, detect("cpu"), unverifiable=unverifiable_here())
+        assert r.verdict in ("pass", "not-verifiable"), r.reason
