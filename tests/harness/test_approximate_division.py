@@ -79,3 +79,20 @@ def test_the_fast_division_kernel_is_exact_on_the_interpreter_and_passes_as_decl
     for c in _cases():  # with the interpreter's fp8-cast fix installed, as every judged interp run has it
         r = runner.judge(c.replace(adapter=a.name), a, detect("cpu"), unverifiable=unverifiable_here())
         assert r.verdict in ("pass", "not-verifiable"), r.reason
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's approximate fp32 division needs a GPU")
+def test_on_the_gpu_the_fast_kernel_needs_its_declaration_and_passes_with_it() -> None:
+    """Triton's fp32 `/` really is approximate there: large cases differ from correctly rounded codes somewhere
+    (so the declaration is needed), and every code is one the declared division can produce."""
+    fast = registry.resolve("triton-group-quant-fastdiv")
+    undeclared = dataclasses.replace(fast, name="fastdiv-undeclared",
+                                     conventions={**fast.conventions, "division": "correctly_rounded"})
+    dev = detect("cuda")
+    cases = [Case(op="group_quant", adapter=fast.name, features={**CELL, "input_dtype": dt}, seed=seed,
+                  shapes={"M": 2048, "K": 7168}, dtypes={"x": dt}, params={"pattern": "random", "exponent": 0})
+             for seed, dt in ((1, "bfloat16"), (2, "float32"), (3, "float16"))]
+    declared = [runner.judge(c, fast, dev) for c in cases]
+    assert all(r.verdict == "pass" for r in declared), [r.reason for r in declared]
+    plain = [runner.judge(c.replace(adapter=undeclared.name), undeclared, dev) for c in cases]
+    assert any(r.verdict == "fail" for r in plain), "fp32 '/' gave correctly rounded codes everywhere"
