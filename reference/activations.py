@@ -15,18 +15,22 @@ argument here:
   `ROUND_ACTIVATION_FIRST` rounds `act(gate)` to `intermediate_dtype` (default: the input dtype) before the
   multiply, as vLLM's CUDA kernels do. For `*_no_mul` the two are the same.
 
-Arithmetic is done in fp32 (fp64 when the input is fp64). The output dtype is the input dtype unless
-`out_dtype` is given; `out_dtype=torch.float32` returns the unrounded fp32 value (what the experts oracle and
-fused act+quant need).
+Arithmetic is done in fp32 (fp64 when the input is fp64), the parameters (alpha, beta, limit) taken in that
+compute dtype like the inputs. Each activation value act(gate) is evaluated in float64 and rounded once to the
+compute dtype (for fp32: the correctly rounded value, up to float64's own ~1e-16 error); the clamps, `up + beta`,
+the multiply and the final rounding are single IEEE operations. The result therefore depends on the input values
+only, never on strides, batch size or row length (torch's CPU sigmoid/silu/gelu kernels do: their vectorized and
+scalar code paths differ by an ulp). The output dtype is the input dtype unless `out_dtype` is given;
+`out_dtype=torch.float32` returns the unrounded fp32 value (what the experts oracle and fused act+quant need).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from reference._checks import FLOAT_DTYPES, check_choice, check_int, check_tensor
 
@@ -134,19 +138,40 @@ def activation_output_width(name: Activation | str, width: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The elementwise formulas, on tensors already in the compute dtype.
+# The elementwise formulas, on tensors already in the compute dtype. Each is evaluated in float64 and rounded
+# once to the compute dtype (module docstring). Only exp and erfc are used: torch's CPU kernels for them give
+# the same bits for every stride and length. 1 + erf and 1 + tanh are rewritten so that nothing cancels.
+
+
+def _sigmoid64(z: torch.Tensor) -> torch.Tensor:
+    return 1.0 / (1.0 + torch.exp(-z))
 
 
 def _silu(g: torch.Tensor) -> torch.Tensor:
-    return F.silu(g)  # g * sigmoid(g)
+    g64 = g.to(torch.float64)
+    return (g64 * _sigmoid64(g64)).to(g.dtype)  # g * sigmoid(g)
 
 
 def _gelu_erf(g: torch.Tensor) -> torch.Tensor:
-    return F.gelu(g, approximate="none")  # 0.5 g (1 + erf(g / sqrt 2))
+    # 0.5 g (1 + erf(g / sqrt 2)), with 1 + erf(z) = erfc(-z): exact also in the negative tail
+    g64 = g.to(torch.float64)
+    return (0.5 * g64 * torch.erfc(-g64 * math.sqrt(0.5))).to(g.dtype)
 
 
 def _gelu_tanh(g: torch.Tensor) -> torch.Tensor:
-    return F.gelu(g, approximate="tanh")  # 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+    # 0.5 g (1 + tanh(y)), y = sqrt(2/pi) (g + 0.044715 g^3), with 0.5 (1 + tanh(y)) = sigmoid(2y)
+    g64 = g.to(torch.float64)
+    y = math.sqrt(2.0 / math.pi) * (g64 + 0.044715 * g64 * g64 * g64)
+    return (g64 * _sigmoid64(2.0 * y)).to(g.dtype)
+
+
+def _swiglu_oai(alpha: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def act(g: torch.Tensor) -> torch.Tensor:
+        a = float(torch.tensor(alpha, dtype=g.dtype))  # the parameter in the compute dtype, like the inputs
+        g64 = g.to(torch.float64)
+        return (g64 * _sigmoid64(a * g64)).to(g.dtype)  # g * sigmoid(alpha * g)
+
+    return act
 
 
 def _relu2(g: torch.Tensor) -> torch.Tensor:
@@ -334,7 +359,7 @@ def swigluoai(
     alpha, beta = _check_number("alpha", alpha), _check_number("beta", beta)
     limit = _check_limit("limit", limit)
     return _gated(
-        x, lambda g: g * torch.sigmoid(alpha * g), gate_order=gate_order, layout=layout,
+        x, _swiglu_oai(alpha), gate_order=gate_order, layout=layout,
         up_transform=lambda u: u + beta, pre_clamp=limit, clamp_limit=clamp_limit, rounding=rounding,
         intermediate_dtype=intermediate_dtype, out_dtype=out_dtype,
     )

@@ -158,9 +158,10 @@ class QuantRecipe:
     of group_size (last group shorter). scale_rule: `float` (default), `ue8m0` or `ocp_floor` (MX default).
     eps (1e-10), eps_placement (`amax`), scale_formula (`divide`): the `float` rule's details.
     ue8m0_clamp: clamp the ue8m0 exponent to [1, 254] (DeepGEMM). application: `divide` (default),
-    `qmax_over_amax` (DeepGEMM's float helpers: x * (qmax / max(amax, eps))) or
-    `multiply_reciprocal`. int8_rounding: `half_even` (default). layout: scale layout, `row_major` (default);
-    the others need a 2-D x and unit `group`/`row`. global_scale: NVFP4's convention (`quant_side`).
+    `multiply_reciprocal` (x * fp32(1/s): DeepGEMM's current helpers, x * (1 / sf)) or `qmax_over_amax`
+    (DeepGEMM's older helpers, PyTorch `x * (qmax / max(amax, eps))`: two fp32 roundings, see ScaleApplication).
+    int8_rounding: `half_even` (default). layout: scale layout, `row_major` (default); the others need a 2-D x
+    and unit `group`/`row`. global_scale: NVFP4's convention (`quant_side`).
     zero_point: w4a16/w8a16 asymmetric quantization with explicit zero points (default symmetric, implicit zp).
     Use `QuantRecipe.mx(...)`/`nvfp4()` for the schemes' canonical settings.
     """
@@ -443,9 +444,7 @@ def quantize(
         s = compute_scale(amax, _qmax(d), recipe.scale_rule, eps=recipe.eps, eps_placement=recipe.eps_placement,
                           formula=recipe.scale_formula, ue8m0_clamp=recipe.ue8m0_clamp, emax_elem=_emax_elem(d))
     if recipe.application == ScaleApplication.QMAX_OVER_AMAX:
-        a = torch.maximum(amax, torch.full_like(amax, recipe.eps))
-        factor = torch.full_like(a, _qmax(d)) / a
-        y = x32 * _expand(factor, shape, recipe)
+        y = x32 * _expand(_qmax_over_amax(amax, _qmax(d), recipe.eps), shape, recipe)
     else:
         y = apply_scale(x32, _expand(s, shape, recipe), recipe.application)
 
@@ -462,6 +461,14 @@ def quantize(
     if recipe.layout != ScaleLayout.ROW_MAJOR:
         stored = to_layout(stored.reshape(shape[0], -1), recipe.layout)
     return QuantizedTensor(codes=codes, scales=stored, recipe=recipe, shape=shape)
+
+
+def _qmax_over_amax(amax: torch.Tensor, qmax: float, eps: float) -> torch.Tensor:
+    """The factor PyTorch code `qmax / amax.clamp(min=eps)` computes: torch evaluates a Python scalar divided by
+    a tensor as `reciprocal() * qmax`, so two float32 roundings (fp32(1/a), then the product), not one."""
+    a = torch.maximum(amax, torch.full_like(amax, eps)).to(torch.float64)
+    recip = (1.0 / a).to(torch.float32)  # correctly rounded: float64 has more than 2 * 24 + 2 bits
+    return (recip.to(torch.float64) * qmax).to(torch.float32)  # the fp32 x fp32 product is exact in float64
 
 
 def _nvfp4_global(amax_t: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 Every function takes `router_logits [M, E]` (fp16, bf16, fp32 or fp64) and computes in fp32, or in fp64 when
 the logits are fp64. Routing functions return `(topk_weights [M, k] fp32, topk_ids [M, k] int32)`; M = 0 gives
-empty outputs.
+empty outputs. Scores (softmax probabilities, sigmoids) and the renormalization sum are evaluated in float64
+and rounded once to the compute dtype, with sums in a fixed order: results depend on the logits' values only,
+never on their strides or on how the rows are batched.
 
 Ties. The oracle breaks ties deterministically toward the lower expert index, and returns each row's ids in
 descending order of selection score (ties: ascending id). Neither is part of the contract: production kernels
@@ -125,12 +127,28 @@ def _bias(correction_bias: object, num_experts: int, compute: torch.dtype) -> to
     return b.to(compute)
 
 
+def _row_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim (keepdim) by pairwise halving: a fixed order of elementwise adds, so the result does
+    not depend on the layout (torch's reduction kernels pick their order by stride and length)."""
+    while t.shape[-1] > 1:
+        if t.shape[-1] % 2:
+            t = torch.cat([t, torch.zeros_like(t[..., :1])], dim=-1)  # + 0 is exact
+        half = t.shape[-1] // 2
+        t = t[..., :half] + t[..., half:]
+    return t
+
+
 def _scores(x: torch.Tensor, scoring: Scoring) -> torch.Tensor:
-    """Softmax over the last dim as exp(x - max) / sum(exp(x - max)), or sigmoid as 1 / (1 + exp(-x))."""
+    """Softmax over the last dim as exp(x - max) / sum(exp(x - max)), or sigmoid as 1 / (1 + exp(-x)).
+
+    Evaluated in float64 and rounded once to x's dtype (for fp32: each score correctly rounded, up to float64's
+    own ~1e-16 error), with a fixed-order sum: the same bits for every layout, batch size and split of the rows.
+    """
+    x64 = x.to(torch.float64)
     if scoring is Scoring.SOFTMAX:
-        e = torch.exp(x - x.max(dim=-1, keepdim=True).values)
-        return e / e.sum(dim=-1, keepdim=True)
-    return 1.0 / (1.0 + torch.exp(-x))
+        e = torch.exp(x64 - x64.max(dim=-1, keepdim=True).values)
+        return (e / _row_sum(e)).to(x.dtype)
+    return (1.0 / (1.0 + torch.exp(-x64))).to(x.dtype)
 
 
 def _zero_nonfinite(t: torch.Tensor) -> torch.Tensor:
@@ -150,9 +168,10 @@ def _topk_lower_index(values: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _renormalize(w: torch.Tensor) -> torch.Tensor:
-    """Divide each row by its sum. A zero sum (all k weights 0, e.g. a NaN row under ZERO) returns the row
-    unchanged, i.e. zeros, instead of 0/0."""
-    s = w.sum(dim=-1, keepdim=True)
+    """Divide each row by its sum (the sum formed in float64 in a fixed order and rounded once to w's dtype, then
+    one division). A zero sum (all k weights 0, e.g. a NaN row under ZERO) returns the row unchanged, i.e. zeros,
+    instead of 0/0."""
+    s = _row_sum(w.to(torch.float64)).to(w.dtype)
     return w / torch.where(s > 0, s, torch.ones_like(s))
 
 

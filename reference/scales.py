@@ -5,12 +5,13 @@ Scale rules (`ScaleRule`), all computed in float32 from amax = max |x| over a qu
   helpers with amax clamped at 1e-4) or max(amax / qmax, eps) (`EpsPlacement.SCALE`); the division is either a
   true division `amax / qmax` or `amax * fp32(1/qmax)` (`ScaleFormula`), which differ by one ulp for many inputs.
 - `ue8m0`: the `float` scale rounded *up* to a power of two by its bits: biased exponent + 1 when any mantissa
-  bit is set (optionally clamped to [1, 254] as DeepGEMM does). torch's cast to float8_e8m0fnu rounds to nearest
-  and cannot produce these.
+  bit is set (optionally clamped to [1, 254] as DeepGEMM does); a zero scale (all-zero unit, eps 0) gets code 0,
+  2^-127. torch's cast to float8_e8m0fnu rounds to nearest and cannot produce these.
 - `ocp_floor`: OCP Microscaling: 2^(floor(log2 amax) - emax_elem), clamped to the e8m0 range [2^-127, 2^127];
   amax == 0 gives 2^-127. Elements that then exceed qmax are clamped by the quantizer.
 
-Application (`ScaleApplication`): `divide` x / s, or `multiply_reciprocal` x * fp32(1/s), both in float32.
+Application (`ScaleApplication`): `divide` x / s, `multiply_reciprocal` x * fp32(1/s), or `qmax_over_amax`
+x * fp32(fp32(1/max(amax, eps)) * qmax) (PyTorch's `x * (qmax / amax)`), all in float32.
 
 Layouts (`ScaleLayout`) of a logical float32 scale matrix [M, G] (M rows/tokens, G groups along K):
 - `row_major`: contiguous [M, G].
@@ -81,8 +82,12 @@ class ScaleFormula(str, enum.Enum):
 
 class ScaleApplication(str, enum.Enum):
     """How elements are scaled before rounding: `divide` x / s; `multiply_reciprocal` x * fp32(1 / s);
-    `qmax_over_amax` x * fp32(qmax / max(amax, eps)) (DeepGEMM's per-token/per-block cast helpers: the factor is
-    computed from amax directly, not from the stored scale amax / qmax; `float` rule only)."""
+    `qmax_over_amax` x * fp32(fp32(1 / max(amax, eps)) * qmax): what PyTorch code `x * (qmax / amax)` computes
+    (torch evaluates a Python scalar divided by a tensor as reciprocal() * scalar, on CPU and CUDA), i.e. DeepGEMM's
+    older per-token/per-block cast helpers; the factor comes from amax directly, not from the stored scale
+    amax / qmax (`float` rule only). DeepGEMM's current helpers compute sf = amax.clamp(1e-4) / 448, then
+    x * (1 / sf): that is `multiply_reciprocal` (with eps 1e-4 on amax, and scale formula `multiply_reciprocal`
+    where `amax / 448` runs on CUDA, which multiplies by the scalar's reciprocal, `divide` on CPU)."""
 
     DIVIDE = "divide"
     MULTIPLY_RECIPROCAL = "multiply_reciprocal"
@@ -145,11 +150,13 @@ def float_scale(
 
 
 def ue8m0_round_up(s: torch.Tensor, *, clamp_exponent: bool = False) -> torch.Tensor:
-    """Round float32 scales up to powers of two by their bits: biased exponent + 1 if any mantissa bit is set.
+    """Round float32 scales up to powers of two by their bits: the e8m0 code is the biased exponent, + 1 if any
+    mantissa bit is set; the result is that code's value 2^(code - 127).
 
-    s: float32, finite, >= 0. A subnormal s becomes 2^-126; s == 0 stays 0 (exponent field 0), unless
-    clamp_exponent (DeepGEMM): the resulting biased exponent is clamped to [1, 254], i.e. [2^-126, 2^127].
-    Values above 2^127 round to inf without the clamp. Returns float32 powers of two.
+    s: float32, finite, >= 0. s == 0 (an all-zero unit with eps 0) has code 0, i.e. 2^-127 (what hardware
+    `cvt.rp.satfinite.ue8m0x2.f32` and torchao give; never 0, which e8m0 cannot hold). A subnormal s becomes
+    2^-126. clamp_exponent (DeepGEMM): the code is clamped to [1, 254], i.e. [2^-126, 2^127]. Codes above 254
+    (s above 2^127) give inf without the clamp. Returns float32 powers of two.
     """
     check_tensor("s", s, dtypes=(torch.float32,))
     if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
@@ -157,10 +164,11 @@ def ue8m0_round_up(s: torch.Tensor, *, clamp_exponent: bool = False) -> torch.Te
     bits = s.view(torch.int32).to(torch.int64)
     exp = (bits >> 23) & 0xFF
     man = bits & 0x7FFFFF
-    exp = exp + (man != 0).to(torch.int64)
+    code = exp + (man != 0).to(torch.int64)
     if clamp_exponent:
-        exp = exp.clamp(1, 254)
-    return (exp << 23).to(torch.int32).view(torch.float32)
+        code = code.clamp(1, 254)
+    # 2^(code - 127) exactly: code 0 is the fp32 subnormal 2^-127, code 255 overflows to inf
+    return torch.ldexp(torch.ones_like(s, dtype=torch.float64), code - 127).to(torch.float32)
 
 
 def ocp_floor_scale(amax: torch.Tensor, emax_elem: int) -> torch.Tensor:

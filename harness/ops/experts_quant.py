@@ -4,7 +4,7 @@ A scheme fixes three recipes (reference.quant.QuantRecipe): the weights' (quanti
 per expert), the activations' (quantized dynamically by the kernel before GEMM1) and the intermediate's
 (re-quantization of the activation output before GEMM2), the last two None for weight-only (a16) schemes.
 An adapter adjusts the activation convention with `conventions["act_quant"]` (QuantRecipe fields, e.g.
-{"scale_rule": "ue8m0", "eps": 1e-4, "application": "qmax_over_amax"}) and the weights' with
+{"scale_rule": "ue8m0", "eps": 1e-4, "application": "multiply_reciprocal"}) and the weights' with
 `conventions["weight_quant"]` (copied into the case's params when it is drawn: weights are inputs);
 `conventions["weight_dequant_dtype"]` ("bfloat16"/"float16") says a weight-only kernel rounds dequantized weights
 to that dtype before its MMA.

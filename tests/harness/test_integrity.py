@@ -267,3 +267,53 @@ def test_a_kernel_raising_on_its_second_run_is_the_kernels_error() -> None:
     r = _judge(_wrong("reference-activation", "flaky", run, properties=frozenset({"deterministic"})),
                ACT_CELL, ACT_FIELDS)
     assert r.verdict == "error" and r.reason.startswith("kernel raised on its second run: RuntimeError"), r.reason
+
+
+GQ_CELL = {"quant_dtype": "fp8_e4m3fn", "unit": "group", "group_size": "128", "scale_rule": "float",
+           "scale_layout": "column_major", "input_dtype": "bfloat16"}
+
+
+def _own_scales(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    """Allocates its own column-major scales as torch.empty((G, M)).permute(1, 0), as some kernels do."""
+    g = outputs["scales"].shape[1]
+    scales = torch.empty((g, case.shape("M")), dtype=torch.float32).permute(1, 0)
+    _reference_run("reference-group-quant")(case, inputs, {"codes": outputs["codes"], "scales": scales})
+    return {"scales": scales}
+
+
+def _row_major_scales(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    scales = torch.empty(outputs["scales"].shape, dtype=torch.float32)  # contiguous: strides (G, 1)
+    _reference_run("reference-group-quant")(case, inputs, {"codes": outputs["codes"], "scales": scales})
+    return {"scales": scales}
+
+
+@pytest.mark.parametrize("m", [0, 5])
+def test_strides_of_an_output_without_elements_are_not_judged(m: int) -> None:
+    """M = 0: torch.empty((G, 0)).permute(1, 0) has strides (1, 1), not the contractual (1, M) = (1, 0); no element
+    is laid out, so no stride can be wrong. With rows, the same allocation is column-major and passes too."""
+    fields = {"shapes": {"M": m, "K": 256}, "dtypes": {"x": "bfloat16"}, "params": {"pattern": "random"}}
+    r = _judge(_wrong("reference-group-quant", "own-scales", _own_scales), GQ_CELL, fields)
+    assert r.verdict == "pass", r.reason
+    bad = _judge(_wrong("reference-group-quant", "row-major-scales", _row_major_scales), GQ_CELL, fields)
+    if m == 0:
+        assert bad.verdict == "pass", bad.reason
+    else:
+        assert bad.verdict == "fail" and "output:scales" in bad.metrics["failed_checks"], bad.reason
+        assert "strides (2, 1) != contractual (1, 5)" in bad.reason
+
+
+ALIGN_CELL = {"block_size": "16", "expert_map": "none", "ids_dtype": "int32"}
+ALIGN_FIELDS = {"shapes": {"M": 9, "E": 8, "k": 2}, "dtypes": {"topk_ids": "int32"}, "routing": "random"}
+
+
+def _short_capacity(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    _reference_run("reference-align")(case, inputs, outputs)
+    used = int(outputs["num_tokens_post_padded"][0])
+    return {"sorted_token_ids": outputs["sorted_token_ids"][: used - 1].clone()}
+
+
+def test_align_capacity_below_num_tokens_post_padded_is_rejected() -> None:
+    r = _judge(_wrong("reference-align", "short-capacity", _short_capacity), ALIGN_CELL, ALIGN_FIELDS)
+    assert r.verdict == "fail" and "output:sorted_token_ids" in r.metrics["failed_checks"], r.reason
+    assert "shape" in r.reason
+    assert _judge(registry.resolve("reference-align"), ALIGN_CELL, ALIGN_FIELDS).verdict == "pass"

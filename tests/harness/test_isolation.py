@@ -36,6 +36,13 @@ def _patch_silu() -> None:
     F.silu = _wrong_silu
 
 
+_EXP = torch.exp
+
+
+def _patch_exp() -> None:
+    torch.exp = lambda x, *a, **k: _EXP(x, *a, **k) * 1.01  # what the oracle's silu is computed from
+
+
 def _patch_reference() -> None:
     reference.activations.apply_activation = lambda *a, **k: torch.zeros(1)
 
@@ -118,9 +125,10 @@ def test_a_kernel_gets_a_copy_of_the_case() -> None:
 
 
 def test_the_oracle_is_computed_before_the_kernel_with_the_original_functions() -> None:
-    # the kernel patches silu and then computes with it: the oracle, computed before with the original silu,
-    # disagrees with it (before this fix the oracle ran after the kernel and agreed with the patched function)
-    r = runner.judge(CASE.replace(adapter="patches-silu"), _hostile("patches-silu", _patch_silu), detect("cpu"))
+    # the kernel patches exp (the oracle's silu is evaluated from it) and then computes with it: the oracle,
+    # computed before with the original exp, disagrees with it (before this fix the oracle ran after the kernel and
+    # agreed with the patched function)
+    r = runner.judge(CASE.replace(adapter="patches-exp"), _hostile("patches-exp", _patch_exp), detect("cpu"))
     assert r.verdict == "fail" and "out" in r.metrics["failed_checks"], r.reason
     assert "outside the error bound" in r.reason
 

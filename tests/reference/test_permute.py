@@ -242,8 +242,12 @@ def _mutate(name: str, ids: torch.Tensor, eids: torch.Tensor, ntpp: torch.Tensor
         eids[[1, 2]] = eids[[2, 1]].clone()
     elif name == "wrong dtype":
         ids = ids.to(torch.int64)
-    elif name == "wrong capacity":
-        ids = ids[:-1]
+    elif name == "capacity below ntpp":
+        ids = ids[:11]
+    elif name == "expert_ids shorter than the used blocks":
+        eids = eids[:5]
+    elif name == "2-D sorted_token_ids":
+        ids = ids[None]
     return ids, eids, ntpp
 
 
@@ -258,11 +262,13 @@ def _mutate(name: str, ids: torch.Tensor, eids: torch.Tensor, ntpp: torch.Tensor
         ("junk index", "neither an index"),
         ("wrong expert id", r"expert_ids\[2\]"),
         ("ntpp off", "num_tokens_post_padded"),
-        ("tail not sentinel", "are not the sentinel"),
-        ("expert_ids tail not -1", "past the used ones"),
+        ("tail not sentinel", None),  # past num_tokens_post_padded: never read, kernels differ there
+        ("expert_ids tail not -1", None),
         ("blocks out of order", "ascending expert order"),
         ("wrong dtype", "dtype torch.int64"),
-        ("wrong capacity", "shape"),
+        ("capacity below ntpp", "capacity 11 is smaller than num_tokens_post_padded 12"),
+        ("expert_ids shorter than the used blocks", "fewer than the 6 used blocks"),
+        ("2-D sorted_token_ids", "expected 1-D"),
     ],
 )
 def test_checker_rejects_planted_defects(name: str, expect: str | None) -> None:
@@ -274,6 +280,28 @@ def test_checker_rejects_planted_defects(name: str, expect: str | None) -> None:
         assert problems == []
     else:
         assert any(re.search(expect, p) for p in problems), problems
+
+
+@pytest.mark.parametrize("m, k, e, bs", [(1, 2, 8, 16), (3, 1, 64, 4), (6, 2, 4, 2), (40, 8, 16, 32)])
+def test_checker_accepts_any_capacity_covering_the_used_part(m: int, k: int, e: int, bs: int) -> None:
+    """vLLM's wrapper allocates min(numel * block_size, numel + E * (block_size - 1)) entries, padded variants
+    round the capacity up to block_size: any capacity >= num_tokens_post_padded is valid."""
+    topk_ids = random_routing(m, k, e, seed=m + e)
+    layout = align_block_size(topk_ids, bs, e)
+    used, numel = int(layout.num_tokens_post_padded[0]), topk_ids.numel()
+    full = numel + e * (bs - 1)
+    for cap in sorted({used, min(numel * bs, full), full, -(-full // bs) * bs, full + 3 * bs}):
+        ids = torch.full((cap,), numel, dtype=torch.int32)
+        ids[:used] = layout.sorted_token_ids[:used]
+        eids = torch.full((-(-cap // bs),), 0, dtype=torch.int32)  # vLLM's kernels fill the tail with 0 or -1
+        eids[: used // bs] = layout.expert_ids[: used // bs]
+        got = layout_invariant_violations((ids, eids, layout.num_tokens_post_padded), topk_ids, bs, e)
+        assert got == [], (cap, got)
+    if used:
+        short = layout.sorted_token_ids[: used - 1]
+        problems = layout_invariant_violations((short, layout.expert_ids, layout.num_tokens_post_padded),
+                                               topk_ids, bs, e)
+        assert any("is smaller than num_tokens_post_padded" in p for p in problems), problems
 
 
 def test_checker_knows_the_conventions() -> None:

@@ -51,13 +51,15 @@ def test_fp8_group_codes_against_float64_and_torch_cast(application: str, group:
 
 
 def test_qmax_over_amax_application_against_float64() -> None:
-    """DeepGEMM's helpers scale by fp32(qmax / max(amax, eps)), not by 1/s: other codes, same stored scale."""
+    """DeepGEMM's older helpers scale by `qmax / max(amax, eps)`, which torch evaluates as reciprocal() * qmax: two
+    fp32 roundings (fp32(1/a), then the product), not by 1/s: other codes, same stored scale."""
     x = _x(16, 256, seed=7).bfloat16()
     recipe = QuantRecipe(group_size=128, application="qmax_over_amax", eps=1e-4)
     qt = quantize(x, recipe)
     xg = x.double().view(16, -1, 128)
     amax = xg.abs().amax(-1).clamp(min=float(torch.tensor(1e-4)))
-    factor = (448.0 / amax).float().double()[..., None]  # fp32 division, via exact float64
+    recip = (1.0 / amax).float().double()  # fp32(1 / a), via exact float64
+    factor = (recip * 448.0).float().double()[..., None]  # fp32(fp32(1 / a) * 448): the product is exact in fp64
     want = (xg * factor).float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).view(16, 256)
     assert torch.equal(qt.codes, want)
     assert torch.equal(qt.scales, (amax / 448.0).float())
@@ -65,6 +67,20 @@ def test_qmax_over_amax_application_against_float64() -> None:
     assert torch.equal(divide.scales, qt.scales) and not torch.equal(divide.codes, qt.codes)
     with pytest.raises(ValueError, match="qmax_over_amax"):
         QuantRecipe(application="qmax_over_amax", scale_rule="ue8m0")
+
+
+def test_qmax_over_amax_is_what_torch_computes_not_the_correctly_rounded_quotient() -> None:
+    x = torch.zeros(1, 128, dtype=torch.bfloat16)
+    x[0, 0], x[0, 1] = -0.5625, 3.0
+    qt = quantize(x, QuantRecipe(application="qmax_over_amax", eps=1e-4))
+    assert int(qt.codes[0, 0]) == 0xEB  # -88
+    # the PyTorch expression the convention models (pins torch's scalar / tensor as reciprocal then multiply)
+    amax = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-4)
+    helper = (x.float() * (448.0 / amax)).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert int(helper[0, 0]) == 0xEB
+    # one rounding of 448 / 3 would give -80 (0xea): the factors differ by one ulp
+    rounded_once = (torch.tensor(448.0 / 3.0).float() * x.float()).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert int(rounded_once[0, 0]) == 0xEA
 
 
 def test_per_tensor_and_per_row_scales() -> None:
@@ -299,6 +315,34 @@ def test_scale_layouts_in_quantize() -> None:
     qs = quantize(x[:, :64], QuantRecipe.nvfp4(layout="swizzle_128x4"))
     assert qs.scales.shape == (128, 4)
     assert torch.equal(dequantize(qs), dequantize(quantize(x[:, :64], QuantRecipe.nvfp4())))
+
+
+@pytest.mark.parametrize("layout", ["row_major", "column_major", "packed_ue8m0"])
+def test_ue8m0_all_zero_unit_with_eps_0_gets_code_0(layout: str) -> None:
+    """An all-zero group under ue8m0 with eps 0: scale code 0 (2^-127), as cvt.rp.satfinite.ue8m0x2.f32 and
+    torchao give, never NaN (0xFF) or 0; its elements dequantize to zeros."""
+    x = _x(6, 256, seed=31).bfloat16()
+    x[2, 128:] = 0.0
+    qt = quantize(x, QuantRecipe(scale_rule="ue8m0", eps=0.0, layout=layout))
+    s = logical_scales(qt)
+    assert s[2, 1].item() == 2.0**-127 and bool((s > 0).all())
+    assert formats.encode(s[2, 1], "e8m0").item() == 0
+    if layout == "packed_ue8m0":
+        assert int(qt.scales[2, 0]) >> 8 & 0xFF == 0  # byte 1 of the word: group 1
+    assert bool((qt.codes[2, 128:] == 0).all())
+    out = dequantize(qt)
+    assert bool(torch.isfinite(out).all()) and bool((out[2, 128:] == 0).all())
+    assert torch.equal(out[[0, 1, 3, 4, 5]], dequantize(quantize(x, QuantRecipe(scale_rule="ue8m0")))[[0, 1, 3, 4, 5]])
+
+
+@pytest.mark.parametrize("dtype", ["mxfp8", "mxfp4"])
+def test_mx_ue8m0_all_zero_block_with_eps_0_gets_code_0(dtype: str) -> None:
+    x = _x(4, 64, seed=37)
+    x[1, :32] = 0.0
+    qt = quantize(x, QuantRecipe.mx(dtype, scale_rule="ue8m0", eps=0.0))
+    assert int(qt.scales[1, 0]) == 0 and bool((qt.scales != 0xFF).all())
+    out = dequantize(qt)
+    assert bool(torch.isfinite(out).all()) and bool((out[1, :32] == 0).all())
 
 
 def test_recipe_json_round_trip_and_validation() -> None:

@@ -52,7 +52,7 @@ def _ue8m0_frexp(s: torch.Tensor, clamp: bool) -> torch.Tensor:
     out = []
     for v in s.double().tolist():
         if v == 0.0:
-            e = 1 if clamp else None
+            e = 1 if clamp else 0  # code 0 (2^-127): e8m0 has no zero
         elif v < 2.0**-126:
             e = 1  # fp32 subnormal: exponent field 0 plus 1 (the bit form never yields 2^-127)
         else:
@@ -60,7 +60,7 @@ def _ue8m0_frexp(s: torch.Tensor, clamp: bool) -> torch.Tensor:
             e = (ex - 1 if m == 0.5 else ex) + 127  # biased exponent of the power of two >= v
             if clamp:
                 e = min(max(e, 1), 254)
-        out.append(0.0 if e is None else (math.inf if e >= 255 else 2.0 ** (e - 127)))
+        out.append(math.inf if e >= 255 else 2.0 ** (e - 127))
     return torch.tensor(out, dtype=torch.float64).float()
 
 
