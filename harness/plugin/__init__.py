@@ -114,9 +114,14 @@ def selected_adapters(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    if not is_active(early_config):
+        return
+    from harness.plugin import supervise
+
+    if supervise.wanted(early_config, _option):
+        supervise.start(early_config)  # this process only waits for the same session run as its child
     # The interpreter must be chosen before a conftest or test module imports triton.
-    if is_active(early_config):
-        _prepare(early_config)
+    _prepare(early_config)
 
 
 def _prepare(config: pytest.Config) -> None:
@@ -129,10 +134,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "moe_generic: a generic test of an MoE kernel adapter (moe-harness)")
     if not is_active(config):
         return
-    from harness.plugin import supervise
-
-    if supervise.wanted(config):
-        supervise.start(config)  # from here on this process is the session, watched by its parent
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
     timeout = config.getoption("moe_case_timeout")
     if timeout < 0:

@@ -2,11 +2,13 @@
 
 A kernel can end its process from C code (`_exit(0)` in an extension, a crash); nothing inside the process can
 refuse that, and under plain `pytest` it would end the session with the kernel's exit status, 0 included: a green
-run with no tests after it. So the plugin forks at configure time: the child runs the session and tells the parent
-which test it is in and, at the very end, that the session closed; the parent only waits. A session that ends
-without closing exits 1 (or the signal's 128+N) with a line naming the test it was in. pytest-xdist sessions need
-none of this (xdist reports a worker that dies), nor do in-process `pytest.main()` calls (a fork would end the
-caller); `--moe-no-supervise` or MOE_HARNESS_SUPERVISE=0 turns it off.
+run with no tests after it. So, at the earliest plugin hook (before torch or CUDA is touched), the plugin starts
+the same command line again as a child process and only waits: the child runs the session and tells the parent,
+through an inherited pipe, which test it is in and, at the very end, that the session closed. A session that ends
+without closing exits 1 (or the signal's 128+N) with a line naming the test it was in. A child process, not a
+fork: a fork after CUDA initialisation breaks CUDA in the child (seen on an H100). pytest-xdist sessions need none
+of this (xdist reports a worker that dies), nor do in-process `pytest.main()` calls; `--moe-no-supervise` or
+MOE_HARNESS_SUPERVISE=0 turns it off.
 """
 
 from __future__ import annotations
@@ -14,44 +16,24 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 _ENV = "MOE_HARNESS_SUPERVISE"
-#: the write end of the pipe to the watching parent, in the child (None: not supervised)
-_channel: int | None = None
+_FD_ENV = "MOE_HARNESS_SUPERVISOR_FD"
 
 
-def wanted(config: pytest.Config) -> bool:
-    """A one-process session started from the command line, on a platform with fork, not turned off."""
-    if not hasattr(os, "fork") or os.environ.get(_ENV, "1") == "0" or config.getoption("moe_no_supervise"):
-        return False
-    if hasattr(config, "workerinput"):  # an xdist worker (the variable PYTEST_XDIST_WORKER leaks to subprocesses)
-        return False
-    if getattr(config.option, "dist", "no") != "no":  # the xdist controller: its workers are watched by xdist
-        return False
-    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
-    from_command_line = argv0.name in ("pytest", "py.test") or argv0.parts[-2:] == ("pytest", "__main__.py")
-    return from_command_line and tuple(sys.argv[1:]) == tuple(config.invocation_params.args)
-
-
-def start(config: pytest.Config) -> None:
-    """Fork; the parent never returns (it exits with the session's status), the child goes on as the session."""
-    global _channel
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        os.environ[_ENV] = "0"  # a pytest the session starts in-process is not supervised again
-        _die_with_parent()
-        _channel = write_end
-        return
-    os.close(write_end)
-    os._exit(_watch(pid, read_end))
+def _take_channel() -> int | None:
+    """In the supervised child: the write end of the pipe to the parent (taken once, hidden from subprocesses)."""
+    fd = os.environ.pop(_FD_ENV, None)
+    if fd is None:
+        return None
+    _die_with_parent()
+    return int(fd)
 
 
 def _die_with_parent() -> None:
@@ -64,6 +46,43 @@ def _die_with_parent() -> None:
         pass
 
 
+#: the write end of the pipe to the watching parent, in the child (None: not supervised)
+_channel: int | None = _take_channel()
+
+
+def wanted(config: pytest.Config, option: Any) -> bool:
+    """A one-process session started from the command line, not turned off. `option(config, name)` reads an
+    option early (before pytest_configure)."""
+    if os.environ.get(_ENV, "1") == "0" or option(config, "moe_no_supervise") or _channel is not None:
+        return False
+    for name in ("numprocesses", "dist"):  # the xdist controller: xdist reports its workers' deaths
+        value = option(config, name) if hasattr(config.option, name) or _known(config, name) else None
+        if value not in (None, 0, "0", "no"):
+            return False
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    from_command_line = argv0.name in ("pytest", "py.test") or argv0.parts[-2:] == ("pytest", "__main__.py")
+    return from_command_line and tuple(sys.argv[1:]) == tuple(config.invocation_params.args)
+
+
+def _known(config: pytest.Config, name: str) -> bool:
+    early = getattr(config, "known_args_namespace", None)
+    return early is not None and hasattr(early, name)
+
+
+def start(config: pytest.Config) -> None:
+    """Run this command line again as a watched child; never returns (exits with the session's status)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # pytest already redirects fds 0-2 to its capture files: give the child the real ones
+        capture.suspend_global_capture(in_=True)
+    read_end, write_end = os.pipe()
+    env = dict(os.environ, **{_FD_ENV: str(write_end)})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env=env, pass_fds=(write_end,))
+    os.close(write_end)
+    os._exit(_watch(child, read_end))
+
+
 def tell(line: str) -> None:
     """Send one line to the watching parent (no-op when not supervised)."""
     if _channel is not None:
@@ -73,8 +92,9 @@ def tell(line: str) -> None:
             pass
 
 
-def _watch(child: int, channel: int) -> int:
+def _watch(proc: subprocess.Popen, channel: int) -> int:
     """The parent: relay signals, follow the child's messages, and return the exit status this process ends with."""
+    child = proc.pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child from the terminal; it reports it
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: os.kill(child, signum))
