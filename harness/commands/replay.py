@@ -13,13 +13,13 @@ import argparse
 import json
 import multiprocessing as mp
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.commands import positive
+from harness.core.exits import exit_cause
 from harness.store.casefiles import CaseFile
 
 if TYPE_CHECKING:  # imported lazily: the replay parent never imports torch
@@ -111,17 +111,6 @@ def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str) 
         conn.close()
 
 
-def _death(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "did not exit"
-    if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with status {exitcode}"
-
-
 def replay(case_file: CaseFile, *, adapter: str | None = None, device: str = "auto",
            timeout: float = DEFAULT_TIMEOUT_S) -> Outcome:
     """Judge the case of `case_file` in a spawned child process; never raises for what the kernel does."""
@@ -157,8 +146,8 @@ def replay(case_file: CaseFile, *, adapter: str | None = None, device: str = "au
         return Outcome("fail", f"kernel hung: no verdict within the {timeout:g} s timeout (child killed)",
                        EXIT_FAIL, name, duration_s=elapsed)
     if msg is None:
-        return Outcome("fail", f"kernel crashed: the replay process {_death(proc.exitcode)} before a verdict",
-                       EXIT_FAIL, name, duration_s=elapsed)
+        return Outcome("fail", f"kernel crashed: the replay process ended ({exit_cause(proc.exitcode)}) before a "
+                       "verdict", EXIT_FAIL, name, duration_s=elapsed)
     if msg["status"] == "untestable":
         return Outcome("untestable", msg["reason"], EXIT_UNTESTABLE, name, duration_s=elapsed)
     if msg["status"] == "bad-case":
@@ -169,7 +158,7 @@ def replay(case_file: CaseFile, *, adapter: str | None = None, device: str = "au
     if proc.exitcode not in (0, None) and code == EXIT_PASS:
         # a kernel that corrupts its process may still report a verdict before the process dies
         verdict, code = "fail", EXIT_FAIL
-        reason = f"the case passed, but the replay process then {_death(proc.exitcode)}"
+        reason = f"the case passed, but the replay process then ended ({exit_cause(proc.exitcode)})"
     return Outcome(verdict, reason, code, name, res.get("generation", ""), res.get("metrics", {}), res, elapsed)
 
 

@@ -118,7 +118,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         return
     from harness.plugin import supervise
 
-    if supervise.wanted(early_config, _option):
+    if supervise.wanted(early_config):
         supervise.start(early_config)  # this process only waits for the same session run as its child
     # The interpreter must be chosen before a conftest or test module imports triton.
     _prepare(early_config)

@@ -19,9 +19,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from harness.core.exits import exit_cause
 
 _ENV = "MOE_HARNESS_SUPERVISE"
 _FD_ENV = "MOE_HARNESS_SUPERVISOR_FD"
@@ -50,23 +51,16 @@ def _die_with_parent() -> None:
 _channel: int | None = _take_channel()
 
 
-def wanted(config: pytest.Config, option: Any) -> bool:
-    """A one-process session started from the command line, not turned off. `option(config, name)` reads an
-    option early (before pytest_configure)."""
-    if os.environ.get(_ENV, "1") == "0" or option(config, "moe_no_supervise") or _channel is not None:
+def wanted(config: pytest.Config) -> bool:
+    """A one-process session started from the command line, not turned off (read from the early options)."""
+    early = config.known_args_namespace
+    if os.environ.get(_ENV, "1") == "0" or getattr(early, "moe_no_supervise", False) or _channel is not None:
         return False
-    for name in ("numprocesses", "dist"):  # the xdist controller: xdist reports its workers' deaths
-        value = option(config, name) if hasattr(config.option, name) or _known(config, name) else None
-        if value not in (None, 0, "0", "no"):
-            return False
+    if getattr(early, "numprocesses", None) not in (None, 0) or getattr(early, "dist", "no") != "no":
+        return False  # the xdist controller: xdist reports its workers' deaths
     argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
     from_command_line = argv0.name in ("pytest", "py.test") or argv0.parts[-2:] == ("pytest", "__main__.py")
     return from_command_line and tuple(sys.argv[1:]) == tuple(config.invocation_params.args)
-
-
-def _known(config: pytest.Config, name: str) -> bool:
-    early = getattr(config, "known_args_namespace", None)
-    return early is not None and hasattr(early, name)
 
 
 def start(config: pytest.Config) -> None:
@@ -120,12 +114,12 @@ def _watch(proc: subprocess.Popen, channel: int) -> int:
             elif text == "closed":
                 closed = True
     code = os.waitstatus_to_exitcode(status)
+    shell_code = 128 - code if code < 0 else code  # a signal as a shell reports it
     if closed:
-        return code if code >= 0 else 128 - code
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return shell_code
     where = f" during {current}" if current else ""
-    sys.stderr.write(f"\nmoe-harness: the pytest session ended without closing: its process {how}{where}. A test "
+    sys.stderr.write(f"\nmoe-harness: the pytest session ended without closing ({exit_cause(code)}){where}. A test "
                      "ended the process (a kernel's exit or crash in C code); its verdict and those of every later "
                      "test are missing. Run with -n 1 (pytest-xdist) to have the crash reported and the rest run.\n")
     sys.stderr.flush()
-    return 128 - code if code < 0 else (code or 1)
+    return shell_code or 1

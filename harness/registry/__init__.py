@@ -263,6 +263,17 @@ def _watched_import(origin: str) -> Iterator[list[Adapter]]:
                 IMPORT_CHANGES[a.name] = [f"{c} (on import of {origin})" for c in changed]
 
 
+def _deadly(origin: str, failure: str, what: str) -> bool:
+    """Whether `origin` ended a probe child (then recorded as a load failure and warned about, not imported)."""
+    if origin not in DEADLY:
+        return False
+    import warnings
+
+    LOAD_FAILURES[failure] = DEADLY[origin]
+    warnings.warn(f"{what} unavailable: {DEADLY[origin]}", stacklevel=3)
+    return True
+
+
 def load_builtin_and_plugins() -> None:
     """Import the built-in adapters and every adapter published under the entry-point group. A provider or entry
     point that fails to load is reported (a warning, and `LOAD_FAILURES`), never fatal to the others."""
@@ -273,10 +284,7 @@ def load_builtin_and_plugins() -> None:
     import warnings
 
     for module_name in BUILTIN_PROVIDERS:
-        if f"module {module_name}" in DEADLY:
-            LOAD_FAILURES[module_name] = DEADLY[f"module {module_name}"]
-            warnings.warn(f"built-in adapters of {module_name} unavailable: {LOAD_FAILURES[module_name]}",
-                          stacklevel=2)
+        if _deadly(f"module {module_name}", module_name, f"built-in adapters of {module_name}"):
             continue
         try:
             with _watched_import(module_name):
@@ -285,10 +293,8 @@ def load_builtin_and_plugins() -> None:
             LOAD_FAILURES[module_name] = f"{type(e).__name__}: {e}"
             warnings.warn(f"built-in adapters of {module_name} unavailable: {e}", stacklevel=2)
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if f"entry-point {ep.name}" in DEADLY:
-            LOAD_FAILURES[f"entry point {ep.name} ({ep.value})"] = DEADLY[f"entry-point {ep.name}"]
-            warnings.warn(f"adapters of entry point {ep.name!r} ({ep.value}) unavailable: "
-                          f"{DEADLY[f'entry-point {ep.name}']}", stacklevel=2)
+        if _deadly(f"entry-point {ep.name}", f"entry point {ep.name} ({ep.value})",
+                   f"adapters of entry point {ep.name!r} ({ep.value})"):
             continue
         try:
             with _watched_import(f"entry point {ep.name!r} ({ep.value})") as defined:

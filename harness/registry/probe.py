@@ -12,22 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 
+from harness.core.exits import exit_cause
+
 #: seconds the child may take for all its imports (a module whose import hangs is named as such)
 PROBE_TIMEOUT_S = 180.0
-
-
-def _how(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit status {code}"
 
 
 def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S) -> dict[str, str]:
@@ -57,7 +49,7 @@ def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S) 
         culprit = started[-1]
         kind, target = rest[culprit]
         deadly[f"{kind} {target}"] = (f"importing it hung (no answer within {timeout:g} s)" if code is None else
-                          f"importing it ended the process ({_how(code)}), in a probe child process; not imported "
-                          "here")
+                                      f"importing it ended the process ({exit_cause(code)}), in a probe child "
+                                      "process; not imported here")
         rest = rest[culprit + 1:]
     return deadly
