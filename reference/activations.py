@@ -13,7 +13,11 @@ argument here:
   gate clamped above at `clamp_limit`, up clamped to `[-clamp_limit, clamp_limit]`.
 - `rounding`: `ROUND_ONCE` computes everything in fp32 and rounds once to the output dtype;
   `ROUND_ACTIVATION_FIRST` rounds `act(gate)` to `intermediate_dtype` (default: the input dtype) before the
-  multiply, as vLLM's CUDA kernels do. For `*_no_mul` the two are the same.
+  multiply, as vLLM's CUDA kernels do; `EVERY_STEP` rounds the result of every elementary operation of the
+  formula to `intermediate_dtype`, as torch code running in that dtype does (vLLM's `forward_native`): for
+  swigluoai g * alpha, sigmoid of that, g * sigmoid, up + beta and the product are each rounded (each computed in
+  fp32 from rounded operands); the other activations are one torch function each (F.silu, F.gelu), so for them it
+  is ROUND_ACTIVATION_FIRST. For `*_no_mul` all three are the same.
 
 Arithmetic is done in fp32 (fp64 when the input is fp64), the parameters (alpha, beta, limit) taken in that
 compute dtype like the inputs. Each activation value act(gate) is evaluated in float64 and rounded once to the
@@ -96,6 +100,7 @@ class Rounding(str, enum.Enum):
 
     ROUND_ONCE = "round_once"  # fp32 throughout, one rounding of the product to the output dtype
     ROUND_ACTIVATION_FIRST = "round_activation_first"  # act(gate) rounded before the multiply (vLLM CUDA)
+    EVERY_STEP = "every_step"  # every elementary operation rounded (torch code in the input dtype)
 
 
 _NO_MUL = (Activation.SILU_NO_MUL, Activation.GELU_NO_MUL, Activation.RELU2_NO_MUL)
@@ -174,6 +179,25 @@ def _swiglu_oai(alpha: float) -> Callable[[torch.Tensor], torch.Tensor]:
     return act
 
 
+def _swiglu_oai_steps(alpha: float, beta: float) -> Callable[[torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]:
+    """swigluoai as torch code in a narrow dtype runs it: every operation computed in the compute dtype from
+    rounded operands and rounded to `rd` (the final product is left to the caller's output rounding)."""
+    def run(g: torch.Tensor, u: torch.Tensor, rd: torch.dtype) -> torch.Tensor:
+        cd = g.dtype
+        a = float(torch.tensor(alpha, dtype=cd))  # a Python scalar operand is taken in the compute dtype
+        b = float(torch.tensor(beta, dtype=cd))
+
+        def r(t: torch.Tensor) -> torch.Tensor:
+            return t.to(rd).to(cd)
+
+        z = r(g * a)
+        sig = r(_sigmoid64(z.to(torch.float64)).to(cd))
+        glu = r(g * sig)
+        return glu * r(u + b)
+
+    return run
+
+
 def _relu2(g: torch.Tensor) -> torch.Tensor:
     r = torch.relu(g)
     return r * r
@@ -239,8 +263,10 @@ def _gated(
     rounding: Rounding,
     intermediate_dtype: torch.dtype | None,
     out_dtype: torch.dtype | None,
+    steps: Callable[[torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """out = act(gate') * up_transform(up'), with gate', up' the inputs after the optional clamps."""
+    """out = act(gate') * up_transform(up'), with gate', up' the inputs after the optional clamps. `steps`: the
+    whole formula with every operation rounded (EVERY_STEP), where it is more than one operation."""
     x = _check_x(x)
     check_choice("rounding", rounding, list(Rounding))
     _check_out_dtype("out_dtype", out_dtype)
@@ -255,8 +281,10 @@ def _gated(
         if lim is not None:
             gate = gate.clamp(max=lim)
             up = up.clamp(min=-lim, max=lim)
+    if rounding == Rounding.EVERY_STEP and steps is not None:
+        return steps(gate, up, intermediate_dtype or x.dtype).to(out_dtype or x.dtype)
     g = act(gate)
-    if rounding == Rounding.ROUND_ACTIVATION_FIRST:
+    if rounding != Rounding.ROUND_ONCE:
         g = g.to(intermediate_dtype or x.dtype).to(cd)
     if up_transform is not None:
         up = up_transform(up)
@@ -289,7 +317,8 @@ def silu_and_mul(
 
     x: `[T, 2N]` float (fp16, bf16, fp32, fp64). Returns `[T, N]` in `out_dtype` (default x.dtype).
     Conventions (module docstring): gate_order (GATE_FIRST), layout (HALVES), clamp_limit (None: no clamp),
-    rounding (ROUND_ONCE; ROUND_ACTIVATION_FIRST rounds silu(gate) to `intermediate_dtype`, default x.dtype).
+    rounding (ROUND_ONCE; ROUND_ACTIVATION_FIRST and EVERY_STEP round silu(gate) to `intermediate_dtype`, default
+    x.dtype).
     """
     return _gated(
         x, _silu, gate_order=gate_order, layout=layout, up_transform=None, pre_clamp=None,
@@ -354,14 +383,15 @@ def swigluoai(
 
     x: `[T, 2N]`, gate in the even columns and up in the odd ones by default (layout INTERLEAVED,
     gate_order GATE_FIRST). Defaults alpha = 1.702, beta = 1.0, limit = 7.0. With ROUND_ACTIVATION_FIRST
-    the rounded "activation" is g * sigmoid(alpha * g). Other arguments as `silu_and_mul`.
+    the rounded "activation" is g * sigmoid(alpha * g); with EVERY_STEP every operation is rounded (module
+    docstring). Other arguments as `silu_and_mul`.
     """
     alpha, beta = _check_number("alpha", alpha), _check_number("beta", beta)
     limit = _check_limit("limit", limit)
     return _gated(
         x, _swiglu_oai(alpha), gate_order=gate_order, layout=layout,
         up_transform=lambda u: u + beta, pre_clamp=limit, clamp_limit=clamp_limit, rounding=rounding,
-        intermediate_dtype=intermediate_dtype, out_dtype=out_dtype,
+        intermediate_dtype=intermediate_dtype, out_dtype=out_dtype, steps=_swiglu_oai_steps(alpha, beta),
     )
 
 

@@ -22,6 +22,9 @@ Conventions, each an explicit argument with its default:
   SEQUENTIAL_OUT_DTYPE rounds every weighted slot and every partial sum to the output dtype (vLLM moe_sum);
   ROUNDED_SLOTS rounds every weighted slot to the output dtype and sums them in compute_dtype (a GEMM2 that
   stores its weighted output in the activation dtype, then an fp32 sum).
+- `bias_placement` (`BiasPlacement`): ACCUMULATOR (default) adds each GEMM's bias to its unrounded result;
+  ROUNDED_OUTPUT rounds the GEMM result to x.dtype, adds the bias and rounds the sum to x.dtype (only where a bias
+  is given).
 - `apply_router_weight_on_input`: only for k = 1; the weight multiplies x (in compute_dtype, unrounded) before
   GEMM1 and the reduce does not apply it again.
 - `compute_dtype`: float32 (default) or float64. All matmuls run with fp32 matmul precision "highest" (true
@@ -63,6 +66,7 @@ from reference.quant import QuantizedTensor, QuantRecipe, dequantize, quantize
 
 __all__ = [
     "Accumulation",
+    "BiasPlacement",
     "ExpertIntermediates",
     "ExpertsQuant",
     "IntermediateRounding",
@@ -80,6 +84,15 @@ class WeightPlacement(str, enum.Enum):
 
     ACCUMULATOR = "accumulator"  # on the GEMM2 result before any rounding (Triton fused_moe)
     ROUNDED_EXPERT_OUTPUT = "rounded_expert_output"  # on the expert output rounded to the output dtype
+
+
+class BiasPlacement(str, enum.Enum):
+    """Where a GEMM's bias is added."""
+
+    ACCUMULATOR = "accumulator"  # to the unrounded GEMM result (a kernel's epilogue)
+    #: to the GEMM result rounded to x.dtype, the sum rounded to x.dtype again (torch `x @ w.T + b` in bf16/fp16:
+    #: vLLM's torch reference)
+    ROUNDED_OUTPUT = "rounded_output"
 
 
 class Accumulation(str, enum.Enum):
@@ -263,17 +276,16 @@ def _gemm1_act(
     intermediate_rounding: IntermediateRounding,
     io_dtype: torch.dtype,
     cd: torch.dtype,
+    bias_placement: BiasPlacement = BiasPlacement.ACCUMULATOR,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows `xs [R, K]` (compute dtype) through GEMM1 and the activation of local expert e: (h, a)."""
-    h = xs @ w13[e].to(cd).T
-    if w13_bias is not None:
-        h = h + w13_bias[e].to(cd)
+    h = _plus_bias(xs @ w13[e].to(cd).T, w13_bias, e, bias_placement, io_dtype)
     if intermediate_rounding == IntermediateRounding.GEMM1_AND_ACTIVATION_OUTPUT:
         h = h.to(io_dtype).to(cd)
     a = apply_activation(
         conv.activation, h, gate_order=conv.gate_order, layout=conv.layout, alpha=conv.alpha, beta=conv.beta,
         limit=conv.limit, clamp_limit=conv.clamp_limit, rounding=conv.rounding,
-        intermediate_dtype=io_dtype if conv.rounding == Rounding.ROUND_ACTIVATION_FIRST else None,
+        intermediate_dtype=io_dtype if conv.rounding != Rounding.ROUND_ONCE else None,
         out_dtype=cd,
     )
     if intermediate_rounding != IntermediateRounding.NONE:
@@ -281,11 +293,19 @@ def _gemm1_act(
     return h, a
 
 
-def _gemm2(a: torch.Tensor, e: int, w2: torch.Tensor, w2_bias: torch.Tensor | None, cd: torch.dtype) -> torch.Tensor:
-    y = a @ w2[e].to(cd).T
-    if w2_bias is not None:
-        y = y + w2_bias[e].to(cd)
-    return y
+def _plus_bias(r: torch.Tensor, bias: torch.Tensor | None, e: int, placement: BiasPlacement,
+               io_dtype: torch.dtype) -> torch.Tensor:
+    """A GEMM result r (compute dtype) plus expert e's bias, by `placement`."""
+    if bias is None:
+        return r
+    if placement == BiasPlacement.ROUNDED_OUTPUT:
+        return (r.to(io_dtype).to(r.dtype) + bias[e].to(r.dtype)).to(io_dtype).to(r.dtype)
+    return r + bias[e].to(r.dtype)
+
+
+def _gemm2(a: torch.Tensor, e: int, w2: torch.Tensor, w2_bias: torch.Tensor | None, cd: torch.dtype,
+           io_dtype: torch.dtype, bias_placement: BiasPlacement = BiasPlacement.ACCUMULATOR) -> torch.Tensor:
+    return _plus_bias(a @ w2[e].to(cd).T, w2_bias, e, bias_placement, io_dtype)
 
 
 def _weights(w13: object, w2: object, quant: ExpertsQuant | None,
@@ -358,6 +378,7 @@ def expert_intermediates(
     activation_rounding: Rounding = Rounding.ROUND_ONCE,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    bias_placement: BiasPlacement = BiasPlacement.ACCUMULATOR,
     expert_map: torch.Tensor | None = None,
     apply_router_weight_on_input: bool = False,
     intermediate_rounding: IntermediateRounding = IntermediateRounding.ACTIVATION_OUTPUT,
@@ -378,6 +399,7 @@ def expert_intermediates(
     _check_routing(x, topk_weights, topk_ids, expert_map, e_local, apply_router_weight_on_input)
     conv = _ActConv(Activation(activation), gate_order, layout, alpha, beta, limit, clamp_limit,
                     activation_rounding)
+    bp = BiasPlacement(check_choice("bias_placement", bias_placement, list(BiasPlacement)))
     m, k = topk_ids.shape
     kd = x.shape[1]
     cd = compute_dtype
@@ -400,11 +422,11 @@ def expert_intermediates(
     with _ieee_fp32_matmul():
         for e, pairs in segments:
             h[pairs], a[pairs] = _gemm1_act(xc[pairs // k], e, w13, w13_bias, conv, intermediate_rounding, x.dtype,
-                                            cd)
+                                            cd, bp)
         if quant is not None:  # re-quantized over the local slots only (others hold no activation)
             a = quant.quantize_intermediate(a, local_ids >= 0).to(cd)
         for e, pairs in segments:
-            y[pairs] = _gemm2(a[pairs], e, w2, w2_bias, cd)
+            y[pairs] = _gemm2(a[pairs], e, w2, w2_bias, cd, x.dtype, bp)
     return ExpertIntermediates(
         h=h.reshape(m, k, w1), a=a.reshape(m, k, n), y=y.reshape(m, k, kd),
         local=(local_ids >= 0).reshape(m, k),
@@ -428,6 +450,7 @@ def fused_experts(
     activation_rounding: Rounding = Rounding.ROUND_ONCE,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    bias_placement: BiasPlacement = BiasPlacement.ACCUMULATOR,
     expert_map: torch.Tensor | None = None,
     apply_router_weight_on_input: bool = False,
     weight_placement: WeightPlacement = WeightPlacement.ACCUMULATOR,
@@ -453,7 +476,7 @@ def fused_experts(
     inter = expert_intermediates(
         x, w13, w2, topk_weights, topk_ids, activation=activation, gate_order=gate_order, layout=layout,
         alpha=alpha, beta=beta, limit=limit, clamp_limit=clamp_limit, activation_rounding=activation_rounding,
-        w13_bias=w13_bias, w2_bias=w2_bias, expert_map=expert_map,
+        w13_bias=w13_bias, w2_bias=w2_bias, bias_placement=bias_placement, expert_map=expert_map,
         apply_router_weight_on_input=apply_router_weight_on_input, intermediate_rounding=intermediate_rounding,
         compute_dtype=compute_dtype, quant=quant,
     )
@@ -493,6 +516,7 @@ def batched_experts(
     activation_rounding: Rounding = Rounding.ROUND_ONCE,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    bias_placement: BiasPlacement = BiasPlacement.ACCUMULATOR,
     intermediate_rounding: IntermediateRounding = IntermediateRounding.ACTIVATION_OUTPUT,
     compute_dtype: torch.dtype = torch.float32,
     out_dtype: torch.dtype | None = None,
@@ -521,6 +545,7 @@ def batched_experts(
         raise ValueError(f"expert_num_tokens must be in [0, {max_tokens}] (x.shape[1]), got {counts}")
     conv = _ActConv(Activation(activation), gate_order, layout, alpha, beta, limit, clamp_limit,
                     activation_rounding)
+    bp = BiasPlacement(check_choice("bias_placement", bias_placement, list(BiasPlacement)))
     od = out_dtype or x.dtype
     cd = compute_dtype
     valid = torch.arange(max_tokens, device=x.device)[None, :] < ent.to(x.device).long()[:, None]  # [E, T]
@@ -534,10 +559,11 @@ def batched_experts(
     with _ieee_fp32_matmul():
         for i, cnt in enumerate(counts):
             if cnt:
-                _h, a[i, :cnt] = _gemm1_act(xc[i, :cnt], i, w13, w13_bias, conv, intermediate_rounding, x.dtype, cd)
+                _h, a[i, :cnt] = _gemm1_act(xc[i, :cnt], i, w13, w13_bias, conv, intermediate_rounding, x.dtype, cd,
+                                            bp)
         if quant is not None:
             a = quant.quantize_intermediate(a.reshape(e * max_tokens, n), valid.reshape(-1)).reshape(a.shape).to(cd)
         for i, cnt in enumerate(counts):
             if cnt:
-                out[i, :cnt] = _gemm2(a[i, :cnt], i, w2, w2_bias, cd).to(od)
+                out[i, :cnt] = _gemm2(a[i, :cnt], i, w2, w2_bias, cd, x.dtype, bp).to(od)
     return out

@@ -16,7 +16,8 @@ Formats (value of a code with sign s, exponent field e, mantissa field m):
 
 e=0 codes are subnormal: m * 2^(1 - bias - mbits).
 
-Rounding: round to nearest, ties to even (the code with an even mantissa), computed with an unbounded exponent
+Rounding: round to nearest, ties to even (the code with an even mantissa; `ties="toward_zero"` for casts that
+break ties downward), computed with an unbounded exponent
 range first; a result whose magnitude exceeds the format's max has *overflowed*. Overflow with
 `saturate=True` gives +-max (also for +-inf inputs, like PTX `cvt.satfinite`); with `saturate=False`:
 e4m3fn -> NaN with the input's sign (S.1111.111), e4m3fnuz -> 0x80 (its only NaN), e5m2 -> +-inf, e2m1 ->
@@ -40,6 +41,7 @@ __all__ = [
     "E8M0Rounding",
     "FloatFormat",
     "FormatSpec",
+    "Ties",
     "code_table",
     "decode",
     "encode",
@@ -73,6 +75,18 @@ class E8M0Rounding(str, enum.Enum):
     NEAREST_AWAY = "nearest_away"
     UP = "up"
     DOWN = "down"
+
+
+class Ties(str, enum.Enum):
+    """How `encode` rounds a value exactly halfway between two codes of a signed format.
+
+    `even`: to the code with an even mantissa (IEEE, PTX `cvt.rn`, torch's casts; the default).
+    `toward_zero`: to the smaller magnitude (an fp4 cast written as a search over the midpoints with `x <= mid`
+    going down, e.g. DeepGEMM's e2m1 cast, `torch.bucketize(|x|, midpoints)`).
+    """
+
+    EVEN = "even"
+    TOWARD_ZERO = "toward_zero"
 
 
 @dataclass(frozen=True)
@@ -136,7 +150,7 @@ def _nan_code(sp: FormatSpec, sign: torch.Tensor) -> torch.Tensor:
     return (sign << 7) | 0x7F  # e4m3fn S.1111.111, e5m2 S.11111.11
 
 
-def _encode_signed(x: torch.Tensor, sp: FormatSpec, saturate: bool) -> torch.Tensor:
+def _encode_signed(x: torch.Tensor, sp: FormatSpec, saturate: bool, ties: Ties = Ties.EVEN) -> torch.Tensor:
     x = x.to(torch.float64)
     sign = torch.signbit(x).to(torch.int64)
     finite = torch.isfinite(x)
@@ -146,7 +160,10 @@ def _encode_signed(x: torch.Tensor, sp: FormatSpec, saturate: bool) -> torch.Ten
     _, fexp = torch.frexp(a)  # a = f * 2^fexp with f in [0.5, 1): floor(log2 a) = fexp - 1
     e = torch.clamp(fexp.to(torch.int64) - 1, min=sp.emin)
     quantum = _pow2(e - sp.man_bits)
-    n = torch.round(a / quantum)  # a / quantum is exact; torch.round is half-to-even
+    r = a / quantum  # exact
+    n = torch.round(r)  # half-to-even
+    if ties == Ties.TOWARD_ZERO:
+        n = torch.where(r - torch.floor(r) == 0.5, torch.floor(r), n)
     v = n * quantum  # the rounded magnitude (may have carried into the next binade)
 
     # Bit fields of the rounded magnitude (meaningful where 0 < v <= max).
@@ -219,14 +236,16 @@ def encode(
     *,
     saturate: bool = True,
     e8m0_rounding: E8M0Rounding | str = E8M0Rounding.NEAREST_EVEN,
+    ties: Ties | str = Ties.EVEN,
 ) -> torch.Tensor:
-    """Encode floats to codes of `fmt`, exactly (round to nearest even), one uint8 code per element.
+    """Encode floats to codes of `fmt`, exactly (round to nearest, ties by `ties`), one uint8 code per element.
 
     x: any shape, dtype float16/bfloat16/float32/float64 (values are taken exactly; float64 is rounded once).
     fmt: a `FloatFormat`. e2m1 codes occupy the low 4 bits (use `pack_nibbles` for two per byte).
     saturate (default True): overflow (and +-inf) gives +-max; otherwise the format's overflow result
         (module docstring: e4m3fn NaN, e4m3fnuz 0x80, e5m2 inf, e2m1 ValueError, e8m0 0xFF).
     e8m0_rounding: only for e8m0 (default nearest_even); see `E8M0Rounding`.
+    ties: signed formats only (default even); see `Ties`.
     Returns a uint8 tensor of x's shape.
     """
     check_tensor("x", x, dtypes=_INPUT_DTYPES)
@@ -235,9 +254,13 @@ def encode(
         check_choice("e8m0_rounding", e8m0_rounding, [r.value for r in E8M0Rounding])
         e8m0_rounding = E8M0Rounding(e8m0_rounding)
     check_choice("e8m0_rounding", e8m0_rounding, list(E8M0Rounding))
+    if isinstance(ties, str) and not isinstance(ties, Ties):
+        check_choice("ties", ties, [t.value for t in Ties])
+        ties = Ties(ties)
+    check_choice("ties", ties, list(Ties))
     if fmt == FloatFormat.E8M0:
         return _encode_e8m0(x, saturate, e8m0_rounding)  # type: ignore[arg-type]
-    return _encode_signed(x, _SPECS[fmt], saturate)
+    return _encode_signed(x, _SPECS[fmt], saturate, ties)  # type: ignore[arg-type]
 
 
 def decode(codes: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:

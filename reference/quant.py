@@ -35,6 +35,7 @@ per-format behaviour of NaN/inf *codes* is in `reference.formats.encode`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, fields
 from typing import Any
@@ -43,13 +44,14 @@ import torch
 
 from reference import formats
 from reference._checks import check_choice, check_int, check_tensor
-from reference.formats import FloatFormat
+from reference.formats import FloatFormat, Ties
 from reference.scales import (
     EpsPlacement,
     ScaleApplication,
     ScaleFormula,
     ScaleLayout,
     ScaleRule,
+    Ue8m0Form,
     apply_scale,
     compute_scale,
     from_layout,
@@ -57,8 +59,10 @@ from reference.scales import (
 )
 
 __all__ = [
+    "EpsDtype",
     "GlobalScaleConvention",
     "Int8Rounding",
+    "Nvfp4ScaleForm",
     "QuantDtype",
     "QuantRecipe",
     "QuantUnit",
@@ -67,6 +71,7 @@ __all__ = [
     "logical_scales",
     "quantize",
     "round_int8",
+    "scale_from_amax",
 ]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -119,6 +124,35 @@ class GlobalScaleConvention(str, enum.Enum):
     DEQUANT_SIDE = "dequant_side"
 
 
+class EpsDtype(str, enum.Enum):
+    """In which dtype eps guards amax: `float32` (the default: fp32(eps)) or `input`: eps rounded to x's dtype
+    first, as torch code `x.abs().amax(-1).clamp(min=eps)` on a bf16/fp16 x computes (vLLM's torch reference of
+    per-token-group quantization); bf16(1e-10) is 1.0004e-10."""
+
+    FLOAT32 = "float32"
+    INPUT = "input"
+
+
+class Nvfp4ScaleForm(str, enum.Enum):
+    """How NVFP4 forms the factor that scales x from the block scale s_blk and the global scale (gs quant-side,
+    g dequant-side).
+
+    `element_scale` (default): es = s_blk / gs (quant side) or s_blk * g (dequant side); x scaled by es per
+        `application`.
+    `global_reciprocal`: es = s_blk * fp32(1 / gs) (vLLM's CUDA quantizer and its torch reference, quant side;
+        dequant side as the default); x scaled by es per `application` (vLLM: multiply_reciprocal).
+    `reciprocal_over_block`: x * fp32(r / s_blk) with r = gs (quant side) or fp32(1 / g) (dequant side, torchao's
+        `(1 / per_tensor_scale) / block_scale`); needs application `multiply_reciprocal`.
+    Dequantization multiplies codes by es of the form (`reciprocal_over_block`: the default's es).
+    """
+
+    ELEMENT_SCALE = "element_scale"
+    GLOBAL_RECIPROCAL = "global_reciprocal"
+    RECIPROCAL_OVER_BLOCK = "reciprocal_over_block"
+
+
+_NVFP4_BLOCK_FLOOR = 2.0**-6  # e4m3's smallest normal
+
 _FP8 = {
     QuantDtype.FP8_E4M3FN: FloatFormat.E4M3FN,
     QuantDtype.FP8_E4M3FNUZ: FloatFormat.E4M3FNUZ,
@@ -146,6 +180,10 @@ _ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "int8_rounding": Int8Rounding,
     "layout": ScaleLayout,
     "global_scale": GlobalScaleConvention,
+    "ue8m0_form": Ue8m0Form,
+    "eps_dtype": EpsDtype,
+    "nvfp4_scale_form": Nvfp4ScaleForm,
+    "e2m1_ties": Ties,
 }
 
 
@@ -163,6 +201,10 @@ class QuantRecipe:
     int8_rounding: `half_even` (default). layout: scale layout, `row_major` (default); the others need a 2-D x
     and unit `group`/`row`. global_scale: NVFP4's convention (`quant_side`).
     zero_point: w4a16/w8a16 asymmetric quantization with explicit zero points (default symmetric, implicit zp).
+    Library-exact details: ue8m0_form (`exponent_bits` or `ceil_log2`, see reference.scales), eps_dtype (`float32`
+    or `input`, see EpsDtype), nvfp4_scale_form (see Nvfp4ScaleForm), nvfp4_block_floor (NVFP4 block scales
+    clamped below at 2^-6 before their e4m3 encoding, as torchao does; default False: e4m3 subnormals and 0),
+    e2m1_ties (`even` or `toward_zero`, the tie rule of mxfp4/nvfp4 element codes).
     Use `QuantRecipe.mx(...)`/`nvfp4()` for the schemes' canonical settings.
     """
 
@@ -181,13 +223,18 @@ class QuantRecipe:
     layout: ScaleLayout = ScaleLayout.ROW_MAJOR
     global_scale: GlobalScaleConvention = GlobalScaleConvention.QUANT_SIDE
     zero_point: bool = False
+    ue8m0_form: Ue8m0Form = Ue8m0Form.EXPONENT_BITS
+    eps_dtype: EpsDtype = EpsDtype.FLOAT32
+    nvfp4_scale_form: Nvfp4ScaleForm = Nvfp4ScaleForm.ELEMENT_SCALE
+    nvfp4_block_floor: bool = False
+    e2m1_ties: Ties = Ties.EVEN
 
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():
             object.__setattr__(self, name, _coerce(name, getattr(self, name), cls))
         check_int("group_size", self.group_size, min_value=1)
         check_int("block_rows", self.block_rows, min_value=1)
-        for name in ("ragged_k", "ue8m0_clamp", "zero_point"):
+        for name in ("ragged_k", "ue8m0_clamp", "zero_point", "nvfp4_block_floor"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or self.eps < 0:
@@ -205,6 +252,10 @@ class QuantRecipe:
                                  f"{self.unit.value} {self.group_size}")
             if self.scale_rule != ScaleRule.FLOAT:
                 raise ValueError("scale_rule must be 'float' for nvfp4 (e4m3 block scales)")
+        if (d == QuantDtype.NVFP4 and self.nvfp4_scale_form == Nvfp4ScaleForm.RECIPROCAL_OVER_BLOCK
+                and self.application != ScaleApplication.MULTIPLY_RECIPROCAL):
+            raise ValueError("nvfp4_scale_form 'reciprocal_over_block' multiplies x by a reciprocal: it needs "
+                             "application 'multiply_reciprocal'")
         if d in _WEIGHT_ONLY and self.unit not in (QuantUnit.GROUP, QuantUnit.ROW):
             raise ValueError(f"unit must be 'group' or 'row' for {d.value}, got {self.unit.value}")
         if d in _WEIGHT_ONLY and self.scale_rule != ScaleRule.FLOAT:
@@ -429,10 +480,11 @@ def quantize(
         raise ValueError(f"scales cannot be given for {d.value}" + (" with zero points" if recipe.zero_point else ""))
     if global_scale is not None and d != QuantDtype.NVFP4:
         raise ValueError("global_scale is only used by nvfp4")
+    given, recipe = recipe, _with_input_eps(recipe, x.dtype)
     if d == QuantDtype.NVFP4:
-        return _quantize_nvfp4(x32, recipe, global_scale)
+        return dataclasses.replace(_quantize_nvfp4(x32, recipe, global_scale), recipe=given)
     if d in _WEIGHT_ONLY:
-        return _quantize_weight_only(x32, recipe, scales)
+        return dataclasses.replace(_quantize_weight_only(x32, recipe, scales), recipe=given)
 
     if scales is not None:
         check_tensor("scales", scales, dtypes=(torch.float32,), shape=_scale_shape(shape, recipe))
@@ -441,8 +493,7 @@ def quantize(
         s = scales
     else:
         amax = _unit_reduce(x32, recipe, "amax")
-        s = compute_scale(amax, _qmax(d), recipe.scale_rule, eps=recipe.eps, eps_placement=recipe.eps_placement,
-                          formula=recipe.scale_formula, ue8m0_clamp=recipe.ue8m0_clamp, emax_elem=_emax_elem(d))
+        s = scale_from_amax(amax, recipe)
     if recipe.application == ScaleApplication.QMAX_OVER_AMAX:
         y = x32 * _expand(_qmax_over_amax(amax, _qmax(d), recipe.eps), shape, recipe)
     else:
@@ -454,13 +505,37 @@ def quantize(
     else:
         fmt = _FP8[d] if d in _FP8 else _MX[d]
         qmax = _qmax(d)
-        codes = formats.encode(y.clamp(-qmax, qmax), fmt, saturate=True)
+        codes = formats.encode(y.clamp(-qmax, qmax), fmt, saturate=True, ties=_ties(recipe, fmt))
         if fmt == FloatFormat.E2M1:
             codes = formats.pack_nibbles(codes)
         stored = formats.encode(s, FloatFormat.E8M0) if d in _MX else s
     if recipe.layout != ScaleLayout.ROW_MAJOR:
         stored = to_layout(stored.reshape(shape[0], -1), recipe.layout)
-    return QuantizedTensor(codes=codes, scales=stored, recipe=recipe, shape=shape)
+    return QuantizedTensor(codes=codes, scales=stored, recipe=given, shape=shape)
+
+
+def scale_from_amax(amax: torch.Tensor, recipe: QuantRecipe,
+                    input_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The scales `quantize` gives units whose float32 amax is `amax`, for an input of `input_dtype` (fp8, int8
+    and MX dtypes: every scale rule and recipe detail applied)."""
+    check_tensor("amax", amax, dtypes=(torch.float32,))
+    r = _with_input_eps(recipe, input_dtype)
+    return compute_scale(amax, _qmax(r.dtype), r.scale_rule, eps=r.eps, eps_placement=r.eps_placement,
+                         formula=r.scale_formula, ue8m0_clamp=r.ue8m0_clamp, emax_elem=_emax_elem(r.dtype),
+                         ue8m0_form=r.ue8m0_form)
+
+
+def _with_input_eps(recipe: QuantRecipe, dtype: torch.dtype) -> QuantRecipe:
+    """The recipe with eps as the input dtype holds it (EpsDtype.INPUT), as a torch Scalar is converted: the
+    Python float to float32, then to the tensor's dtype."""
+    if recipe.eps_dtype != EpsDtype.INPUT or dtype == torch.float32:
+        return recipe
+    eps = float(torch.tensor(float(recipe.eps), dtype=torch.float32).to(dtype))
+    return dataclasses.replace(recipe, eps=eps, eps_dtype=EpsDtype.FLOAT32)
+
+
+def _ties(recipe: QuantRecipe, fmt: FloatFormat) -> Ties:
+    return recipe.e2m1_ties if fmt == FloatFormat.E2M1 else Ties.EVEN
 
 
 def _qmax_over_amax(amax: torch.Tensor, qmax: float, eps: float) -> torch.Tensor:
@@ -478,9 +553,28 @@ def _nvfp4_global(amax_t: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
 
 
 def _nvfp4_element_scale(block_codes: torch.Tensor, gs: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    """es, the value one element code stands for per unit of e2m1 (Nvfp4ScaleForm)."""
     sb = formats.decode(block_codes, FloatFormat.E4M3FN)
     g = gs.expand(sb.shape).contiguous()
-    return sb / g if recipe.global_scale == GlobalScaleConvention.QUANT_SIDE else sb * g
+    if recipe.global_scale == GlobalScaleConvention.DEQUANT_SIDE:
+        return sb * g
+    if recipe.nvfp4_scale_form == Nvfp4ScaleForm.GLOBAL_RECIPROCAL:
+        return sb * (1.0 / g)
+    return sb / g
+
+
+def _nvfp4_scaled(x32: torch.Tensor, block_codes: torch.Tensor, gs: torch.Tensor, recipe: QuantRecipe,
+                  shape: tuple[int, ...]) -> torch.Tensor:
+    """x in units of e2m1 before the element rounding."""
+    if recipe.nvfp4_scale_form != Nvfp4ScaleForm.RECIPROCAL_OVER_BLOCK:
+        es = _nvfp4_element_scale(block_codes, gs, recipe)
+        return apply_scale(x32, _expand(es, shape, recipe), recipe.application)
+    sb = formats.decode(block_codes, FloatFormat.E4M3FN)
+    g = gs.expand(sb.shape).contiguous()
+    r = g if recipe.global_scale == GlobalScaleConvention.QUANT_SIDE else 1.0 / g
+    safe = torch.where(sb == 0, torch.ones_like(sb), sb)
+    factor = torch.where(sb == 0, torch.zeros_like(sb), r / safe)  # a zero block scale: zero codes
+    return x32 * _expand(factor, shape, recipe)
 
 
 def _quantize_nvfp4(x32: torch.Tensor, recipe: QuantRecipe, global_scale: torch.Tensor | None) -> QuantizedTensor:
@@ -497,10 +591,12 @@ def _quantize_nvfp4(x32: torch.Tensor, recipe: QuantRecipe, global_scale: torch.
     per = amax_b / six if recipe.scale_formula == ScaleFormula.DIVIDE else amax_b * (1.0 / six)
     g = gs.expand(per.shape).contiguous()
     sb = per * g if recipe.global_scale == GlobalScaleConvention.QUANT_SIDE else per / g
+    if recipe.nvfp4_block_floor:
+        sb = torch.maximum(sb, torch.full_like(sb, _NVFP4_BLOCK_FLOOR))
     block_codes = formats.encode(sb, FloatFormat.E4M3FN, saturate=True)
-    es = _nvfp4_element_scale(block_codes, gs, recipe)
-    y = apply_scale(x32, _expand(es, shape, recipe), recipe.application)
-    codes = formats.pack_nibbles(formats.encode(y.clamp(-6.0, 6.0), FloatFormat.E2M1, saturate=True))
+    y = _nvfp4_scaled(x32, block_codes, gs, recipe, shape)
+    codes = formats.pack_nibbles(formats.encode(y.clamp(-6.0, 6.0), FloatFormat.E2M1, saturate=True,
+                                                ties=recipe.e2m1_ties))
     stored = block_codes
     if recipe.layout != ScaleLayout.ROW_MAJOR:
         stored = to_layout(block_codes, recipe.layout)

@@ -4,9 +4,12 @@ Scale rules (`ScaleRule`), all computed in float32 from amax = max |x| over a qu
 - `float`: scale = max(amax, eps) / qmax (`EpsPlacement.AMAX`, vLLM/SGLang kernels with eps 1e-10, DeepGEMM's
   helpers with amax clamped at 1e-4) or max(amax / qmax, eps) (`EpsPlacement.SCALE`); the division is either a
   true division `amax / qmax` or `amax * fp32(1/qmax)` (`ScaleFormula`), which differ by one ulp for many inputs.
-- `ue8m0`: the `float` scale rounded *up* to a power of two by its bits: biased exponent + 1 when any mantissa
-  bit is set (optionally clamped to [1, 254] as DeepGEMM does); a zero scale (all-zero unit, eps 0) gets code 0,
-  2^-127. torch's cast to float8_e8m0fnu rounds to nearest and cannot produce these.
+- `ue8m0`: the `float` scale rounded *up* to a power of two (`Ue8m0Form`): by its bits (`exponent_bits`, the
+  default: biased exponent + 1 when any mantissa bit is set, as hardware `cvt.rp` does; a zero scale gets code 0,
+  2^-127) or in floating point as 2^ceil(fp32(log2 s)) (`ceil_log2`: vLLM's CUDA and Triton quantizers, torchao's
+  RCEIL eager path; a zero scale stays 0). The two differ only for scales 1-2 ulp above a power of two 2^k with
+  |k| >= 2, where fp32 log2 rounds to k itself. Optionally clamped to codes [1, 254] as DeepGEMM does. torch's
+  cast to float8_e8m0fnu rounds to nearest and cannot produce these.
 - `ocp_floor`: OCP Microscaling: 2^(floor(log2 amax) - emax_elem), clamped to the e8m0 range [2^-127, 2^127];
   amax == 0 gives 2^-127. Elements that then exceed qmax are clamped by the quantizer.
 
@@ -42,6 +45,7 @@ __all__ = [
     "ScaleFormula",
     "ScaleLayout",
     "ScaleRule",
+    "Ue8m0Form",
     "apply_scale",
     "compute_scale",
     "float_scale",
@@ -67,10 +71,20 @@ class ScaleRule(str, enum.Enum):
 
 
 class EpsPlacement(str, enum.Enum):
-    """Where eps guards the `float` rule: `amax` -> max(amax, eps) / qmax; `scale` -> max(amax / qmax, eps)."""
+    """Where eps guards the scale: `amax` -> max(amax, eps) / qmax; `scale` -> max(amax / qmax, eps), before any
+    power-of-two rounding; `rounded_scale` -> max(round(amax / qmax), eps), after the `ue8m0` rounding (vLLM's
+    QuantFP8 native path: `exp2(ceil(log2(amax / qmax))).clamp(min=eps)`; the same as `scale` for the float rule)."""
 
     AMAX = "amax"
     SCALE = "scale"
+    ROUNDED_SCALE = "rounded_scale"
+
+
+class Ue8m0Form(str, enum.Enum):
+    """How the `ue8m0` rule rounds a scale up to a power of two (module docstring)."""
+
+    EXPONENT_BITS = "exponent_bits"
+    CEIL_LOG2 = "ceil_log2"
 
 
 class ScaleFormula(str, enum.Enum):
@@ -129,6 +143,7 @@ def float_scale(
     formula: ScaleFormula | str = ScaleFormula.DIVIDE,
 ) -> torch.Tensor:
     """The `float` rule in float32: max(amax, eps) / qmax (or max(amax / qmax, eps), or with * fp32(1/qmax)).
+    With eps_placement `rounded_scale` eps is not applied here (`compute_scale` applies it after rounding).
 
     amax: float32, any shape, >= 0. qmax: the format's largest value (448, 57344, 127, 6, ...). eps >= 0.
     Returns float32 of amax's shape.
@@ -146,21 +161,35 @@ def float_scale(
     s = a / q if formula == ScaleFormula.DIVIDE else a * (1.0 / q)
     if eps_placement == EpsPlacement.SCALE:
         s = torch.maximum(s, eps_t)
-    return s
+    return s  # ROUNDED_SCALE: compute_scale applies eps after the rounding
 
 
-def ue8m0_round_up(s: torch.Tensor, *, clamp_exponent: bool = False) -> torch.Tensor:
-    """Round float32 scales up to powers of two by their bits: the e8m0 code is the biased exponent, + 1 if any
-    mantissa bit is set; the result is that code's value 2^(code - 127).
+def ue8m0_round_up(
+    s: torch.Tensor, *, clamp_exponent: bool = False, form: Ue8m0Form | str = Ue8m0Form.EXPONENT_BITS
+) -> torch.Tensor:
+    """Round float32 scales up to powers of two.
 
-    s: float32, finite, >= 0. s == 0 (an all-zero unit with eps 0) has code 0, i.e. 2^-127 (what hardware
+    form `exponent_bits` (default): the e8m0 code is the biased exponent, + 1 if any mantissa bit is set; the
+    result is 2^(code - 127). s == 0 (an all-zero unit with eps 0) has code 0, i.e. 2^-127 (what hardware
     `cvt.rp.satfinite.ue8m0x2.f32` and torchao give; never 0, which e8m0 cannot hold). A subnormal s becomes
-    2^-126. clamp_exponent (DeepGEMM): the code is clamped to [1, 254], i.e. [2^-126, 2^127]. Codes above 254
-    (s above 2^127) give inf without the clamp. Returns float32 powers of two.
+    2^-126. Codes above 254 (s above 2^127) give inf without the clamp.
+    form `ceil_log2`: 2^ceil(l) with l = log2(s) correctly rounded to float32, as `exp2(ceil(log2(s)))` computes
+    in float32: s == 0 gives 0 (log2 0 = -inf); an exponent below -149 gives 0, below -126 an fp32 subnormal.
+    clamp_exponent (DeepGEMM): the exponent is clamped to [-126, 127] (codes [1, 254]).
+    s: float32, finite, >= 0. Returns float32.
     """
     check_tensor("s", s, dtypes=(torch.float32,))
+    form = _enum("form", form, Ue8m0Form)
     if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
         raise ValueError("s must be finite and >= 0 to round up to a power of two")
+    if form == Ue8m0Form.CEIL_LOG2:
+        pos = s > 0
+        # float64 log2 is within 1 ulp of float64: rounding it to float32 is the correctly rounded fp32 log2
+        l32 = torch.log2(torch.where(pos, s, torch.ones_like(s)).to(torch.float64)).to(torch.float32)
+        e = torch.where(pos, torch.ceil(l32).to(torch.int64), -(2**16))  # log2 0 = -inf: 2^e = 0
+        if clamp_exponent:
+            e = e.clamp(-126, 127)
+        return torch.ldexp(torch.ones_like(s, dtype=torch.float64), e).to(torch.float32)
     bits = s.view(torch.int32).to(torch.int64)
     exp = (bits >> 23) & 0xFF
     man = bits & 0x7FFFFF
@@ -197,20 +226,24 @@ def compute_scale(
     formula: ScaleFormula | str = ScaleFormula.DIVIDE,
     ue8m0_clamp: bool = False,
     emax_elem: int | None = None,
+    ue8m0_form: Ue8m0Form | str = Ue8m0Form.EXPONENT_BITS,
 ) -> torch.Tensor:
     """Scale of each unit from its float32 amax by `rule` (default `float`); float32 of amax's shape.
 
-    `float` and `ue8m0` use qmax, eps, eps_placement, formula (and ue8m0_clamp: DeepGEMM's exponent clamp);
-    `ocp_floor` uses emax_elem (required) and ignores the others.
+    `float` and `ue8m0` use qmax, eps, eps_placement, formula (and ue8m0_clamp: DeepGEMM's exponent clamp,
+    ue8m0_form: how the rounding up is computed); `ocp_floor` uses emax_elem (required) and ignores the others.
     """
     rule = _enum("rule", rule, ScaleRule)
     if rule == ScaleRule.OCP_FLOOR:
         if emax_elem is None:
             raise ValueError("emax_elem is required for the ocp_floor rule")
         return ocp_floor_scale(amax, emax_elem)
+    eps_placement = _enum("eps_placement", eps_placement, EpsPlacement)
     s = float_scale(amax, qmax, eps=eps, eps_placement=eps_placement, formula=formula)
     if rule == ScaleRule.UE8M0:
-        s = ue8m0_round_up(s, clamp_exponent=ue8m0_clamp)
+        s = ue8m0_round_up(s, clamp_exponent=ue8m0_clamp, form=ue8m0_form)
+    if eps_placement == EpsPlacement.ROUNDED_SCALE:
+        s = torch.maximum(s, torch.full_like(s, float(eps)))
     return s
 
 
@@ -219,8 +252,9 @@ def apply_scale(
 ) -> torch.Tensor:
     """x / s (`divide`, default) or x * fp32(1 / s) (`multiply_reciprocal`), in float32.
 
-    x: float tensor (converted to float32 first); s: float32 broadcastable to x. Where s == 0 the result is 0
-    (a zero scale quantizes its whole unit to zero codes, as production kernels guard it).
+    x: float tensor (converted to float32 first); s: float32 broadcastable to x. Where s == 0 the result is x * 0,
+    a zero of x's sign (a zero scale quantizes its whole unit to zero codes, as production kernels guard it: a
+    reciprocal taken as 0 for a zero scale, then x * 0).
     """
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16, torch.float32))
     check_tensor("s", s, dtypes=(torch.float32,))
@@ -231,7 +265,7 @@ def apply_scale(
     s32 = _materialize(s, x32)
     safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
     y = x32 / safe if application == ScaleApplication.DIVIDE else x32 * (1.0 / safe)
-    return torch.where(s32 == 0, torch.zeros_like(y), y)
+    return torch.where(s32 == 0, x32 * 0.0, y)
 
 
 # ----------------------------------------------------------------------------------------------- layouts

@@ -16,6 +16,7 @@ from typing import Any
 
 from reference import activations as act_ref
 from reference import experts as exp_ref
+from reference import formats as fmt_ref
 from reference import quant as q_ref
 from reference import routing as rt_ref
 from reference import scales as sc_ref
@@ -78,11 +79,20 @@ RECIPE_FIELDS: dict[str, Convention] = {c.key: c for c in (
         "vLLM's ue8m0 quantizers)", "ocp_floor": "OCP MX: 2^(floor(log2 amax) - emax)"})),
     Convention("eps", "the guard of an all-zero unit (float rule)", kind="number", default=1e-10),
     Convention("eps_placement", "where eps applies", values=_choices(sc_ref.EpsPlacement, {
-        "amax": "max(amax, eps) / qmax (vLLM, SGLang)", "scale": "max(amax / qmax, eps)"}), default="amax"),
+        "amax": "max(amax, eps) / qmax (vLLM, SGLang)", "scale": "max(amax / qmax, eps)",
+        "rounded_scale": "max(ue8m0(amax / qmax), eps): after the power-of-two rounding (vLLM's QuantFP8 native "
+        "path)"}), default="amax"),
+    Convention("eps_dtype", "the dtype eps is compared in", values=_choices(q_ref.EpsDtype, {
+        "float32": "fp32(eps)", "input": "eps rounded to x's dtype first (torch `x.abs().amax().clamp(min=eps)` "
+        "on bf16/fp16: vLLM's torch reference of group quantization)"}), default="float32"),
     Convention("scale_formula", "how the float scale is computed", values=_choices(sc_ref.ScaleFormula, {
         "divide": "amax / qmax, correctly rounded", "multiply_reciprocal": "amax * fp32(1 / qmax)"}),
         default="divide"),
     Convention("ue8m0_clamp", "clamp the ue8m0 exponent to [1, 254] (DeepGEMM)", kind="bool", default=False),
+    Convention("ue8m0_form", "how the ue8m0 rule rounds up to a power of two", values=_choices(sc_ref.Ue8m0Form, {
+        "exponent_bits": "exponent + 1 when any mantissa bit is set (hardware cvt.rp, DeepGEMM, torchao's "
+        "Triton)", "ceil_log2": "2^ceil(fp32 log2 s) (vLLM's CUDA and Triton quantizers, torchao RCEIL eager): "
+        "differs for s 1-2 ulp above a power of two"}), default="exponent_bits"),
     Convention("application", "how elements are scaled before rounding", values=_choices(sc_ref.ScaleApplication, {
         "divide": "x / s, correctly rounded (vLLM's CUDA quantizers, Triton's div_rn)",
         "multiply_reciprocal": "x * fp32(1 / s) (DeepGEMM's current helpers: x * (1 / sf))",
@@ -95,11 +105,23 @@ RECIPE_FIELDS: dict[str, Convention] = {c.key: c for c in (
         "quant_side": "gs = 448*6 / amax (vLLM, FlashInfer)", "dequant_side": "g = amax / (448*6)"}),
         default="quant_side"),
     Convention("zero_point", "asymmetric weights with explicit zero points", kind="bool", default=False),
+    Convention("nvfp4_scale_form", "how NVFP4 scales x from its block and global scales",
+               values=_choices(q_ref.Nvfp4ScaleForm, {
+                   "element_scale": "es = s_blk / gs (quant side) or s_blk * g, applied per `application`",
+                   "global_reciprocal": "es = s_blk * fp32(1 / gs) (vLLM)",
+                   "reciprocal_over_block": "x * fp32(r / s_blk), r = gs or fp32(1 / g) (torchao)"}),
+               default="element_scale"),
+    Convention("nvfp4_block_floor", "NVFP4 block scales clamped below at 2^-6 before their e4m3 encoding "
+               "(torchao)", kind="bool", default=False),
+    Convention("e2m1_ties", "tie rule of fp4 (e2m1) element codes", values=_choices(fmt_ref.Ties, {
+        "even": "round half to even (PTX cvt.rn, torchao, vLLM)", "toward_zero": "halves round down in magnitude "
+        "(DeepGEMM's fp4 cast)"}), default="even"),
     Convention("ragged_k", "the last group along K may be shorter", kind="bool", default=False),
 )}
-_ACT_QUANT_FIELDS = ("eps", "eps_placement", "scale_formula", "application", "ue8m0_clamp")
-_EXPERT_QUANT_FIELDS = ("scale_rule", "eps", "eps_placement", "scale_formula", "ue8m0_clamp", "application",
-                        "int8_rounding", "global_scale")
+_ACT_QUANT_FIELDS = ("eps", "eps_placement", "scale_formula", "application", "ue8m0_clamp", "ue8m0_form")
+_EXPERT_QUANT_FIELDS = ("scale_rule", "eps", "eps_placement", "scale_formula", "ue8m0_clamp", "ue8m0_form",
+                        "application", "int8_rounding", "global_scale", "nvfp4_scale_form", "nvfp4_block_floor",
+                        "e2m1_ties")
 
 # -- per op --------------------------------------------------------------------------------------------------------
 
@@ -110,7 +132,9 @@ _ACTIVATION = (
                values=_choices(act_ref.GateLayout, {"halves": "[gate | up]", "interleaved": "even/odd columns"})),
     Convention("rounding", "where a gated activation rounds to the output dtype", values=_choices(act_ref.Rounding, {
         "round_once": "fp32 throughout, one rounding (Triton kernels)",
-        "round_activation_first": "act(gate) rounded before the multiply (vLLM CUDA)"}), default="round_once"),
+        "round_activation_first": "act(gate) rounded before the multiply (vLLM CUDA)",
+        "every_step": "every operation rounded to the input dtype, as torch code in that dtype (vLLM's native "
+        "swigluoai)"}), default="round_once"),
     Convention("alpha", "swigluoai's alpha", kind="number", default=act_ref.SWIGLUOAI_ALPHA),
     Convention("beta", "swigluoai's beta", kind="number", default=act_ref.SWIGLUOAI_BETA),
     Convention("limit", "swigluoai's / swiglustep's clamp limit", kind="number", default=act_ref.SWIGLUOAI_LIMIT),
@@ -134,8 +158,8 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
         Convention("quant", "the quantizer's recipe details", kind="recipe", fields=_ACT_QUANT_FIELDS),
     ),
     "group_quant": (
-        *(RECIPE_FIELDS[k] for k in ("eps", "eps_placement", "scale_formula", "application", "int8_rounding",
-                                     "ue8m0_clamp")),
+        *(RECIPE_FIELDS[k] for k in ("eps", "eps_placement", "eps_dtype", "scale_formula", "application",
+                                     "int8_rounding", "ue8m0_clamp", "ue8m0_form")),
         Convention("division", "how the kernel's fp32 divisions round", values={
             "correctly_rounded": "IEEE division (CUDA's `/`, Triton's tl.div_rn, PyTorch)",
             "approximate": "Triton's fp32 `/` on NVIDIA GPUs (div.full.f32, within 2 ulp): codes next to a "
@@ -149,6 +173,10 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
                    values=_choices(exp_ref.IntermediateRounding, {
                        "none": "fp32 throughout", "activation_output": "the activation output (Triton fused_moe)",
                        "gemm1_and_activation_output": "GEMM1's output and the activation's (unfused GEMMs)"})),
+        Convention("bias_placement", "where a GEMM's bias is added", values=_choices(exp_ref.BiasPlacement, {
+            "accumulator": "to the fp32 GEMM result (kernel epilogues)",
+            "rounded_output": "to the GEMM result rounded to the input dtype, the sum rounded again (torch `x @ w.T "
+            "+ b` in bf16: vLLM's torch reference)"}), default="accumulator"),
         Convention("weight_placement", "where the router weight multiplies the expert output",
                    values=_choices(exp_ref.WeightPlacement, {
                        "accumulator": "on GEMM2's fp32 result (Triton fused_moe)",

@@ -54,15 +54,15 @@ from hypothesis import strategies as st
 from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.compare import Comparison, bits
-from harness.core.errors import elementwise_bound, unit_roundoff
+from harness.core.errors import elementwise_bound
 from harness.core.sizes import boundary_sizes, scale
 from harness.ops import activation as act_op
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim, row_subset
 from harness.registry import Adapter
 from reference import activations as ref
-from reference.quant import QuantRecipe, logical_scales, quantize
-from reference.scales import ScaleLayout, compute_scale, to_layout, unpack_ue8m0
+from reference.quant import QuantRecipe, logical_scales, quantize, scale_from_amax
+from reference.scales import ScaleLayout, to_layout, unpack_ue8m0
 
 GATED = tuple(a.value for a in ref.Activation if ref.is_gated(a))
 DTYPES = ("bfloat16", "float16", "float32")
@@ -77,7 +77,7 @@ AXES = (
 )
 QMAX = 448.0
 #: QuantRecipe fields an adapter may fix through its `quant` convention
-QUANT_CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "ue8m0_clamp")
+QUANT_CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "ue8m0_clamp", "ue8m0_form")
 #: clamp limits drawn for clamp_limit=Y cells (inputs are N(0, 9): each one clamps a real share of them)
 CLAMP_LIMITS = (0.5, 2.5, 7.0)
 #: groups per row drawn: partial packed words (G % 4 != 0) and more groups than one program's chunk
@@ -162,9 +162,7 @@ def activation_bound(case: Case, x: torch.Tensor, v32: torch.Tensor, conventions
     act = case.features["activation"]
     kw = activation_kwargs(case, conventions)
     b = elementwise_bound(v32, torch.float32, ulps_fp32=16, magnitude=operand_magnitude(x, act, kw))
-    if kw.get("rounding") == ref.Rounding.ROUND_ACTIVATION_FIRST:
-        b = b + 2 * unit_roundoff(x.dtype) * v32.abs()  # act(gate) may round to the neighbouring value
-    return b
+    return b + act_op.inner_rounding_slack(kw.get("rounding"), x.dtype) * v32.abs()
 
 
 def _outward(v64: torch.Tensor, down: bool) -> torch.Tensor:
@@ -240,10 +238,8 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     a_lo = torch.where(same_sign, torch.minimum(lo.abs(), hi.abs()), torch.zeros_like(lo))
     a_hi = torch.maximum(lo.abs(), hi.abs())
     a_lo, a_hi = (a.view(t, g, recipe.group_size).amax(dim=-1) for a in (a_lo, a_hi))
-    rule = dict(eps=recipe.eps, eps_placement=recipe.eps_placement, formula=recipe.scale_formula,
-                ue8m0_clamp=recipe.ue8m0_clamp)
-    s_lo = compute_scale(a_lo, QMAX, recipe.scale_rule, **rule)
-    s_hi = compute_scale(a_hi, QMAX, recipe.scale_rule, **rule)
+    s_lo = scale_from_amax(a_lo.float(), recipe)
+    s_hi = scale_from_amax(a_hi.float(), recipe)
     pow2_rule = recipe.scale_rule.value == "ue8m0"
 
     return [Check("codes", "custom", expected=qt.codes.view(torch.float8_e4m3fn),

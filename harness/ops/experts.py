@@ -22,7 +22,7 @@ from harness.core.case import Case
 from harness.core.errors import C_DOT, C_OUT, FP8_MMA_REL, UNIT_ROUNDOFF, rounding_bracket, unit_roundoff
 from harness.core.sizes import boundary_sizes, limit, local_experts, num_experts, top_k
 from harness.ops import experts_quant as xq
-from harness.ops.activation import operand_magnitude, oracle_kwargs
+from harness.ops.activation import inner_rounding_slack, operand_magnitude, oracle_kwargs
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
 from harness.ops.experts_quant import ACTIVATIONS
@@ -94,6 +94,8 @@ def _oracle_kwargs(case: Case, conventions: Mapping[str, Any]) -> dict[str, Any]
     kw["activation"] = _act(case)
     if "intermediate_rounding" in conventions:
         kw["intermediate_rounding"] = ref.IntermediateRounding(conventions["intermediate_rounding"])
+    if "bias_placement" in conventions:
+        kw["bias_placement"] = ref.BiasPlacement(conventions["bias_placement"])
     return kw
 
 
@@ -136,20 +138,21 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     the oracle multiplies by (dequantized for a quantized scheme); x_rows: its GEMM1 input rows."""
     dt = cpu["x"].dtype
     u_acc = UNIT_ROUNDOFF["tf32"] if conventions.get("matmul_precision") == "tf32" else UNIT_ROUNDOFF["float32"]
-    u_in = unit_roundoff(dt)
     # weight-only kernels that round dequantized weights before their MMA: one more rounding per product
     u_w = unit_roundoff(conventions["weight_dequant_dtype"]) if "weight_dequant_dtype" in conventions else 0.0
     # fp8 tensor-core partial sums kept at ~14 bits between fp32 promotions: a relative term on |products|
     if conventions.get("matmul_precision") == "fp8_mma_promoted":
         u_w += 2 * FP8_MMA_REL
     hidden, n = w2.shape[1], w2.shape[2]
+    rounded_bias = kw.get("bias_placement") == ref.BiasPlacement.ROUNDED_OUTPUT
     h = _per_slot_matmul(x_rows.double(), w13, ids)
     mag_h = _per_slot_matmul(x_rows.double().abs(), w13.abs(), ids)
-    if "w13_bias" in cpu and cpu["w13_bias"].shape[0] > 0:
-        b = cpu["w13_bias"].double()
-        h = h + torch.where((ids >= 0)[:, None], b[ids.clamp_min(0)], 0.0)
-        mag_h = mag_h + torch.where((ids >= 0)[:, None], b[ids.clamp_min(0)].abs(), 0.0)
+    has_b13 = "w13_bias" in cpu and cpu["w13_bias"].shape[0] > 0
+    if has_b13:  # the kernel's fp32 add of the bias: one more rounding, relative to |b| as well
+        mag_h = mag_h + torch.where((ids >= 0)[:, None], cpu["w13_bias"].double()[ids.clamp_min(0)].abs(), 0.0)
     e_h = (C_DOT * u_acc * math.sqrt(hidden) + u_w) * mag_h
+    if has_b13:
+        h, e_h = _add_bias(h, e_h, cpu["w13_bias"], ids, dt if rounded_bias else None)
     rounding = kw.get("intermediate_rounding", ref.IntermediateRounding.ACTIVATION_OUTPUT)
     if rounding == ref.IntermediateRounding.GEMM1_AND_ACTIVATION_OUTPUT:
         e_h = rounding_bracket(h, e_h, dt)  # the kernel stores h in x.dtype, as the oracle does
@@ -162,8 +165,8 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     # fp32 evaluation: relative to the operands where the activation cancels (gelu's negative tail)
     mag = torch.maximum(a.abs(), operand_magnitude(h, kw["activation"], conventions))
     e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions) + 64 * UNIT_ROUNDOFF["float32"] * mag
-    if kw.get("activation_rounding", acts.Rounding.ROUND_ONCE) != acts.Rounding.ROUND_ONCE:
-        e_a = e_a + u_in * a.abs()  # an inner rounding (e.g. act(gate) before the multiply), not bracketed
+    # inner roundings (e.g. act(gate) before the multiply), not bracketed
+    e_a = e_a + inner_rounding_slack(kw.get("activation_rounding"), dt) * a.abs()
     if rounding != ref.IntermediateRounding.NONE:
         # both round a to x.dtype: they differ only where a is within e_a of a rounding boundary
         e_a = rounding_bracket(a, e_a, dt)
@@ -173,7 +176,23 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
         e_a = xq.requant_error(a, e_a, quant.intermediate, ids >= 0, quant.intermediate_global_scale)
         a = quant.quantize_intermediate(a, ids >= 0)
     e_y = (C_DOT * u_acc * math.sqrt(n) + u_w) * _per_slot_matmul(a.abs(), w2.abs(), ids)
-    return e_y + _per_slot_matmul(e_a, w2.abs(), ids)
+    e_y = e_y + _per_slot_matmul(e_a, w2.abs(), ids)
+    if rounded_bias and "w2_bias" in cpu and cpu["w2_bias"].shape[0] > 0:
+        # the rounding of the GEMM result before the bias, and of the sum: brackets (the oracle rounds the same)
+        _, e_y = _add_bias(_per_slot_matmul(a, w2, ids), e_y, cpu["w2_bias"], ids, dt)
+    return e_y
+
+
+def _add_bias(r: torch.Tensor, e: torch.Tensor, bias: torch.Tensor, ids: torch.Tensor,
+              rounded: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GEMM result r [R, W] (float64) with error bound e, plus each row's expert bias; `rounded`: the result is
+    rounded to that dtype before the add and the sum after it (BiasPlacement.ROUNDED_OUTPUT)."""
+    b = torch.where((ids >= 0)[:, None], bias.double()[ids.clamp_min(0)], 0.0)
+    if rounded is None:
+        return r + b, e
+    e = rounding_bracket(r, e, rounded)
+    r = r.to(rounded).double() + b
+    return r.to(rounded).double(), rounding_bracket(r, e, rounded)
 
 
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:

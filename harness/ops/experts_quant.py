@@ -36,8 +36,15 @@ import torch
 
 from harness.core.case import Case
 from reference import experts as ref
-from reference.quant import QuantDtype, QuantizedTensor, QuantRecipe, QuantUnit, dequantize, quantize
-from reference.scales import compute_scale
+from reference.quant import (
+    QuantDtype,
+    QuantizedTensor,
+    QuantRecipe,
+    QuantUnit,
+    dequantize,
+    quantize,
+    scale_from_amax,
+)
 
 QUANT_TYPES = ("none", "fp8_w8a8", "int8_w8a8", "w8a16", "w8a16_zp", "w4a16", "w4a16_zp", "mxfp8", "mxfp4_a16",
                "mxfp4_a8", "nvfp4")
@@ -227,19 +234,13 @@ def _expand(s: torch.Tensor, like: torch.Tensor, recipe: QuantRecipe) -> torch.T
 
 
 def _bracketed(a: torch.Tensor, e: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
-    from reference.quant import _emax_elem, _qmax
-
     fixed = replace(recipe, layout="row_major", application="divide" if recipe.application.value == "qmax_over_amax"
                     else recipe.application)
     amax = _units(a.abs(), recipe).float()
     amax_lo = _units((a.abs() - e).clamp_min(0), recipe).float()
     amax_hi = _units(a.abs() + e, recipe).float()
-    kw = dict(eps=recipe.eps, eps_placement=recipe.eps_placement, formula=recipe.scale_formula,
-              ue8m0_clamp=recipe.ue8m0_clamp, emax_elem=_emax_elem(recipe.dtype))
-    qmax = _qmax(recipe.dtype)
-    nominal = compute_scale(amax, qmax, recipe.scale_rule, **kw)
-    candidates = [compute_scale(amax_lo, qmax, recipe.scale_rule, **kw), nominal,
-                  compute_scale(amax_hi, qmax, recipe.scale_rule, **kw)]
+    nominal = scale_from_amax(amax, recipe)
+    candidates = [scale_from_amax(amax_lo, recipe), nominal, scale_from_amax(amax_hi, recipe)]
     base = dequantize(quantize(a.float(), fixed, scales=nominal), torch.float64)
     # a scale that moved by a relative r moves every a/s by r|a|/s: widen the interval by it
     rel = ((candidates[2] - candidates[0]) / nominal.clamp_min(1e-30)).double()

@@ -68,7 +68,8 @@ AXES = (
     Axis("input_dtype", "Input dtype", INPUT_DTYPES),
 )
 #: adapter conventions mapped onto QuantRecipe fields (the rest of the recipe comes from the cell)
-CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "int8_rounding", "ue8m0_clamp")
+CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "int8_rounding", "ue8m0_clamp",
+                   "ue8m0_form", "eps_dtype")
 _CODE_DTYPES = {"fp8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8}
 _QMAX = {"fp8_e4m3fn": 448.0, "int8": 127.0}
 _UNIT = {"group": QuantUnit.GROUP, "token": QuantUnit.ROW, "tensor": QuantUnit.TENSOR}
@@ -227,13 +228,14 @@ def oracle(x: torch.Tensor, features: Mapping[str, str], conventions: Mapping[st
     return codes, s
 
 
-def _ulp_interval(s: torch.Tensor, ulps: int, rule: str, clamp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _ulp_interval(s: torch.Tensor, ulps: int, rule: str, r: QuantRecipe) -> tuple[torch.Tensor, torch.Tensor]:
     lo, hi = s.clone(), s.clone()
     for _ in range(ulps):
         lo = torch.nextafter(lo, torch.zeros_like(lo)).clamp_min(0.0)
         hi = torch.nextafter(hi, torch.full_like(hi, math.inf))
     if rule == "ue8m0":
-        lo, hi = ue8m0_round_up(lo, clamp_exponent=clamp), ue8m0_round_up(hi, clamp_exponent=clamp)
+        kw = {"clamp_exponent": r.ue8m0_clamp, "form": r.ue8m0_form}
+        lo, hi = ue8m0_round_up(lo, **kw), ue8m0_round_up(hi, **kw)
     return lo, hi
 
 
@@ -303,7 +305,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     else:
         want = logical_scales(quantize(x, dataclasses.replace(r, layout=ScaleLayout.ROW_MAJOR)))
         want = want.reshape(()) if f["unit"] == "tensor" else want
-    lo, hi = _ulp_interval(want, ulps, f["scale_rule"], r.ue8m0_clamp)
+    lo, hi = _ulp_interval(want, ulps, f["scale_rule"], r)
 
     def judge_scales(actual: torch.Tensor, _: Mapping[str, torch.Tensor]) -> Any:
         if f["scale_layout"] == "packed_ue8m0":
