@@ -228,7 +228,7 @@ def _torchao_nvfp4(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torc
     return _e2m1_nearest(y, False), s
 
 
-def _codes_and_block_scales(qt) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def _codes_and_block_scales(qt) -> tuple[torch.Tensor, torch.Tensor]:
     return formats.unpack_nibbles(qt.codes), formats.decode(logical_scales(qt), formats.FloatFormat.E4M3FN)
 
 
