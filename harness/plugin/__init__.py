@@ -16,8 +16,10 @@ on), `moe_results` (its `ResultStore`), `moe_unverifiable` (interpreter features
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +137,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_active(config):
         return
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "absent") is None:
+        # the xdist controller chooses the run's uid now, so that it knows its workers' results files
+        config.option.testrunuid = uuid.uuid4().hex
     timeout = config.getoption("moe_case_timeout")
     if timeout < 0:
         raise pytest.UsageError(f"--moe-case-timeout must be >= 0, got {timeout:g}")
@@ -258,7 +263,43 @@ def moe_results(request: pytest.FixtureRequest) -> Any:
     from harness.store.results import ResultStore, new_run_id
 
     folder = request.config.getoption("moe_results_dir") or request.config.getini("moe_results_dir")
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or new_run_id()
-    store = ResultStore(folder, run_id=f"pytest-{run_id}", worker=os.environ.get("PYTEST_XDIST_WORKER"))
+    store = ResultStore(folder, run_id=f"pytest-{_run_id() or new_run_id()}",
+                        worker=os.environ.get("PYTEST_XDIST_WORKER"))
+    # a fatal signal in a kernel (segfault, abort) is written next to the results: the case left pending names it
+    store.directory.mkdir(parents=True, exist_ok=True)
+    faults = open(store.fault_path, "w")
+    faulthandler.enable(file=faults)
     yield store
     store.close()
+    if sys.__stderr__ is not None:
+        faulthandler.enable(file=sys.__stderr__)
+    faults.close()
+    if store.fault_path.stat().st_size == 0:
+        store.fault_path.unlink()
+
+
+def _run_id() -> str:
+    """This session's results run id when a parent chose it: xdist's test-run uid (workers), or the supervising
+    parent's (harness.plugin.supervise); empty otherwise."""
+    from harness.plugin import supervise
+
+    return supervise.run_id() or os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """On the xdist controller: the cases its crashed workers were judging get their error verdicts and case
+    files (each worker left a `pending` record before running one)."""
+    config = session.config
+    uid = getattr(config.option, "testrunuid", None)
+    if hasattr(config, "workerinput") or not uid or not is_active(config):
+        return
+    from harness.store.results import resolve_pending
+
+    folder = config.getoption("moe_results_dir") or config.getini("moe_results_dir")
+    dead = resolve_pending(folder, f"pytest-{uid[:12]}", "an xdist worker died")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    for r in dead:
+        if reporter is not None:
+            reporter.write_line(f"moe-harness: {r.case.case_id} ({r.adapter}) recorded as error: {r.reason}")
+    if dead and session.exitstatus == 0:
+        session.exitstatus = 1

@@ -59,6 +59,7 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
         cells = cells[index::count] or [cells[index % len(cells)]]
 
     def prop(case):  # type: ignore[no-untyped-def]
+        moe_results.begin(case, moe_device.to_dict(), moe_device.generation)  # resolved if the kernel kills us
         r = runner.judge(case, adapter, moe_device, unverifiable=moe_unverifiable)
         moe_results.append(r)
         assert r.verdict in ("pass", "not-verifiable"), _explain(r)
@@ -90,6 +91,7 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
     for cell in cells[:12]:
         fields = spec.boundary(adapter, cell)[1]
         case = runner.Case(op=adapter.op, adapter=adapter.name, features=cell, **fields)
+        moe_results.begin(case, moe_device.to_dict(), moe_device.generation)
         r = runner.judge(case, adapter, moe_device)
         moe_results.append(r)
         if r.verdict == "pass":

@@ -18,6 +18,9 @@ import select
 import signal
 import subprocess
 import sys
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,17 @@ from harness.core.exits import exit_cause
 
 _ENV = "MOE_HARNESS_SUPERVISE"
 _FD_ENV = "MOE_HARNESS_SUPERVISOR_FD"
+#: the results run id the parent chooses for its child, so that it can find the child's pending case
+RUN_ID_ENV = "MOE_HARNESS_RUN_ID"
+
+
+#: in the supervised child: the results run id its parent chose (taken once, hidden from subprocesses)
+_run_id: str | None = os.environ.pop(RUN_ID_ENV, None)
+
+
+def run_id() -> str:
+    """The results run id the supervising parent chose for this session, or ""."""
+    return _run_id or ""
 
 
 def _take_channel() -> int | None:
@@ -69,12 +83,29 @@ def start(config: pytest.Config) -> None:
     if capture is not None:  # pytest already redirects fds 0-2 to its capture files: give the child the real ones
         capture.suspend_global_capture(in_=True)
     read_end, write_end = os.pipe()
-    env = dict(os.environ, **{_FD_ENV: str(write_end)})
+    # the results store's run-id form, made here without importing the store (it imports torch)
+    chosen = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    env = dict(os.environ, **{_FD_ENV: str(write_end), RUN_ID_ENV: chosen})
+    folder = getattr(config.known_args_namespace, "moe_results_dir", None) or config.getini("moe_results_dir")
     sys.stdout.flush()
     sys.stderr.flush()
     child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env=env, pass_fds=(write_end,))
     os.close(write_end)
-    os._exit(_watch(child, read_end))
+    os._exit(_watch(child, read_end, lambda code: _record_the_dead_case(folder, chosen, code)))
+
+
+def _record_the_dead_case(folder: str, run_id: str, code: int) -> None:
+    """The case the child was judging when it died gets its error verdict and case file (harness.store.results)."""
+    from harness.store.results import resolve_pending
+
+    try:
+        dead = resolve_pending(folder, f"pytest-{run_id}", exit_cause(code))
+    except OSError as e:
+        sys.stderr.write(f"moe-harness: could not record the case that was running ({e})\n")
+        return
+    for r in dead:
+        sys.stderr.write(f"moe-harness: recorded {r.case.case_id} ({r.adapter}) as error: {r.reason}; its case file "
+                         f"is in {os.path.join(folder, 'cases')}\n")
 
 
 def tell(line: str) -> None:
@@ -86,8 +117,9 @@ def tell(line: str) -> None:
             pass
 
 
-def _watch(proc: subprocess.Popen, channel: int) -> int:
-    """The parent: relay signals, follow the child's messages, and return the exit status this process ends with."""
+def _watch(proc: subprocess.Popen, channel: int, on_unclosed: Callable[[int], None] | None = None) -> int:
+    """The parent: relay signals, follow the child's messages, and return the exit status this process ends with.
+    `on_unclosed(status)` runs when the child died without closing."""
     child = proc.pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child from the terminal; it reports it
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -121,5 +153,7 @@ def _watch(proc: subprocess.Popen, channel: int) -> int:
     sys.stderr.write(f"\nmoe-harness: the pytest session ended without closing ({exit_cause(code)}){where}. A test "
                      "ended the process (a kernel's exit or crash in C code); its verdict and those of every later "
                      "test are missing. Run with -n 1 (pytest-xdist) to have the crash reported and the rest run.\n")
+    if on_unclosed is not None:
+        on_unclosed(code)
     sys.stderr.flush()
     return shell_code or 1

@@ -78,6 +78,17 @@ class ResultStore:
 
             warnings.warn(f"could not write the case file of {result.case.case_id}: {e}", stacklevel=3)
 
+    def begin(self, case: Any, device: dict[str, Any], generation: str) -> None:
+        """Write a `pending` record before a case runs: if the process dies inside the kernel, `resolve_pending`
+        turns it into an error verdict with a case file (the result line written after judging resolves it)."""
+        self.append_meta("pending", {"pending": case.to_dict(), "case_id": case.case_id, "device": device,
+                                     "generation": generation})
+
+    @property
+    def fault_path(self) -> Path:
+        """Where this process's fatal-signal traceback goes (faulthandler), next to its results."""
+        return self.path.with_suffix(".faults")
+
     def append_meta(self, kind: str, record: dict[str, Any]) -> None:
         """Write one metadata record (not a verdict; not counted)."""
         self._write({"kind": kind, "schema": SCHEMA_VERSION, "run_id": self.run_id, **record})
@@ -92,6 +103,54 @@ class ResultStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def resolve_pending(directory: str | os.PathLike, prefix: str, cause: str = "") -> list[Result]:
+    """Turn every `pending` record of the files `<directory>/<prefix>*.jsonl` that no verdict followed (its process
+    died inside the kernel) into an error verdict, appended to the same file with its case file. The reason names
+    `cause` and the fatal error faulthandler wrote next to the file (e.g. "Segmentation fault"), if any."""
+    from harness.core.case import Case
+
+    found: list[Result] = []
+    for path in sorted(Path(directory).glob(f"{prefix}*.jsonl")):
+        open_cases: dict[str, dict[str, Any]] = {}
+        for line in _read_lines(path):
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(d, dict):
+                continue
+            if d.get("kind") == "pending":
+                open_cases[d.get("case_id", "")] = d
+            elif "case" in d:
+                try:
+                    open_cases.pop(Result.from_dict(d).case.case_id, None)
+                except (KeyError, TypeError, ValueError):
+                    continue
+        if not open_cases:
+            continue
+        fault = _fault_text(path.with_suffix(".faults"))
+        store = ResultStore(path.parent, run_id=path.stem)
+        for rec in open_cases.values():
+            why = "; ".join(w for w in (cause, fault) if w)
+            r = Result(case=Case.from_dict(rec["pending"]), verdict="error",
+                       reason=f"the process died while the kernel ran this case ({why or 'no cause recorded'}): no "
+                              "verdict was written by it", generation=rec.get("generation", ""),
+                       device=rec.get("device", {}), metrics={"exception": "process died"})
+            store.append(r)
+            found.append(r)
+        store.close()
+    return found
+
+
+def _fault_text(path: Path) -> str:
+    """The first line of a faulthandler dump ("Fatal Python error: Segmentation fault"), or ""."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 class ResultsFileError(ValueError):

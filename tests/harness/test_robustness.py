@@ -113,6 +113,31 @@ def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> Non
     assert "1 passed" in out, out[-3000:]
     kept = [r for r in load_results([tmp_path]) if r.adapter == "reference-activation"]
     assert kept and all(r.verdict in ("pass", "not-verifiable") for r in kept)
+    # the case the worker died in has its verdict (error, naming the signal) and a replayable case file
+    dead = [r for r in load_results([tmp_path]) if r.adapter == "robust-segv"]
+    assert len(dead) == 1 and dead[0].verdict == "error", out[-3000:]
+    assert "Segmentation fault" in dead[0].reason, dead[0].reason
+    assert (tmp_path / "cases" / f"{dead[0].case.case_id}.json").exists()
+    assert "recorded as error" in out, out[-3000:]
+
+
+def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -> None:
+    """Plain `pytest` (one process, supervised): the session fails with the signal and the case is recorded."""
+    from harness.plugin import is_installed
+
+    plugin = [] if is_installed() else ["-p", "harness.plugin"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin,
+           "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir", str(tmp_path),
+           "--moe-adapter", "tests.harness.test_robustness:SEGV"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("MOE_HARNESS_SUPERVISE", None)
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 128 + signal.SIGSEGV, out[-3000:]
+    dead = load_results([tmp_path])
+    assert [r.verdict for r in dead] == ["error"], out[-3000:]
+    assert "SIGSEGV" in dead[0].reason and "Segmentation fault" in dead[0].reason, dead[0].reason
+    assert (tmp_path / "cases" / f"{dead[0].case.case_id}.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
