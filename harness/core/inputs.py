@@ -104,8 +104,13 @@ def topk_weights(case: Case, m: int, k: int, device: str) -> torch.Tensor:
     return (w / w.sum(dim=1, keepdim=True).clamp_min(1e-12)).to(device)
 
 
-def expert_map(case: Case, e: int, device: str) -> torch.Tensor | None:
-    """An expert map (global -> local id or -1) when the case asks for one: `params["local_experts"]` local ids."""
+def expert_map(case: Case, e: int, device: str, routed: torch.Tensor | None = None) -> torch.Tensor | None:
+    """An expert map (global -> local id or -1) when the case asks for one: `params["local_experts"]` local ids.
+
+    routed: the routed global ids; when given (and some expert is local) at least one of them is made local, by
+    swapping its map entry with a local expert's: a map that excludes every routed expert gives an all-zero output,
+    which tests nothing (that is a deliberate boundary case: local_experts = 0).
+    """
     n_local = case.params.get("local_experts")
     if n_local is None:
         return None
@@ -113,4 +118,9 @@ def expert_map(case: Case, e: int, device: str) -> torch.Tensor | None:
     local = torch.randperm(e, generator=g)[:n_local].sort().values
     m = torch.full((e,), -1, dtype=torch.int32)
     m[local] = torch.arange(n_local, dtype=torch.int32)
+    if routed is not None and n_local > 0 and routed.numel() > 0:
+        ids = routed.detach().cpu().long().reshape(-1)
+        if not bool((m[ids] >= 0).any()):
+            first, donor = int(ids[0]), int(local[0])
+            m[first], m[donor] = m[donor].clone(), m[first].clone()
     return m.to(device)

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -515,7 +515,8 @@ class _Judging:
             return self.result("error", f"harness error while judging: {type(e).__name__}: {e}",
                                metrics_trace=traceback.format_exc(limit=4))
         reason, metrics = _summary(checks)
-        return self.result("fail" if reason else "pass", reason, checks, **metrics)
+        return self.result("fail" if reason else "pass", reason, checks, exercised=exercised(expected.values()),
+                           **metrics)
 
     def compare(self, spec: ops.OpSpec, specs: Mapping[str, OutputSpec], expected: Mapping[str, Check],
                 first: Mapping[str, torch.Tensor], second: Mapping[str, torch.Tensor] | None) -> list[Comparison]:
@@ -549,6 +550,27 @@ class _Judging:
             found.append(_check(f"batch_invariant:{name}", same,
                                 "" if same else f"{name}: rows change when the other tokens of the batch change"))
         return found
+
+
+def exercised(checks: Iterable[Check]) -> dict[str, Any]:
+    """What a case exercised, from the oracle's expected outputs (within their contract masks): elements judged and
+    how many of the floating-point ones are non-zero. `vacuous`: nothing judged, or every floating-point expected
+    value zero (no local expert, no token): such a case can pass whatever the kernel computes."""
+    elements = nonzero = floats = seen = 0
+    for chk in checks:
+        t = chk.expected
+        if t is None:
+            continue
+        seen += 1
+        t = t.detach()
+        if chk.mask is not None:
+            t = t[chk.mask.detach().to(t.device).expand(t.shape)] if chk.mask.shape != t.shape else t[chk.mask]
+        elements += t.numel()
+        if t.is_floating_point():
+            floats += t.numel()
+            nonzero += int((t.float() != 0).sum())
+    vacuous = seen > 0 and (elements == 0 or (floats > 0 and nonzero == 0))  # no expected tensor: cannot tell
+    return {"elements": elements, "nonzero": nonzero, "vacuous": vacuous}
 
 
 def _determinism_checks(specs: Mapping[str, Any], first: Mapping[str, torch.Tensor],

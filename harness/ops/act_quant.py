@@ -318,7 +318,7 @@ def _codes_judge(layout: str, t: int, g: int, lo: torch.Tensor, v: torch.Tensor,
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # T = 0: a boundary case
     max_g = adapter.limits.get("max_groups", _MAX_GROUPS[scale()])
     g = draw(st.one_of(st.sampled_from([v for v in (1, 3, 4, 5, 9) if v <= max_g]),
                        st.integers(min_value=1, max_value=max_g)))

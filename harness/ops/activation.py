@@ -97,7 +97,7 @@ def operand_magnitude(x: torch.Tensor, act: str, conventions: Mapping[str, Any])
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # T = 0: a boundary case
     n = draw(boundary_sizes(lim(adapter, "block_N") if "block_N" in adapter.limits else 64, lim(adapter, "max_N"),
                             minimum=1))
     return {"shapes": {"T": t, "N": n}, "dtypes": {"x": cell["dtype"]}}

@@ -38,7 +38,7 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     ids = gen.topk_ids(case, m, e, k, device).to(case.dtype("topk_ids", "int32"))
     found = {"topk_ids": ids}
     if case.features["expert_map"] != "none":
-        found["expert_map"] = gen.expert_map(case, e, device)
+        found["expert_map"] = gen.expert_map(case, e, device, routed=ids)
     return found
 
 
@@ -74,7 +74,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     e = draw(num_experts(lim(adapter, "max_E")))
     k = draw(top_k(e, lim(adapter, "max_k")))
-    m = draw(boundary_sizes(int(cell["block_size"]), lim(adapter, "max_M") * 4))
+    m = draw(boundary_sizes(int(cell["block_size"]), lim(adapter, "max_M") * 4, minimum=1))  # 0: a boundary case
     params = {}
     if cell["expert_map"] != "none":
         params["local_experts"] = draw(local_experts(e))
@@ -90,7 +90,7 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
                           (bs + 1, 257, 8, "skewed"), (3 * bs, 33, 33, "random"), (50, 64, 6, "one_expert")):
         if e > lim(adapter, "max_E"):
             continue
-        params = {"local_experts": e // 3} if cell["expert_map"] != "none" else {}
+        params = {"local_experts": e // 3 if m != 1 else 0} if cell["expert_map"] != "none" else {}  # 1: none local
         found.append({"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"topk_ids": cell["ids_dtype"]},
                       "routing": rout, "params": params})
     return found

@@ -65,6 +65,8 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     if _batched(case):
         t = case.shape("max_tokens")
         counts = torch.randint(0, t + 1, (e_local,), generator=gen.generator(case, "counts"), dtype=torch.int32)
+        if e_local and not bool(counts.any()):  # no token anywhere tests nothing: the first expert gets them all
+            counts[0] = t
         found["x"] = gen.randn(case, "x", (e_local, t, hidden), dt, device)
         found["expert_num_tokens"] = counts.to(device)
     else:
@@ -75,7 +77,7 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
             found["topk_weights"] = gen.uniform(case, "topk_weights", (m, 1), 0.05, 1.0, device)
         found["topk_ids"] = gen.topk_ids(case, m, e, k, device)
         if yes(case.features["expert_map"]):
-            found["expert_map"] = gen.expert_map(case, e, device)
+            found["expert_map"] = gen.expert_map(case, e, device, routed=found["topk_ids"])
     sch = xq.scheme(case, {})
     if sch is not None:
         xq.quantize_weights(found, sch, device)
@@ -290,12 +292,21 @@ def _fit(v: int, mult: int) -> int:
     return max(mult, -(-v // mult) * mult) if mult > 1 else v
 
 
+def _sizes(block: int, large: int, mult: int) -> st.SearchStrategy[int]:
+    """K or N: tile edges for unquantized cells; for a cell quantized in groups of `mult` (G128, G32...) one to
+    several groups, at least three possible even where `large` allows fewer, so that the scale of group g > 0
+    (along K and along N) is indexed at every scale: a scale read one group off is invisible with one group."""
+    if mult <= 2:
+        return boundary_sizes(block, large, minimum=1).map(lambda v: _fit(v, mult))
+    most = max(3, -(-large // mult))
+    return st.one_of(st.sampled_from(sorted({1, 2, 3})), st.integers(1, most)).map(lambda q: q * mult)
+
+
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     k_mult, n_mult = _multiples(adapter, cell)
     e = draw(num_experts(min(lim(adapter, "max_E"), 64)))
-    hidden = draw(boundary_sizes(limit(adapter, "block_K", 32), lim(adapter, "max_K"), minimum=1))
-    n = draw(boundary_sizes(limit(adapter, "block_N", 32), lim(adapter, "max_N"), minimum=1))
-    hidden, n = _fit(hidden, k_mult), _fit(n, n_mult)
+    hidden = draw(_sizes(limit(adapter, "block_K", 32), lim(adapter, "max_K"), k_mult))
+    n = draw(_sizes(limit(adapter, "block_N", 32), lim(adapter, "max_N"), n_mult))
     params: dict[str, Any] = _quant_params(adapter, cell)
     if cell["format"] == "batched":
         t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))
@@ -305,8 +316,9 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     # edges of the block and of its half (a kernel may run half-height tiles for an expert's last block), and decode
     # batches of at most 16 routed slots (kernels switch to a per-slot path there: ours, vLLM's)
     block = lim(adapter, "block_M")
-    m = draw(st.one_of(boundary_sizes(max(block // 2, 1), lim(adapter, "max_M")),
-                       boundary_sizes(block, lim(adapter, "max_M")),
+    # M = 0 and no local expert are boundary cases (their output is all zeros), never drawn
+    m = draw(st.one_of(boundary_sizes(max(block // 2, 1), lim(adapter, "max_M"), minimum=1),
+                       boundary_sizes(block, lim(adapter, "max_M"), minimum=1),
                        st.integers(min_value=1, max_value=max(1, min(16 // k, lim(adapter, "max_M"))))))
     if yes(cell["expert_map"]):
         params["local_experts"] = draw(local_experts(e))
@@ -320,17 +332,23 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
     block = lim(adapter, "block_M")
     k_mult, n_mult = _multiples(adapter, cell)
     qparams = _quant_params(adapter, cell)
+    # the last two are the deliberate vacuous cases (all-zero output): no token, and no local expert
     for m, e, k, hidden, n, rout in ((1, 4, 2, 32, 16, "random"), (block + 1, 8, 2, 65, 33, "some_empty"),
-                                     (2 * block - 1, 257, 4, 16, 16, "random"), (9, 8, 8, 48, 24, "one_expert")):
+                                     (2 * block - 1, 257, 4, 16, 16, "random"), (9, 8, 8, 48, 24, "one_expert"),
+                                     (0, 4, 2, 32, 16, "random"), (3, 4, 2, 32, 16, "random")):
         if e > lim(adapter, "max_E"):
             continue
         hidden, n = _fit(hidden, k_mult), _fit(n, n_mult)
+        if rout == "some_empty" and k_mult > 2:  # several scale groups along K and N (G128: K = 384, N = 256)
+            hidden, n = 3 * k_mult, 2 * n_mult
         if cell["format"] == "batched":
+            if m == 0:
+                continue
             found.append({"shapes": {"E": min(e, 16), "K": hidden, "N": n, "max_tokens": m},
                           "dtypes": {"x": cell["dtype"]}, "params": dict(qparams)})
             continue
         k = 1 if yes(cell["apply_weight_on_input"]) else k
-        params = {"local_experts": e // 2} if yes(cell["expert_map"]) else {}
+        params = {"local_experts": e // 2 if m != 3 else 0} if yes(cell["expert_map"]) else {}
         found.append({"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
                       "routing": rout, "params": {**params, **qparams}})
     return found

@@ -344,7 +344,7 @@ def _fields(cell: Mapping[str, str], m: int, k: int, pattern: str, *, exponent: 
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
     max_k = lim(adapter, "max_K")
     if cell["unit"] == "group":
         gs = int(cell["group_size"])

@@ -40,7 +40,7 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
         "topk_ids": gen.topk_ids(case, m, e, k, device),
     }
     if yes(case.features["expert_map"]):
-        found["expert_map"] = gen.expert_map(case, e, device)
+        found["expert_map"] = gen.expert_map(case, e, device, routed=found["topk_ids"])
     return found
 
 
@@ -80,7 +80,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     e = draw(num_experts(lim(adapter, "max_E")))
     k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
-    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
     hidden = draw(boundary_sizes(64, lim(adapter, "max_K"), minimum=1))
     params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from([1.0, 2.5]))}
     if yes(cell["expert_map"]):
@@ -97,7 +97,7 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
         k = 1 if yes(cell["apply_weight_on_input"]) else k
         params: dict[str, Any] = {"routed_scaling_factor": 2.5}
         if yes(cell["expert_map"]):
-            params["local_experts"] = e // 2
+            params["local_experts"] = e // 2 if m != 1 else 0  # M = 1: the deliberate none-local case
         found.append({"shapes": {"M": m, "E": e, "k": k, "K": hidden}, "dtypes": {"expert_out": cell["dtype"]},
                       "params": params})
     return found

@@ -152,7 +152,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     if grouped:
         params.update(num_groups=g, topk_group=tg,
                       routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
-    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M")))
+    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
     patterns = ["random", "skewed", "one_expert", "some_empty"] + ([] if grouped else ["ties"])
     routing = "nonfinite" if yes(cell["nonfinite_rows"]) else draw(st.sampled_from(patterns))
     return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"router_logits": cell["logits_dtype"]},

@@ -58,14 +58,19 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     if count > 1:  # this item's share: every count-th cell (round robin when there are fewer cells than shards)
         cells = cells[index::count] or [cells[index % len(cells)]]
 
+    judged: list[Result] = []
+
     def prop(case):  # type: ignore[no-untyped-def]
         moe_results.begin(case, moe_device.to_dict(), moe_device.generation)  # resolved if the kernel kills us
         r = runner.judge(case, adapter, moe_device, unverifiable=moe_unverifiable)
         moe_results.append(r)
+        judged.append(r)
         assert r.verdict in ("pass", "not-verifiable"), _explain(r)
 
+    deliberate: set[str] = set()
     if index == 0:
-        for pinned in REGRESSIONS.get(moe_adapter_name, []):
+        for pinned in explicit_examples(adapter, cells):
+            deliberate.add(pinned.case_id)
             prop = example(case=pinned)(prop)
     test = given(case=hs.cases(adapter, cells))(prop)
     if count > 1:  # the examples are divided too, each shard with its own reproducible seed
@@ -75,6 +80,44 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     else:
         test = settings(moe_profile)(test)
     test()
+    _fail_on_vacuous_cells(judged, deliberate)
+
+
+def explicit_examples(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
+    """Cases run first, every time, before the drawn ones: the adapter's pinned regressions and the vacuous
+    boundary cases hypothesis never draws (the planted-bug suite runs the same ones)."""
+    return [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells)]
+
+
+def _vacuous_boundary_cases(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
+    """The op's boundary cases with no token (M or T = 0) and with no local expert, the first of each kind among
+    the cells: their expected output is empty or all zeros, so hypothesis never draws them, but a kernel must still
+    handle them (write its zeros, not crash)."""
+    kinds = {"no token": lambda f: 0 in (f["shapes"].get("M"), f["shapes"].get("T")),
+             "no local expert": lambda f: f.get("params", {}).get("local_experts") == 0}
+    found: dict[str, Case] = {}
+    for cell in cells[:64]:
+        for fields in ops.get(adapter.op).boundary(adapter, cell):
+            for kind, matches in kinds.items():
+                if kind not in found and matches(fields):
+                    found[kind] = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields)
+        if len(found) == len(kinds):
+            break
+    return list(found.values())
+
+
+def _fail_on_vacuous_cells(judged: list[Result], deliberate: set[str]) -> None:
+    """A declared cell whose every drawn case passed vacuously (an all-zero or empty expected output, which any
+    kernel that clears its output passes) was not tested: say so instead of passing."""
+    cells: dict[str, list[bool]] = {}
+    for r in judged:
+        if r.verdict != "pass" or r.case.case_id in deliberate:
+            continue
+        key = ", ".join(f"{k}={v}" for k, v in sorted(r.case.features.items()))
+        cells.setdefault(key, []).append(bool(r.metrics.get("exercised", {}).get("vacuous", False)))
+    empty = [key for key, vac in cells.items() if all(vac)]
+    assert not empty, ("declared cells exercised only by vacuous cases (all-zero or empty expected output: nothing "
+                       "was tested): " + "; ".join(empty))
 
 
 def _normalized(text: str) -> str:

@@ -273,7 +273,11 @@ def _per_generation(recs: Sequence[Result], gens: Sequence[str]) -> dict[str, di
             st = "not run"
         elif not ge and any(r.verdict == "not-verifiable" for r in gr):
             st = "not verifiable"
+        recorded = [r for r in ge if r.verdict == "pass" and "exercised" in r.metrics]
         per_gen[g] = {"status": st, "exercised": len(ge), "passed": gp,
+                      # passing cases that tested something (None: verdicts from before this was recorded)
+                      "nonvacuous": sum(not r.metrics["exercised"].get("vacuous", False) for r in recorded)
+                      if recorded else None,
                       "counts": dict(sorted(Counter(r.verdict for r in gr).items()))}
     return per_gen
 
@@ -446,10 +450,11 @@ def _values_cell(ax: Mapping[str, Any]) -> str:
 def _gens_cell(a: Mapping[str, Any]) -> str:
     found = []
     for g, s in a["generations"].items():
+        backed = "" if s.get("nonvacuous") is None else f"{s['nonvacuous']} non-vacuous"
         if s["status"] == "pass":
-            found.append(g)
+            found.append(f"{g} ({backed})" if backed else g)
         elif s["status"] == "partial":
-            found.append(f"{g} (partial: {s['passed']} of {s['exercised']})")
+            found.append(f"{g} (partial: {s['passed']} of {s['exercised']}" + (f"; {backed})" if backed else ")"))
     return ", ".join(found) if found else "(none)"
 
 
@@ -501,9 +506,10 @@ def _header(model: Mapping[str, Any]) -> list[str]:
     out += ["How to read the tables: a feature value is listed when every case that exercised it passed (on every "
             "generation that ran it); a value with a footnote passed in some cases and failed in others; a value "
             "that never passed, or never ran (rejected cleanly as undeclared, or not verifiable), is not listed. "
-            "`*` marks a value that works but that the kernel does not declare. Quick runs sweep a pairwise "
-            "covering set of the cells of large ops (every pair of values of two axes appears in some cell), full "
-            "runs every cell; not-applicable combinations are never swept or shown.", ""]
+            "`*` marks a value that works but that the kernel does not declare; \"N non-vacuous\" counts the passing "
+            "cases whose expected output was not all zeros or empty (cases that could have failed). Quick runs sweep "
+            "a pairwise covering set of the cells of large ops (every pair of values of two axes appears in some "
+            "cell), full runs every cell; not-applicable combinations are never swept or shown.", ""]
     return out
 
 

@@ -35,7 +35,9 @@ _ALL_DTYPES = ("bfloat16", "float16", "float32")
 
 #: activation conventions shared by every adapter here: gate first, each activation's own layout (halves;
 #: interleaved for swigluoai), its default parameters, fp32 evaluation rounded once
-_ACT_CONVENTIONS = {"gate_order": "gate_first", "rounding": "round_once", **fk.SWIGLUOAI_PARAMS}
+#: swigluoai's constants as gpt-oss specifies them (stated here, never read from the kernel: a wrong constant in
+#: the kernel must fail, not be followed by the oracle)
+_ACT_CONVENTIONS = {"gate_order": "gate_first", "rounding": "round_once", "alpha": 1.702, "beta": 1.0, "limit": 7.0}
 
 #: quantized cells of the standard Triton path (kernels.quant_gemm): quant_type -> its formats
 TRITON_QUANT = {"fp8_w8a8": ("T", "A", "G128"), "int8_w8a8": ("T", "A"), "w8a16": ("A", "G128"),

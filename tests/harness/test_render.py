@@ -50,8 +50,20 @@ def test_every_failing_case_is_reported_and_nothing_failing_is_listed_as_passing
                     assert v["note"], (a["name"], ax["name"], v["value"])
     # a real verdict beats the parent's timeout marker for the same case
     toy = next(a for a in model["adapters"] if a["name"] == "toy-experts")
-    assert toy["generations"]["interp"] == {"status": "pass", "exercised": 4, "passed": 4,
+    assert toy["generations"]["interp"] == {"status": "pass", "exercised": 4, "passed": 4, "nonvacuous": None,
                                             "counts": {"pass": 4, "unsupported": 1}}
+
+
+def test_non_vacuous_cases_are_counted_per_generation() -> None:
+    """Verdicts that record what they exercised: the matrix says how many passing cases could have failed."""
+    results = [r for r in load_results([RESULTS]) if r.adapter == "toy-experts" and r.generation == "interp"]
+    passing = [r for r in results if r.verdict == "pass"]
+    for i, r in enumerate(passing):
+        r.metrics["exercised"] = {"vacuous": i == 0, "elements": 8, "nonzero": 0 if i == 0 else 8}
+    model = build(results, load_meta([RESULTS]), command=COMMAND, sources=[])
+    toy = next(a for a in model["adapters"] if a["name"] == "toy-experts")
+    assert toy["generations"]["interp"]["nonvacuous"] == len(passing) - 1
+    assert f"interp ({len(passing) - 1} non-vacuous)" in to_markdown(model)
 
 
 def test_cli_renders_from_files_with_json_and_case_files(tmp_path: Path) -> None:

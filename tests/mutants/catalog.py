@@ -226,4 +226,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("experts-no-local-unwritten", "triton-experts", _FE, (
         P("return out.zero_()", "return out"),),
         "empty (all non-local) experts leave the output rows unwritten", {"expert_map": ("Y",)}),
+    Mutant("experts-swigluoai-wrong-alpha", "triton-experts", _FE, (
+        P('SWIGLUOAI_PARAMS = {"alpha": 1.702,', 'SWIGLUOAI_PARAMS = {"alpha": 1.5,'),),
+        "swigluoai's alpha constant wrong in the kernel", {"activation": ("swigluoai",)}),
+    Mutant("experts-scale-group-k-late", "triton-experts", _FE, (
+        P("grp = (kk * BLOCK_K) // GROUP_K",
+          "grp = ((kk * BLOCK_K) // GROUP_K + 1) % ((K + GROUP_K - 1) // GROUP_K)"),),
+        "block scales read one K group late (wrapping: in bounds, wrong group)", {"quant_format": ("G128",)}),
+    Mutant("experts-scale-group-n-halved", "triton-experts", _FE, (
+        P("wsg_ptrs = ws_base + (g_rows // WS_ROW_DIV) * stride_wsn",
+          "wsg_ptrs = ws_base + (g_rows // (2 * WS_ROW_DIV)) * stride_wsn"),),
+        "weight scale row index along N off (two 128-row groups share one scale row)",
+        {"quant_format": ("G128",), "quant_type": ("fp8_w8a8",)}),
 )

@@ -14,13 +14,14 @@ import time
 import zlib
 
 import pytest
-from hypothesis import Phase, given, seed, settings
+from hypothesis import Phase, example, given, seed, settings
 
 from harness import ops
 from harness.core.result import Result
 from harness.engine import runner
 from harness.engine import strategies as hs
 from harness.engine.profiles import PROFILES
+from harness.plugin.generic import explicit_examples
 from tests.mutants.build import build, patched_source
 from tests.mutants.catalog import MUTANTS
 
@@ -58,6 +59,8 @@ def search(adapter, device, unverifiable) -> tuple[Result | None, int]:  # type:
     # source, so that editing this file does not reshuffle every mutant's draws; no shrinking (stop at the first).
     ci = settings(PROFILES["ci"], derandomize=False,
                   phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    for pinned in explicit_examples(adapter, cells):  # what the generic test runs first
+        prop = example(case=pinned)(prop)
     test = seed(zlib.crc32(adapter.name.encode()))(ci(given(case=hs.cases(adapter, cells))(prop)))
     try:
         test()
