@@ -16,19 +16,21 @@ Launches, no host synchronization:
    (WeightPlacement.ACCUMULATOR), each weighted slot stored rounded to x.dtype in a buffer [M*k, K] (half the
    traffic of an fp32 buffer, which at M=4096 costs as much as a tenth of the weights' read).
 4. `_reduce_kernel`: sums the k slots of each token in fp32, in slot order (deterministic), skipping non-local
-   slots, and rounds once to the output dtype (Accumulation.ROUNDED_SLOTS). (A decode GEMM2 that summed each
-   token's slots itself, saving this launch, measured slower on an H200: 74 against 65 us at DeepSeek-V3 M=1;
-   a program looping over k experts' weights runs k short pipelines one after another.)
+   slots, and rounds once to the output dtype (Accumulation.ROUNDED_SLOTS); `reduce="moe_sum"` rounds every
+   partial sum to x.dtype instead when 2 <= k <= 4, as vLLM's moe_sum (SEQUENTIAL_OUT_DTYPE). (A decode GEMM2 that
+   summed each token's slots itself, saving this launch, measured slower on an H200: 74 against 65 us at
+   DeepSeek-V3 M=1; a program looping over k experts' weights runs k short pipelines one after another.)
 
 Large M: an expert's last block is often mostly empty (about 128 rows per expert with BLOCK_M 128); with
 `Config.split_tail` a block whose valid rows fit in half of it runs a half-height tile (SPLIT_TAIL).
 
 Numerics (what the oracle is told, see kernels/adapters/experts.py): tl.dot with fp32 accumulation (bf16/fp16
-products are exact; fp32 inputs use input_precision="ieee", never TF32); GEMM1's output h is never rounded; the
-activation output is rounded to x.dtype (IntermediateRounding.ACTIVATION_OUTPUT) with the activation computed in
-fp32 and rounded once (Rounding.ROUND_ONCE); each weighted GEMM2 slot is rounded to x.dtype, and the reduce sums
-them in fp32 with one final rounding (Accumulation.ROUNDED_SLOTS). No atomics anywhere: bitwise deterministic
-for a fixed tile config.
+products are exact; fp32 inputs use input_precision="ieee" unless the caller asks for `fp32_precision="tf32"`);
+GEMM1's output h is never rounded; the activation output is rounded to x.dtype
+(IntermediateRounding.ACTIVATION_OUTPUT) with the activation computed in fp32 and rounded once (Rounding.ROUND_ONCE);
+each weighted GEMM2 slot is rounded to x.dtype, and the reduce sums them in fp32 with one final rounding
+(Accumulation.ROUNDED_SLOTS; `reduce="moe_sum"`: see 4). No atomics anywhere: bitwise deterministic for a fixed
+tile config.
 
 Offsets: row ids and expert offsets are int64 (M*k*K and E*2N*K can exceed 2**31); offsets inside one expert's
 weight are int32 (the launcher checks 2N*K < 2**31).
@@ -59,6 +61,12 @@ ACTIVATIONS = {"silu_and_mul": 1, "gelu_and_mul": 2, "swigluoai": 3, "silu_no_mu
 GATED = (1, 2, 3)
 #: swigluoai defaults (gpt-oss)
 SWIGLUOAI_PARAMS = {"alpha": 1.702, "beta": 1.0, "limit": 7.0}
+#: fused_experts(fp32_precision=...): tl.dot's input_precision for fp32 inputs
+FP32_PRECISIONS = ("ieee", "tf32")
+#: fused_experts(reduce=...): "fp32" (one rounding) or "moe_sum" (vLLM's: sequential in x.dtype for k in 2..4)
+REDUCES = ("fp32", "moe_sum")
+#: the top-k range (inclusive) where reduce="moe_sum" rounds every partial sum to x.dtype
+MOE_SUM_SEQUENTIAL_K = (2, 4)
 
 
 def interpreting() -> bool:
@@ -134,7 +142,7 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
 @triton.jit
 def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_zpg,
                 W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, INT_DOT: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
-                IEEE: tl.constexpr, BLOCK_N: tl.constexpr):
+                IEEE: tl.constexpr, TF32: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc + a . w for one K block of one weight half (gate or up): integer weights offset by their zero point,
     K-block scales (G128) applied per block, exact int32 dots for int8."""
     if W_CODES != 0:
@@ -161,6 +169,8 @@ def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, 
         acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
     elif IEEE:
         acc = tl.dot(a, w, acc, input_precision="ieee")
+    elif TF32:  # fp32 operands read as TF32 by the tensor cores (fused_experts(fp32_precision="tf32"))
+        acc = tl.dot(a, w, acc, input_precision="tf32")
     else:
         acc = tl.dot(a, w, acc, max_num_imprecise_acc=0)
     return acc
@@ -181,8 +191,8 @@ def _expert_tile(
     stride_zpe, stride_zpn, stride_zpg,
     alpha, beta, limit,
     ACT: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    WEIGHT_MODE: tl.constexpr, BATCHED: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WEIGHT_MODE: tl.constexpr, BATCHED: tl.constexpr, IEEE: tl.constexpr, TF32: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     A_SCALE: tl.constexpr, W_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     GROUP_K: tl.constexpr, WS_ROW_DIV: tl.constexpr, INT_DOT: tl.constexpr,
     W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr,
@@ -269,14 +279,14 @@ def _expert_tile(
         if SCALE_IN_LOOP and A_SCALE:
             sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
         acc_g = _accumulate(acc_g, a, wg, g_rows, offs_k, grp, sa, wsg_ptrs, stride_wsg, zpg_ptrs, stride_zpg,
-                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, BLOCK_N)
+                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N)
         if GATED:
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
                 wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
             acc_u = _accumulate(acc_u, a, wu, u_rows, offs_k, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
-                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, BLOCK_N)
+                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N)
         a_ptrs += BLOCK_K * stride_ak
         wg_ptrs += w_step * stride_wk
         wu_ptrs += w_step * stride_wk
@@ -343,6 +353,7 @@ def _moe_gemm_kernel(
     ACT: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
     WEIGHT_MODE: tl.constexpr, BATCHED: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    TF32: tl.constexpr = False,
     A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
     GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
     W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
@@ -407,20 +418,24 @@ def _moe_gemm_kernel(
                          stride_we, stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn,
                          stride_asm, stride_asg, stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn,
                          stride_zpg, alpha, beta, limit, ACT, GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED,
-                         IEEE, EVEN_K, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K,
+                         IEEE, TF32, EVEN_K, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K,
                          WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT)
             return
     _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e, row_start, count,
                  pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae, stride_am, stride_ak, stride_we,
                  stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn, stride_asm, stride_asg,
                  stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT,
-                 GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, A_SCALE,
-                 W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT)
+                 GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, TF32, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+                 A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT)
 
 
 @triton.jit(do_not_specialize=["M", "top_k"])
 def _reduce_kernel(y_ptr, out_ptr, topk_ids_ptr, map_ptr, M, K, top_k, stride_om, stride_ok,
-                   HAS_MAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr):
+                   HAS_MAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
+                   SEQUENTIAL: tl.constexpr = False):
+    """out[t] = sum over local slots j of y[t*k + j] (already weighted, in x.dtype), in slot order. fp32 sum rounded
+    once (ROUNDED_SLOTS); SEQUENTIAL: every partial sum rounded to the output dtype (vLLM moe_sum's
+    SEQUENTIAL_OUT_DTYPE; a non-local slot adds nothing, as the oracle's zeroed slot leaves a rounded sum as is)."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = (t < M)[:, None] & (offs < K)[None, :]
@@ -432,6 +447,8 @@ def _reduce_kernel(y_ptr, out_ptr, topk_ids_ptr, map_ptr, M, K, top_k, stride_om
             lid = tl.load(map_ptr + tl.load(topk_ids_ptr + slot, mask=t < M, other=0), mask=t < M, other=-1)
             use = ok & (lid >= 0)[:, None]
         acc += tl.load(y_ptr + slot[:, None] * K + offs[None, :], mask=use, other=0.0).to(tl.float32)
+        if SEQUENTIAL:
+            acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + t[:, None] * stride_om + offs[None, :] * stride_ok, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -529,9 +546,13 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
                 weight_mode: int, n: int, num_pid_m: int, a_row_div: int = 1, sorted_tokens: SortedTokens | None
                 = None, counts: torch.Tensor | None = None, rows_per_expert: int = 0, num_valid: int = 0,
                 alpha: float = 0.0, beta: float = 0.0, limit: float = 0.0,
-                q: QuantOperands | None = None) -> None:
+                q: QuantOperands | None = None, fp32_precision: str = "ieee") -> None:
     """One grouped GEMM over expert blocks (standard: `sorted_tokens`; batched: `counts`, 3-D a and c).
-    q: scales / zero points / code format of quantized operands (kernels.quant_gemm)."""
+    q: scales / zero points / code format of quantized operands (kernels.quant_gemm). fp32_precision: tl.dot's
+    input_precision for fp32 operands ("ieee" or "tf32"; other dtypes ignore it)."""
+    if fp32_precision not in FP32_PRECISIONS:
+        raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {fp32_precision!r}")
+    fp32 = a.dtype == torch.float32
     batched = counts is not None
     k_dim = a.shape[-1]
     if batched:
@@ -554,7 +575,8 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         *(q.strides() if q else (0,) * 8),
         float(alpha), float(beta), float(limit), num_pid_m, num_pid_n,
         ACT=act, GATED=act in GATED, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, WEIGHT_MODE=weight_mode,
-        BATCHED=batched, IEEE=a.dtype == torch.float32, EVEN_K=k_dim % cfg.block_k == 0,
+        BATCHED=batched, IEEE=fp32 and fp32_precision == "ieee", TF32=fp32 and fp32_precision == "tf32",
+        EVEN_K=k_dim % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         PER_SLOT=bool(st and st.per_slot), SLOT_MAP=bool(st and st.mapped),
         SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot),
@@ -580,6 +602,8 @@ def fused_experts(
     configs: tuple[Config, Config] | None = None,
     out: torch.Tensor | None = None,
     quant: ExpertsQuant | None = None,
+    fp32_precision: str = "ieee",
+    reduce: str = "fp32",
 ) -> torch.Tensor:
     """Fused experts on x [M, K] with w13 [E, 2N (N for *_no_mul), K], w2 [E, K, N], topk_* [M, k].
 
@@ -591,7 +615,17 @@ def fused_experts(
     swigluoai reads gate and up interleaved (even/odd rows of w13); the others read halves, gate first.
     expert_map [E_global] maps global ids to local ids or -1 (non-local slots contribute nothing).
     configs: (GEMM1, GEMM2) tiles with the same block_m; default `choose_config`. Returns out [M, K] in x.dtype.
+
+    fp32_precision: tl.dot's input_precision when x is float32: "ieee" (default, exact products) or "tf32"
+    (operands read as TF32, as vLLM's fused_moe_kernel does with Triton's default); bf16/fp16 are unaffected.
+    reduce: "fp32" (default) sums each token's weighted slots (each rounded to x.dtype) in fp32 and rounds once;
+    "moe_sum" sums them as vLLM's moe_sum does for 2 <= k <= 4: in slot order, every partial sum rounded to
+    x.dtype (Accumulation.SEQUENTIAL_OUT_DTYPE); for other k it is the fp32 sum.
     """
+    if fp32_precision not in FP32_PRECISIONS:
+        raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {fp32_precision!r}")
+    if reduce not in REDUCES:
+        raise ValueError(f"reduce must be one of {REDUCES}, got {reduce!r}")
     act = _act_code(activation)
     if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
         raise ValueError(f"x must be [M, K] and topk_ids/topk_weights [M, k], got {list(x.shape)}, "
@@ -631,7 +665,8 @@ def fused_experts(
     inter = alloc(numel, n, dtype=io_dtype, device=x.device)
     launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=activation == "swigluoai",
                 weight_mode=1 if apply_router_weight_on_input else 0, n=n, num_pid_m=st.max_blocks,
-                a_row_div=top_k, sorted_tokens=st, num_valid=numel, alpha=alpha, beta=beta, limit=limit, q=q1)
+                a_row_div=top_k, sorted_tokens=st, num_valid=numel, alpha=alpha, beta=beta, limit=limit, q=q1,
+                fp32_precision=fp32_precision)
     if quant is not None:
         a_s = None
         if quant.w8a8:  # the oracle's intermediate: a rounded to x.dtype, then re-quantized by the same recipe
@@ -640,11 +675,12 @@ def fused_experts(
     y = torch.empty(numel, k_dim, dtype=io_dtype, device=x.device)  # weighted slots, rounded once
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
                 weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
-                sorted_tokens=st, num_valid=numel, q=q2)
+                sorted_tokens=st, num_valid=numel, q=q2, fp32_precision=fp32_precision)
     # interpreter: a few large tiles; GPU: 4 tokens x 256 columns a program (enough programs at M = 1)
     block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (4, _pow2(k_dim, 16, 256))
     _reduce_kernel[(triton.cdiv(m, block_t), triton.cdiv(k_dim, block))](
         y, out, ids, expert_map if expert_map is not None else ids, m, k_dim, top_k, *out.stride(),
-        HAS_MAP=expert_map is not None, BLOCK_T=block_t, BLOCK=block, num_warps=4,
+        HAS_MAP=expert_map is not None, BLOCK_T=block_t, BLOCK=block,
+        SEQUENTIAL=reduce == "moe_sum" and MOE_SUM_SEQUENTIAL_K[0] <= top_k <= MOE_SUM_SEQUENTIAL_K[1], num_warps=4,
     )
     return out

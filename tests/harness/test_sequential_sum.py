@@ -18,7 +18,7 @@ def _case(k: int) -> Case:
                 shapes={"M": 64, "E": 8, "k": k, "K": 96, "N": 64}, dtypes={"x": "bfloat16"})
 
 
-def _outside(check, actual: torch.Tensor) -> int:  # noqa: ANN001
+def _outside(check, actual: torch.Tensor) -> int:
     return int(((actual.double() - check.expected).abs() > check.bound).sum())
 
 

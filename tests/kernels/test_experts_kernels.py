@@ -9,7 +9,10 @@
   the adapter code is exercised here; the kernel itself is verified on sm90/sm100 by the generic test);
 - the torch._scaled_grouped_mm (fp8 rowwise) adapter's plumbing through a plain-torch stand-in with the kernel's
   contract and input checks (the CUTLASS kernel is sm90-only), its device rule and its K/N alignment limit;
-- the tile heuristic's invariants.
+- the tile heuristic's invariants;
+- the options `fp32_precision="tf32"` and `reduce="moe_sum"`: the reduce bit for bit against the oracle's
+  accumulation on a problem that is exact up to the reduce, each option changing results where it should, TF32
+  passing under its convention and failing under IEEE.
 """
 
 from __future__ import annotations
@@ -582,3 +585,127 @@ def test_intermediate_offsets_beyond_int32() -> None:
     rows = [0, 1, m // 2, m - 3, m - 2, m - 1]
     why = verify_rows(inputs, lambda: out, "triton-experts", rows=rows)()
     assert why is None, why
+
+
+# ------------------------------------------------- fused_experts options: fp32_precision="tf32", reduce="moe_sum"
+
+
+def _exact_experts(seed: int, m: int, e: int, k: int, local: int | None = None
+                   ) -> tuple[torch.Tensor, ...]:
+    """A bf16 problem (K=32, N=16) where every stage before the reduce is exact, in the kernel and in the oracle
+    alike, so the reduce is compared bit for bit: x and W13 in {-1, 0, 1} with 4 nonzeros per W13 row (h an integer
+    in [-4, 4]); silu(g) * u of those integers is at least 1000 fp32 ulps from every bf16 rounding midpoint (checked
+    offline), so a rounded to bf16 is the same from fp32 (any exp within a few ulps) or fp64; W2 in {-1, 0, 1} (y
+    needs at most 20 bits: exact in fp32 in any order); router weights in multiples of 1/8 (y * w exact in fp32).
+    Returns x, w13, w2, topk_weights, topk_ids, expert_map (None without `local`), all on DEV."""
+    g = torch.Generator().manual_seed(seed)
+    hidden, n = 32, 16
+    e_local = e if local is None else local
+    x = torch.randint(-1, 2, (m, hidden), generator=g).to(torch.bfloat16)
+    keep = torch.rand(e_local, 2 * n, hidden, generator=g).argsort(dim=-1) < 4
+    w13 = (torch.randint(-1, 2, (e_local, 2 * n, hidden), generator=g) * keep).to(torch.bfloat16)
+    w2 = torch.randint(-1, 2, (e_local, hidden, n), generator=g).to(torch.bfloat16)
+    tw = torch.randint(1, 9, (m, k), generator=g).float() / 8
+    ids = torch.rand(m, e, generator=g).argsort(dim=1)[:, :k].to(torch.int32)
+    emap = None
+    if local is not None:
+        emap = torch.full((e,), -1, dtype=torch.int32)
+        emap[torch.randperm(e, generator=g)[:local]] = torch.arange(local, dtype=torch.int32)
+        emap = emap.to(DEV)
+    return x.to(DEV), w13.to(DEV), w2.to(DEV), tw.to(DEV), ids.to(DEV), emap
+
+
+@pytest.mark.parametrize(("k", "local"), [(1, None), (2, 5), (3, None), (3, 5), (4, None), (8, 6)])
+def test_moe_sum_reduce_is_the_oracles_accumulation_bit_for_bit(k: int, local: int | None) -> None:
+    """reduce="fp32" is ROUNDED_SLOTS and reduce="moe_sum" is SEQUENTIAL_OUT_DTYPE for 2 <= k <= 4 (ROUNDED_SLOTS
+    otherwise), bit for bit, non-local slots of an expert map contributing nothing in both. With k = 3 or 4 the two
+    reduces differ somewhere (each partial sum rounded to bf16); with k = 1 or 8 they are the same."""
+    x, w13, w2, tw, ids, emap = _exact_experts(20 + k, 40, 8, k, local)
+    got = {r: fk.fused_experts(x, w13, w2, tw, ids, expert_map=emap, reduce=r).cpu() for r in fk.REDUCES}
+    sequential = 2 <= k <= 4
+    slots, seq = ref.Accumulation.ROUNDED_SLOTS, ref.Accumulation.SEQUENTIAL_OUT_DTYPE
+    for r, acc in (("fp32", slots), ("moe_sum", seq if sequential else slots)):
+        want = ref.fused_experts(x.cpu(), w13.cpu(), w2.cpu(), tw.cpu(), ids.cpu(),
+                                 expert_map=None if emap is None else emap.cpu(), accumulation=acc,
+                                 compute_dtype=torch.float64, out_dtype=torch.bfloat16)
+        diff = (got[r] != want).sum().item()
+        assert diff == 0, f"reduce={r}: {diff} elements differ from the oracle's {acc.value}"
+    differ = (got["moe_sum"] != got["fp32"]).sum().item()
+    if k >= 3 and sequential:
+        assert differ > 0, "moe_sum gave the fp32 reduce's result bit for bit"
+    elif not sequential:
+        assert differ == 0, f"moe_sum with k={k} must be the fp32 reduce; {differ} elements differ"
+
+
+def _experts_with(name: str, conventions: dict, **options: str) -> registry.Adapter:
+    """ea.TRITON running fused_experts with `options`, declaring `conventions` over its own."""
+
+    def run(case: Case, inputs: dict, outputs: dict) -> None:
+        f = case.features
+        fk.fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
+                         activation=ea.ACTIVATIONS[f["activation"]], expert_map=inputs.get("expert_map"),
+                         apply_router_weight_on_input=f["apply_weight_on_input"] == "Y", out=outputs["out"],
+                         **ea._biases(inputs), **options)
+
+    def interp(features: dict) -> set[str]:
+        return ea._interp_features(features) | {"tf32_dot"}
+
+    return dataclasses.replace(ea.TRITON, name=name, run=run, conventions={**ea.TRITON.conventions, **conventions},
+                               interp_features=interp)
+
+
+def _verdict(adapter: registry.Adapter, features: dict, shapes: dict, seed: int = 0,
+             params: dict | None = None) -> runner.Result:
+    f = {**_BASE, **features}
+    case = Case(op="experts", adapter=adapter.name, features=f, seed=seed, shapes=shapes, dtypes={"x": f["dtype"]},
+                params=params or {})
+    return runner.judge(case, adapter, DEVICE, unverifiable=UNVERIFIABLE)
+
+
+def test_fp32_precision_tf32_changes_fp32_only_and_is_judged_as_tf32() -> None:
+    """fp32_precision="tf32" multiplies fp32 inputs as TF32: it changes fp32 results (and only them), passes the
+    oracle under matmul_precision "tf32", and fails it under "ieee" (whose error bound is 2**13 times tighter)."""
+    g = torch.Generator().manual_seed(31)
+    m, e, k, hidden, n = 24, 4, 2, 64, 32
+    x = torch.randn(m, hidden, generator=g)
+    w13 = torch.randn(e, 2 * n, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(e, hidden, n, generator=g) / n**0.5
+    ids = torch.rand(m, e, generator=g).argsort(dim=1)[:, :k].to(torch.int32).to(DEV)
+    tw = torch.full((m, k), 0.5, device=DEV)
+    for dt, changes in ((torch.float32, True), (torch.bfloat16, False)):
+        args = (x.to(dt).to(DEV), w13.to(dt).to(DEV), w2.to(dt).to(DEV), tw, ids)
+        ieee = fk.fused_experts(*args).cpu()
+        tf32 = fk.fused_experts(*args, fp32_precision="tf32").cpu()
+        what = "did not change" if changes else "changed"
+        assert torch.equal(ieee, tf32) != changes, f"{dt}: fp32_precision='tf32' {what} the result"
+    shapes = {"M": 33, "E": 8, "k": 3, "K": 64, "N": 32}
+    honest = _experts_with("triton-experts-tf32", {"matmul_precision": "tf32"}, fp32_precision="tf32")
+    r = _verdict(honest, {"dtype": "float32"}, shapes)
+    assert r.verdict == "pass", r.reason
+    wrong = _experts_with("triton-experts-tf32-declared-ieee", {"matmul_precision": "ieee"}, fp32_precision="tf32")
+    r = _verdict(wrong, {"dtype": "float32"}, shapes)
+    assert r.verdict == "fail" and "error bound" in r.reason, r.reason
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_moe_sum_judged_under_sequential_out_dtype(dtype: str) -> None:
+    """End to end through the op spec: moe_sum passes under SEQUENTIAL_OUT_DTYPE, with an expert map (k = 3)."""
+    a = _experts_with("triton-experts-moe-sum", {"accumulation": "sequential_out_dtype"}, reduce="moe_sum")
+    r = _verdict(a, {"dtype": dtype, "expert_map": "Y"}, {"M": 33, "E": 8, "k": 3, "K": 64, "N": 32}, seed=2,
+                 params={"local_experts": 5})
+    assert r.verdict == "pass", r.reason
+
+
+def test_moe_sum_judged_as_rounded_slots_fails() -> None:
+    """The same kernel judged under the kernel's default ROUNDED_SLOTS (a bracket of one rounding) fails on a bf16
+    case with k = 3: the judge sees the partial sums' roundings."""
+    a = _experts_with("triton-experts-moe-sum-undeclared", {"accumulation": "rounded_slots"}, reduce="moe_sum")
+    r = _verdict(a, {"dtype": "bfloat16"}, {"M": 33, "E": 8, "k": 3, "K": 64, "N": 32})
+    assert r.verdict == "fail" and "error bound" in r.reason, r.reason
+
+
+@pytest.mark.parametrize(("option", "value"), [("fp32_precision", "tf32x3"), ("reduce", "sequential")])
+def test_fused_experts_options_are_validated(option: str, value: str) -> None:
+    x, w13, w2, tw, ids, _ = _exact_experts(0, 4, 4, 2)
+    with pytest.raises(ValueError, match=option):
+        fk.fused_experts(x, w13, w2, tw, ids, **{option: value})
