@@ -8,16 +8,13 @@ from hypothesis import HealthCheck, given, settings
 
 from harness import registry
 from harness.core.case import Case
-from harness.core.device import detect
 from harness.engine import strategies as hs
 from harness.ops import get as get_op
 
-CPU = detect("cpu")
 
-
-def test_grouped_quant_cells_draw_several_groups_along_k_and_n() -> None:
+def test_grouped_quant_cells_draw_several_groups_along_k_and_n(device_info) -> None:  # type: ignore[no-untyped-def]
     adapter = registry.resolve("triton-experts")
-    cells = [c for c in hs.declared_cells(adapter, CPU) if c["quant_format"] == "G128"]
+    cells = [c for c in hs.declared_cells(adapter, device_info) if c["quant_format"] == "G128"]
     assert cells
     seen: set[tuple[int, int]] = set()
 

@@ -11,15 +11,12 @@ from hypothesis import strategies as st
 
 from harness import registry
 from harness.core.case import Case
-from harness.core.device import detect
 from harness.core.result import Result
 from harness.engine import runner
 from harness.engine import strategies as hs
 from harness.ops import get as get_op
 from harness.ops.base import Check
 from harness.plugin.generic import _fail_on_vacuous_cells, _vacuous_boundary_cases
-
-CPU = detect("cpu")
 
 
 def _result(features: dict[str, str], vacuous: bool, seed: int, verdict: str = "pass") -> Result:
@@ -51,25 +48,25 @@ def test_a_cell_backed_only_by_vacuous_cases_fails_the_generic_test() -> None:
     _fail_on_vacuous_cells([_result(a, False, 1), deliberate], {deliberate.case.case_id})
 
 
-def test_verdicts_record_what_they_exercised() -> None:
+def test_verdicts_record_what_they_exercised(device_info) -> None:  # type: ignore[no-untyped-def]
     adapter = registry.resolve("reference-activation")
-    cell = hs.declared_cells(adapter, CPU)[0]
+    cell = hs.declared_cells(adapter, device_info)[0]
     (empty,) = _vacuous_boundary_cases(adapter, [cell])
-    r = runner.judge(empty, adapter, CPU)
+    r = runner.judge(empty, adapter, device_info)
     assert r.verdict == "pass" and r.metrics["exercised"]["vacuous"]
     full = Case(op="activation", adapter=adapter.name, features=cell, shapes={"T": 3, "N": 8},
                 dtypes={"x": cell["dtype"]})
-    r = runner.judge(full, adapter, CPU)
+    r = runner.judge(full, adapter, device_info)
     assert r.verdict == "pass" and not r.metrics["exercised"]["vacuous"]
     assert r.metrics["exercised"]["nonzero"] > 0
 
 
 @pytest.mark.parametrize("name", ["triton-experts", "triton-reduce", "triton-align"])
-def test_draws_are_never_vacuous(name: str) -> None:
+def test_draws_are_never_vacuous(name: str, device_info) -> None:  # type: ignore[no-untyped-def]
     """No token, no local expert, or an expert map that excludes every routed expert: never drawn."""
     adapter = registry.resolve(name)
     spec = get_op(adapter.op)
-    cells = [c for c in hs.declared_cells(adapter, CPU) if c.get("expert_map", "N") not in ("N", "none")]
+    cells = [c for c in hs.declared_cells(adapter, device_info) if c.get("expert_map", "N") not in ("N", "none")]
     assert cells
 
     @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -86,8 +83,8 @@ def test_draws_are_never_vacuous(name: str) -> None:
     check()
 
 
-def test_the_generic_test_runs_both_vacuous_boundary_cases_on_purpose() -> None:
+def test_the_generic_test_runs_both_vacuous_boundary_cases_on_purpose(device_info) -> None:  # type: ignore[no-untyped-def]
     adapter = registry.resolve("triton-experts")
-    found = _vacuous_boundary_cases(adapter, hs.declared_cells(adapter, CPU))
+    found = _vacuous_boundary_cases(adapter, hs.declared_cells(adapter, device_info))
     assert sorted(("M" if c.shapes["M"] == 0 else "local") for c in found) == ["M", "local"]
     assert all(c.shapes["M"] > 0 for c in found if c.params.get("local_experts") == 0)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 8's GPU verification, step 1: the quick matrix of every adapter and of the fused_moe_style example's two
+# adapters, then the tests of what changed (kernels, example, new checks) with the gpu profile.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/examples/fused_moe_style
+R=/tmp/res; rm -rf "$R"; mkdir -p "$R"
+T0=$(date +%s)
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+  echo "commit: ${MOE_HARNESS_COMMIT:-unknown}"; } > "$OUT/device.txt" 2>&1
+if [[ " ${STEPS:-matrix tests} " == *" matrix "* ]]; then
+  timeout 300 python -m harness matrix --profile quick --results-dir "$R/matrix" --case-timeout 60 \
+    --out "$OUT/matrix_all.md" > "$OUT/matrix.log" 2>&1; echo "matrix rc=$? $(( $(date +%s) - T0 ))s"
+  timeout 120 python -m harness matrix --profile quick --adapter fused_moe_style.harness_adapters:STYLE_FUSED_MOE \
+    --adapter fused_moe_style.harness_adapters:STYLE_GROUP_QUANT_DIV --results-dir "$R/matrix" --case-timeout 60 \
+    --only-this-run --out "$OUT/matrix_style.md" > "$OUT/matrix_style.log" 2>&1; echo "style matrix rc=$? $(( $(date +%s) - T0 ))s"
+fi
+if [[ " ${STEPS:-matrix tests} " == *" tests "* ]]; then
+  HYPOTHESIS_PROFILE=gpu timeout 240 python -m pytest -n 12 -q -p no:cacheprovider --moe-results-dir "$R/pytest" \
+    tests/kernels/test_experts_kernels.py tests/test_examples_fused_moe_style.py tests/harness/test_sequential_sum.py \
+    tests/harness/test_vacuous.py tests/harness/test_robustness.py tests/harness/test_approximate_division.py \
+    tests/reference/test_library_conventions.py -rfE > "$OUT/tests.log" 2>&1
+  echo "tests rc=$? $(( $(date +%s) - T0 ))s"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | cut -c1-250 | head; tail -2 "$OUT/tests.log"
+fi
+if [[ " ${STEPS:-} " == *" generic "* ]]; then
+  HYPOTHESIS_PROFILE=gpu timeout 300 python -m pytest -n 14 -q -p no:cacheprovider --moe-results-dir "$R/generic" \
+    harness/plugin/generic.py -rfE > "$OUT/generic.log" 2>&1
+  echo "generic rc=$? $(( $(date +%s) - T0 ))s"; grep -E "^(FAILED|ERROR)" "$OUT/generic.log" | cut -c1-250 | head; tail -2 "$OUT/generic.log"
+  (cd examples/fused_moe_style && HYPOTHESIS_PROFILE=gpu timeout 200 python -m pytest -n 4 -q -p no:cacheprovider \
+    --moe-results-dir="$R/style-own" > "$OUT/style_own.log" 2>&1; echo "style own rc=$?"; tail -2 "$OUT/style_own.log")
+fi
+tail -5 "$OUT/matrix.log" 2>/dev/null | cut -c1-200
+cp -r "$R" "$OUT/results"
+tar czf /tmp/s.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/s.tgz "$OUT/session.tgz"
+echo "done $(( $(date +%s) - T0 ))s"
