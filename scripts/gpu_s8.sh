@@ -24,6 +24,11 @@ if [[ " ${STEPS:-matrix tests} " == *" tests "* ]]; then
     tests/reference/test_library_conventions.py -rfE > "$OUT/tests.log" 2>&1
   echo "tests rc=$? $(( $(date +%s) - T0 ))s"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | cut -c1-250 | head; tail -2 "$OUT/tests.log"
 fi
+if [[ " ${STEPS:-} " == *" recheck "* ]]; then
+  HYPOTHESIS_PROFILE=gpu timeout 120 python -m pytest -n 8 -q -p no:cacheprovider --moe-results-dir "$R/pytest" \
+    tests/harness/test_vacuous.py tests/harness/test_draw_coverage.py -rfE > "$OUT/recheck.log" 2>&1
+  echo "recheck rc=$?"; tail -2 "$OUT/recheck.log"
+fi
 if [[ " ${STEPS:-} " == *" generic "* ]]; then
   HYPOTHESIS_PROFILE=gpu timeout 300 python -m pytest -n 14 -q -p no:cacheprovider --moe-results-dir "$R/generic" \
     harness/plugin/generic.py -rfE > "$OUT/generic.log" 2>&1
