@@ -31,10 +31,13 @@ if [[ " ${STEPS:-} " == *" recheck "* ]]; then
 fi
 if [[ " ${STEPS:-} " == *" generic "* ]]; then
   HYPOTHESIS_PROFILE=gpu timeout 300 python -m pytest -n 14 -q -p no:cacheprovider --moe-results-dir "$R/generic" \
-    harness/plugin/generic.py -rfE > "$OUT/generic.log" 2>&1
+    harness/plugin/generic.py -rfE --durations=15 ${GENERIC_ARGS:-} > "$OUT/generic.log" 2>&1
   echo "generic rc=$? $(( $(date +%s) - T0 ))s"; grep -E "^(FAILED|ERROR)" "$OUT/generic.log" | cut -c1-250 | head; tail -2 "$OUT/generic.log"
-  (cd examples/fused_moe_style && HYPOTHESIS_PROFILE=gpu timeout 200 python -m pytest -n 4 -q -p no:cacheprovider \
-    --moe-results-dir="$R/style-own" > "$OUT/style_own.log" 2>&1; echo "style own rc=$?"; tail -2 "$OUT/style_own.log")
+  if [[ -z "${GENERIC_ARGS:-}" ]]; then
+    (cd examples/fused_moe_style && HYPOTHESIS_PROFILE=gpu timeout 200 python -m pytest -n 4 -q -p no:cacheprovider \
+      -p harness.plugin --moe-results-dir="$R/style-own" > "$OUT/style_own.log" 2>&1; echo "style own rc=$?"
+      tail -2 "$OUT/style_own.log")
+  fi
 fi
 tail -5 "$OUT/matrix.log" 2>/dev/null | cut -c1-200
 cp -r "$R" "$OUT/results"
