@@ -164,6 +164,11 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
             "correctly_rounded": "IEEE division (CUDA's `/`, Triton's tl.div_rn, PyTorch)",
             "approximate": "Triton's fp32 `/` on NVIDIA GPUs (div.full.f32, within 2 ulp): codes next to a "
             "rounding boundary may take either neighbour"}, default="correctly_rounded"),
+        Convention("log2", "how the kernel's fp32 log2 rounds (the ue8m0 rule in its ceil_log2 form)", values={
+            "correctly_rounded": "IEEE-accurate log2 (CUDA log2f, torch)",
+            "approximate": "Triton's tl.log2 on NVIDIA GPUs (lg2.approx.f32, within 2^-21): a scale whose log2 lies "
+            "that close to an integer may be either power of two (vLLM's Triton group quantizer)"},
+            default="correctly_rounded"),
         Convention("scale_ulps", "how many fp32 ulps the kernel's scales may differ from the oracle's (default 0 "
                    "when scale_formula is stated, else 1)", kind="int"),
     ),

@@ -50,8 +50,8 @@ from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim, row_subset
 from harness.registry import Adapter, Unsupported
 from reference import formats
-from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize
-from reference.scales import ScaleLayout, from_layout, ue8m0_round_up
+from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize, scale_from_amax
+from reference.scales import EpsPlacement, ScaleLayout, ScaleRule, Ue8m0Form, from_layout, ue8m0_round_up
 
 QUANT_DTYPES = ("fp8_e4m3fn", "int8")
 UNITS = ("group", "token", "tensor")
@@ -249,6 +249,43 @@ def _logical(actual: torch.Tensor, features: Mapping[str, str], m: int, g: int) 
 
 #: error of an approximate fp32 division (PTX div.full.f32), in ulps of the quotient
 APPROX_DIV_ULPS = 2
+#: absolute error of an approximate fp32 log2 (PTX lg2.approx.f32: 2^-22.6 documented; rounded up)
+APPROX_LOG2_ABS = 2.0**-21
+
+
+def _unit_amax(x: torch.Tensor, f: Mapping[str, str]) -> torch.Tensor:
+    """float32 amax of each unit of x [M, K], in the logical scale shape."""
+    a = x.abs().float()
+    if f["unit"] == "tensor":
+        return a.amax()
+    if f["unit"] == "token":
+        return a.amax(dim=1, keepdim=True)
+    gs = int(f["group_size"])
+    return a.view(a.shape[0], -1, gs).amax(dim=2)
+
+
+def _approximate_log2_interval(x: torch.Tensor, f: Mapping[str, str], r: QuantRecipe,
+                               ulps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scales exp2(ceil(log2 s)) can give when log2 is approximate (within APPROX_LOG2_ABS) and s itself is
+    within `ulps` of the float rule's: 2^ceil(log2 s_lo - e) .. 2^ceil(log2 s_hi + e), then eps and the clamp."""
+    after = r.eps_placement == EpsPlacement.ROUNDED_SCALE
+    raw_recipe = dataclasses.replace(r, scale_rule=ScaleRule.FLOAT, layout=ScaleLayout.ROW_MAJOR,
+                                     eps_placement=EpsPlacement.SCALE if after else r.eps_placement,
+                                     eps=0.0 if after else r.eps)
+    raw = scale_from_amax(_unit_amax(x, f), raw_recipe, x.dtype)
+    s_lo, s_hi = _ulp_interval(raw, ulps, "float", r)
+    pos = s_lo > 0
+    l_lo = torch.log2(torch.where(pos, s_lo, torch.ones_like(s_lo)).double()) - APPROX_LOG2_ABS
+    l_hi = torch.log2(torch.where(s_hi > 0, s_hi, torch.ones_like(s_hi)).double()) + APPROX_LOG2_ABS
+    e_lo = torch.where(pos, torch.ceil(l_lo), torch.full_like(l_lo, -2.0**16))
+    e_hi = torch.where(s_hi > 0, torch.ceil(l_hi), torch.full_like(l_hi, -2.0**16))
+    if r.ue8m0_clamp:
+        e_lo, e_hi = e_lo.clamp(-126, 127), e_hi.clamp(-126, 127)
+    one = torch.ones_like(l_lo)
+    lo, hi = torch.ldexp(one, e_lo.long()).float(), torch.ldexp(one, e_hi.long()).float()
+    if after:
+        lo, hi = (torch.maximum(t, torch.full_like(t, float(r.eps))) for t in (lo, hi))
+    return lo, hi
 
 
 def _expand(s: torch.Tensor, f: Mapping[str, str], k: int) -> torch.Tensor:
@@ -295,23 +332,31 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     approximate = conventions.get("division") == "approximate"
     ulps = int(conventions.get("scale_ulps", APPROX_DIV_ULPS if approximate else 0 if stated else 1))
     empty = x.shape[0] == 0
-    if ulps == 0 or (empty and f["unit"] != "tensor"):
+    r = recipe(f, conventions)
+    approx_log2 = (conventions.get("log2") == "approximate" and f["scale_rule"] == "ue8m0"
+                   and r.ue8m0_form == Ue8m0Form.CEIL_LOG2 and not empty)
+    if (ulps == 0 and not approx_log2) or (empty and f["unit"] != "tensor"):
         return [Check("codes", "exact", expected=codes), Check("scales", "exact", expected=scales)]
 
     m, g = x.shape[0], num_groups(case)
-    r = recipe(f, conventions)
     if empty:  # no rows, but the per-tensor scale of amax = 0 is still computed (by a division)
         want = scales.reshape(())
     else:
         want = logical_scales(quantize(x, dataclasses.replace(r, layout=ScaleLayout.ROW_MAJOR)))
         want = want.reshape(()) if f["unit"] == "tensor" else want
     lo, hi = _ulp_interval(want, ulps, f["scale_rule"], r)
+    if approx_log2:
+        lo, hi = _approximate_log2_interval(x, f, r, ulps)
+    pow2_rule = f["scale_rule"] == "ue8m0"
 
     def judge_scales(actual: torch.Tensor, _: Mapping[str, torch.Tensor]) -> Any:
         if f["scale_layout"] == "packed_ue8m0":
             return compare_exact("scales", actual, scales)  # words of powers of two: no ulp slack to give
         got = _logical(actual.detach().cpu(), f, m, g)
         bad = ~((got >= lo) & (got <= hi))
+        if pow2_rule:  # between two allowed powers of two only a power of two (or the interval's own ends)
+            mant, _ = torch.frexp(got.double())
+            bad |= ~((mant == 0.5) | (got == lo) | (got == hi))
         n = int(bad.sum())
         if n:
             i = tuple(bad.nonzero()[0].tolist())
