@@ -126,6 +126,10 @@ MUTANTS: tuple[Mutant, ...] = (
         P("    rmask = rows < M\n", "    rmask = rows < M - 1\n"),),
         "off-by-one row mask (last row never stored)"),
     # approximate division declared (division="approximate"): the declaration must not let real bugs through
+    Mutant("gq-group-scale-2pct", "triton-group-quant", _GQ, (
+        P("s = _scale_of(tl.max(tl.abs(x), axis=2), eps, QMAX, SCALE_MODE, FAST_DIV)",
+          "s = _scale_of(tl.max(tl.abs(x), axis=2), eps, QMAX, SCALE_MODE, FAST_DIV) * 1.02"),),
+        "group scales 2% too large (codes consistent with them)", {"scale_rule": ("float",), "unit": ("group",)}),
     Mutant("gq-fastdiv-wrong-scale", "triton-group-quant-fastdiv", _GQ, (
         P("s = tl.maximum(amax, eps) / tl.full(amax.shape, QMAX, tl.float32)",
           "s = tl.maximum(amax, eps) / tl.full(amax.shape, QMAX * 0.99, tl.float32)"),),
@@ -229,6 +233,25 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("experts-swigluoai-wrong-alpha", "triton-experts", _FE, (
         P('SWIGLUOAI_PARAMS = {"alpha": 1.702,', 'SWIGLUOAI_PARAMS = {"alpha": 1.5,'),),
         "swigluoai's alpha constant wrong in the kernel", {"activation": ("swigluoai",)}),
+    *(Mutant(f"experts-g128-weight-scale-{pct}pct", "triton-experts", _FE, (
+        P("sw = tl.load(ws_ptrs + grp * stride_wsg)", f"sw = tl.load(ws_ptrs + grp * stride_wsg) * {1 + pct / 100}"),),
+        f"G128 weight block scales {pct}% too large", {"quant_format": ("G128",), "quant_type": ("fp8_w8a8",)})
+      for pct in (2, 5, 10)),
+    Mutant("experts-channel-weight-scale-2pct", "triton-experts", _FE, (
+        P("acc_g = acc_g * (sa[:, None] * tl.load(wsg_ptrs)[None, :])",
+          "acc_g = acc_g * (sa[:, None] * tl.load(wsg_ptrs)[None, :] * 1.02)"),),
+        "per-channel weight scales 2% too large (gate half)", {"quant_format": ("A",), "quant_type": ("fp8_w8a8",)}),
+    Mutant("experts-bias-times-router-weight", "triton-experts", _FE, (
+        P("    if HAS_BIAS:\n        b_base = bias_ptr + e64 * stride_be\n",
+          "    if HAS_BIAS:\n        b_base = bias_ptr + e64 * stride_be\n        if WEIGHT_MODE == 1:\n"
+          "            acc_g = acc_g / rw[:, None]\n            if GATED:\n"
+          "                acc_u = acc_u / rw[:, None]\n"),
+        P("        if GATED:\n            acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]\n",
+          "        if GATED:\n            acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]\n"
+          "        if WEIGHT_MODE == 1:\n            acc_g = acc_g * rw[:, None]\n            if GATED:\n"
+          "                acc_u = acc_u * rw[:, None]\n")),
+        "GEMM1 bias multiplied by the router weight when it is applied on the input (vLLM's divergence)",
+        {"bias": ("Y",), "apply_weight_on_input": ("Y",)}),
     Mutant("experts-scale-group-k-late", "triton-experts", _FE, (
         P("grp = (kk * BLOCK_K) // GROUP_K",
           "grp = ((kk * BLOCK_K) // GROUP_K + 1) % ((K + GROUP_K - 1) // GROUP_K)"),),
