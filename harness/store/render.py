@@ -13,6 +13,7 @@ footnote (which generation, where, how many) when some failed; it is not listed 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -124,25 +125,41 @@ def _axes_of(op: str, info: Mapping[str, Any], results: Sequence[Result]) -> lis
 
 def _where(failing: Sequence[Result], passing: Sequence[Result], axes: Sequence[Mapping[str, Any]],
            skip: str) -> str:
-    """What the failing cases share that the passing ones do not (axis values, sizes, routing pattern)."""
+    """What the failing cases share that the passing ones lack (axis values, sizes, routing pattern).
+
+    The smallest set (one attribute, else two) that every failing case has and no passing case has all of is the
+    cause as far as the cases tell ("bias = Y, apply weight on input = Y"). Without one, the shared attributes that
+    the fewest passing cases have, rarest first."""
     if not passing:
         return ""
-    found = []
+    shared: list[tuple[str, Callable[[Result], bool]]] = []
     for a in axes:
         if a["name"] == skip:
             continue
         vals = {r.case.features.get(a["name"]) for r in failing}
-        if len(vals) == 1 and any(p.case.features.get(a["name"]) not in vals for p in passing):
-            found.append(f"{a['title']} = {_display(str(next(iter(vals))))}")
-    keys = set.intersection(*(set(r.case.shapes) for r in failing))
+        if len(vals) == 1:
+            v = next(iter(vals))
+            shared.append((f"{a['title']} = {_display(str(v))}",
+                           lambda r, n=a["name"], v=v: r.case.features.get(n) == v))
+    n_features = len(shared)  # feature values first: sizes of one failing case are unique, so they always
+    keys = set.intersection(*(set(r.case.shapes) for r in failing))  # separate, yet rarely are the cause
     for k in sorted(keys):
         vals = {r.case.shapes[k] for r in failing}
-        if len(vals) == 1 and any(p.case.shapes.get(k) not in vals for p in passing):
-            found.append(f"{k} = {next(iter(vals))}")
+        if len(vals) == 1:
+            v = next(iter(vals))
+            shared.append((f"{k} = {v}", lambda r, k=k, v=v: r.case.shapes.get(k) == v))
     routes = {r.case.routing for r in failing}
-    if len(routes) == 1 and any(p.case.routing not in routes for p in passing):
-        found.append(f"routing {next(iter(routes))}")
-    return ", ".join(found[:4])
+    if len(routes) == 1:
+        v = next(iter(routes))
+        shared.append((f"routing {v}", lambda r, v=v: r.case.routing == v))
+    for pool in (shared[:n_features], shared):
+        for size in (1, 2):
+            for combo in itertools.combinations(pool, size):
+                if not any(all(has(p) for _, has in combo) for p in passing):
+                    return ", ".join(text for text, _ in combo)
+    # no small set separates them: the shared attributes the passing cases have least often
+    share = [(sum(has(p) for p in passing), i, text) for i, (text, has) in enumerate(shared)]
+    return ", ".join(text for n, _, text in sorted(share)[:4] if n < len(passing))
 
 
 def _selection_text(sel: Mapping[str, Mapping[str, Any]], infos: Mapping[str, Mapping[str, Any]],

@@ -148,3 +148,28 @@ def test_an_adapter_name_cannot_steer_case_files_out_of_their_folder(tmp_path: P
     written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.json"))
     assert written and all(str(p).startswith("deep/docs/") for p in written), written
     assert any("escaped" in p.name for p in written)
+
+
+def test_footnotes_name_the_smallest_cause() -> None:
+    """A failure that needs two features together (vLLM's bias scaled by the router weight with weight-on-input) is
+    named by those two, not by the first four values the failing case happens to have (issue 18 item 5)."""
+    from harness.core.case import Case
+    from harness.core.result import Result
+    from harness.store.render import _where
+
+    axes = [{"name": n, "title": t} for n, t in (("activation", "Activation"), ("apply_weight_on_input",
+             "Apply weight on input"), ("expert_map", "Expert map"), ("dtype", "Dtype"), ("bias", "Biases"))]
+
+    def r(verdict: str, act: str, awoi: str, emap: str, dt: str, bias: str, seed: int) -> Result:
+        f = {"activation": act, "apply_weight_on_input": awoi, "expert_map": emap, "dtype": dt, "bias": bias}
+        case = Case(op="experts", adapter="a", features=f, shapes={"M": 3 + seed}, seed=seed)
+        return Result(case=case, verdict=verdict)
+
+    failing = [r("fail", "gelu", "Y", "Y", "float16", "Y", 1)]
+    passing = [r("pass", "gelu", "Y", "Y", "float16", "N", 2), r("pass", "silu", "N", "Y", "float16", "Y", 3),
+               r("pass", "gelu", "N", "N", "bfloat16", "Y", 4), r("pass", "silu", "Y", "N", "float32", "N", 5)]
+    assert _where(failing, passing, axes, "") == "Apply weight on input = Y, Biases = Y"
+    # one attribute that only the failing cases have is named alone
+    passing.append(r("pass", "gelu", "N", "Y", "float16", "Y", 6))
+    assert _where(failing, [p for p in passing if p.case.features["apply_weight_on_input"] == "N"], axes, "") == \
+        "Apply weight on input = Y"
