@@ -159,16 +159,21 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     if rounding == ref.IntermediateRounding.GEMM1_AND_ACTIVATION_OUTPUT:
         e_h = rounding_bracket(h, e_h, dt)  # the kernel stores h in x.dtype, as the oracle does
         h = h.to(dt).double()
-    act_kw = {k: v for k, v in kw.items() if k not in ("activation", "activation_rounding", "intermediate_rounding")}
-    hg = h.clone().requires_grad_(True)
-    a = acts.apply_activation(kw["activation"], hg, **act_kw)
-    (grad,) = torch.autograd.grad(a.sum(), hg)
-    a = a.detach()
-    # fp32 evaluation: relative to the operands where the activation cancels (gelu's negative tail)
-    mag = torch.maximum(a.abs(), operand_magnitude(h, kw["activation"], conventions))
-    e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions) + 64 * UNIT_ROUNDOFF["float32"] * mag
-    # inner roundings (e.g. act(gate) before the multiply), not bracketed
-    e_a = e_a + inner_rounding_slack(kw.get("activation_rounding"), dt) * a.abs()
+    act_kw = {k: v for k, v in kw.items()
+              if k not in ("activation", "activation_rounding", "intermediate_rounding", "bias_placement")}
+    inner = kw.get("activation_rounding", acts.Rounding.ROUND_ONCE)
+    if inner == acts.Rounding.ROUND_ACTIVATION_FIRST and acts.is_gated(kw["activation"]):
+        a, e_a = _activation_first(h, e_h, kw["activation"], act_kw, conventions, dt)
+    else:
+        hg = h.clone().requires_grad_(True)
+        a = acts.apply_activation(kw["activation"], hg, **act_kw)
+        (grad,) = torch.autograd.grad(a.sum(), hg)
+        a = a.detach()
+        # fp32 evaluation: relative to the operands where the activation cancels (gelu's negative tail)
+        mag = torch.maximum(a.abs(), operand_magnitude(h, kw["activation"], conventions))
+        e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions) + 64 * UNIT_ROUNDOFF["float32"] * mag
+        # inner roundings of every_step (several operations), not bracketed
+        e_a = e_a + inner_rounding_slack(inner, dt) * a.abs()
     if rounding != ref.IntermediateRounding.NONE:
         # both round a to x.dtype: they differ only where a is within e_a of a rounding boundary
         e_a = rounding_bracket(a, e_a, dt)
@@ -183,6 +188,45 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
         # the rounding of the GEMM result before the bias, and of the sum: brackets (the oracle rounds the same)
         _, e_y = _add_bias(_per_slot_matmul(a, w2, ids), e_y, cpu["w2_bias"], ids, dt)
     return e_y
+
+
+def _activation_first(h: torch.Tensor, e_h: torch.Tensor, act: str, act_kw: Mapping[str, Any],
+                      conventions: Mapping[str, Any], dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """a = round(act(gate)) * up' and its error bound, with act(gate)'s rounding to x.dtype bracketed: a kernel's
+    act(gate), within e_g of the oracle's, rounds to a different value only near a rounding boundary, so most
+    elements get no slack for it (adding u |a| everywhere made the bound several times looser)."""
+    w1 = h.shape[1]
+    order = acts.GateOrder(act_kw.get("gate_order", acts.GateOrder.GATE_FIRST))
+    layout = act_kw.get("layout") or (acts.GateLayout.INTERLEAVED if act == "swigluoai" else acts.GateLayout.HALVES)
+    cols = torch.arange(w1, dtype=torch.float64)[None, :]
+    gate_idx, up_idx = (t[0].long() for t in acts._split(cols, order, acts.GateLayout(layout)))
+    swiglu = act in ("swigluoai", "swigluoai_uninterleave")
+    beta = float(act_kw.get("beta", acts.SWIGLUOAI_BETA)) if swiglu else 0.0
+    # act(gate) alone: the same activation with every up element set to the value whose transform is 1
+    h1 = h.clone()
+    h1[:, up_idx] = 1.0 - beta
+    hg = h1.requires_grad_(True)
+    g = acts.apply_activation(act, hg, **act_kw)
+    (grad,) = torch.autograd.grad(g.sum(), hg)
+    g = g.detach()
+    gate, up = h[:, gate_idx], h[:, up_idx]
+    u32 = UNIT_ROUNDOFF["float32"]
+    e_g = grad[:, gate_idx].abs() * e_h[:, gate_idx] + 64 * u32 * (g.abs() + gate.abs() * (gate.abs() + 1))
+    rg = g.to(dt).double()
+    # up as the activation multiplies it (clamps, + beta); its slope is 1 inside the clamps, 0 outside
+    limits = [act_kw.get("clamp_limit")]
+    if swiglu:
+        limits.append(act_kw.get("limit", acts.SWIGLUOAI_LIMIT))
+    elif act == "swiglustep":
+        limits.append(act_kw.get("limit", acts.SWIGLUSTEP_LIMIT))
+    up_t = up.clone()
+    for v in limits:
+        if v is not None:
+            up_t = up_t.clamp(-float(v), float(v))
+    up_t = up_t + beta
+    a = rg * up_t
+    e_a = up_t.abs() * rounding_bracket(g, e_g, dt) + rg.abs() * e_h[:, up_idx] + 64 * u32 * a.abs()
+    return a, e_a
 
 
 def _add_bias(r: torch.Tensor, e: torch.Tensor, bias: torch.Tensor, ids: torch.Tensor,
