@@ -23,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.core.case import Case  # noqa: E402
-from harness.ops import experts as op  # noqa: E402
-from harness.ops import experts_quant as xq  # noqa: E402
-from kernels.adapters import experts as ea  # noqa: E402
-from reference import experts as ref  # noqa: E402
+from harness.core.case import Case
+from harness.ops import experts as op
+from harness.ops import experts_quant as xq
+from kernels.adapters import experts as ea
+from reference import experts as ref
 
 SHAPES = {"M": 64, "E": 8, "k": 2, "K": 1024, "N": 512}
 SCHEMES = (("none", "-"), ("fp8_w8a8", "G128"), ("fp8_w8a8", "A"), ("int8_w8a8", "A"))
