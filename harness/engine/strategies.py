@@ -35,3 +35,36 @@ def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]])
     fields = ops.get(adapter.op).draw(draw, adapter, cell)
     seed = draw(st.integers(min_value=0, max_value=2**31 - 1))
     return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
+
+
+def threshold_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> list[Case]:
+    """One case at each size the adapter declares past one of its kernel's internal thresholds (limits
+    `cross_<dim>`: an int or a tuple), on the first of `cells` whose boundary cases have that dim: its boundary case
+    with the fewest elements otherwise and at least one token, with <dim> set to that size. Draws stay small on a
+    CPU, so without these a 1024-wide tile, a scan used above 32768 ids or a split path for wide rows would never
+    be crossed."""
+    spec = ops.get(adapter.op)
+    found: list[Case] = []
+    for key, value in adapter.limits.items():
+        dim = key.removeprefix("cross_")
+        if dim == key:
+            continue
+        for cell in cells[:64]:
+            usable = [b for b in spec.boundary(adapter, cell) if dim in b["shapes"]
+                      and all(b["shapes"].get(t, 1) > 0 for t in ("M", "T"))]
+            if not usable:
+                continue
+            base = min(usable, key=lambda b: _size(b["shapes"]))
+            for size in (value if isinstance(value, (tuple, list)) else (value,)):
+                shapes = {**base["shapes"], dim: int(size)}
+                found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell),
+                                  **{**base, "shapes": shapes}))
+            break
+    return found
+
+
+def _size(shapes: Mapping[str, int]) -> int:
+    n = 1
+    for v in shapes.values():
+        n *= max(int(v), 1)
+    return n

@@ -21,6 +21,7 @@ from hypothesis import example, given, seed, settings
 from harness import ops, registry
 from harness.core.case import Case
 from harness.core.result import Result
+from harness.core.sizes import scale
 from harness.engine import runner
 from harness.engine import strategies as hs
 
@@ -84,9 +85,13 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
 
 
 def explicit_examples(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
-    """Cases run first, every time, before the drawn ones: the adapter's pinned regressions and the vacuous
-    boundary cases hypothesis never draws (the planted-bug suite runs the same ones)."""
-    return [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells)]
+    """Cases run first, every time, before the drawn ones: the adapter's pinned regressions, the vacuous boundary
+    cases hypothesis never draws, and on the GPU scale one case past each of the kernel's declared internal
+    thresholds (the planted-bug suite runs the same ones)."""
+    found = [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells)]
+    if scale() == "large":  # past the kernel's declared internal thresholds, where such sizes are affordable
+        found += hs.threshold_cases(adapter, cells)
+    return found
 
 
 def _vacuous_boundary_cases(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:

@@ -28,6 +28,8 @@ from typing import Any
 from harness import ops
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
+from harness.core.sizes import scale
+from harness.engine.strategies import threshold_cases
 
 CASES_PER_CELL = {"quick": 2, "full": 6}
 #: ops with at most this many applicable cells run all of them in the quick profile
@@ -117,6 +119,8 @@ def plan(adapter: Any, profile: str = "quick") -> Plan:
         offset = position[tuple(sorted(cell.items()))] % len(bounds) if profile == "quick" else 0
         for seed in sorted({(offset + j) % len(bounds) for j in range(min(per_cell, len(bounds)))}):
             cases.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), seed=seed, **bounds[seed]))
+    if scale() == "large":  # sizes past the kernel's internal thresholds: once each, where they are affordable
+        cases += threshold_cases(adapter, [c for c in cells if adapter.claims(c)])
     return Plan(adapter.name, adapter.op, selection, cells, total, cases)
 
 

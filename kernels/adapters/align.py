@@ -32,5 +32,7 @@ register(Adapter(
     # Entries of one expert come in ascending flattened index (a stable order, no atomics): the layout is the
     # oracle's, bitwise, on every run (the op has no convention to state).
     properties=frozenset({"deterministic"}),
+    # more than 32 chunks of 1024 ids: the separate scan kernel; past 65536 ids: chunks of 4096 (with k = 1)
+    limits={"cross_M": (32769, 65537)},
     description="histogram per chunk, scan of padded counts, stable in-chunk sort and scatter (2-3 launches)",
 ))

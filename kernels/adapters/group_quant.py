@@ -59,11 +59,15 @@ def run_fast_division(case: Case, inputs: dict[str, torch.Tensor], outputs: dict
     run(case, inputs, outputs, fast_division=True)
 
 
+#: rows wider than one register tile take the two-pass path (kernels.group_quant.MAX_TILE = 8192): 8320 is a
+#: multiple of every group size
+CROSS = {"cross_K": 8192 + 128}
+
 ADAPTER = register(Adapter(
     name="triton-group-quant", op="group_quant", source="kernels.group_quant", run=run, support=SUPPORT,
     conventions=CONVENTIONS, properties=frozenset({"deterministic"}),
     generations=("interp", "sm80", "sm89", "sm90", "sm100", "sm120"), requires=requires,
-    interp_features=_interp_features,
+    interp_features=_interp_features, limits=CROSS,
     description="Triton dynamic 8-bit quant: per-token-group (any group size dividing K), per-token, per-tensor",
 ))
 
@@ -73,6 +77,6 @@ FAST_DIVISION_ADAPTER = register(Adapter(
     name="triton-group-quant-fastdiv", op="group_quant", source="kernels.group_quant", run=run_fast_division,
     support=SUPPORT, conventions={**CONVENTIONS, "division": "approximate"}, properties=frozenset({"deterministic"}),
     generations=("interp", "sm80", "sm89", "sm90", "sm100", "sm120"), requires=requires,
-    interp_features=_interp_features,
+    interp_features=_interp_features, limits=CROSS,
     description="triton-group-quant with fp32 '/' (div.full.f32 on the GPU) instead of tl.div_rn",
 ))
