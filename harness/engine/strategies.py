@@ -68,3 +68,30 @@ def _size(shapes: Mapping[str, int]) -> int:
     for v in shapes.values():
         n *= max(int(v), 1)
     return n
+
+
+def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> list[Case]:
+    """A few small non-vacuous cases that together exercise every declared value of every axis (a greedy cover of
+    the (axis, value) pairs by declared cells, each judged on the op's smallest boundary case with tokens and local
+    experts). Hypothesis' few draws over hundreds of cells leave whole value families (an activation, a quant
+    type) unexercised in a CI run; these make every run cover them."""
+    spec = ops.get(adapter.op)
+    uncovered = {(a, v) for c in cells for a, v in c.items()}
+    pool = list(cells)
+    found: list[Case] = []
+    while uncovered and pool:
+        cell = max(pool, key=lambda c: len(set(c.items()) & uncovered))
+        gain = set(cell.items()) & uncovered
+        if not gain:
+            break
+        pool.remove(cell)
+        usable = [b for b in spec.boundary(adapter, cell)
+                  if all(b["shapes"].get(t, 1) > 0 for t in ("M", "T", "max_tokens"))
+                  and b.get("params", {}).get("local_experts", 1) != 0]
+        if not usable:
+            continue
+        ranked = sorted(usable, key=lambda b: _size(b["shapes"]))
+        base = next((b for b in ranked if _size(b["shapes"]) >= 16), ranked[-1])  # a few values, not one
+        found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **base))
+        uncovered -= gain
+    return found

@@ -86,9 +86,10 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
 
 def explicit_examples(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
     """Cases run first, every time, before the drawn ones: the adapter's pinned regressions, the vacuous boundary
-    cases hypothesis never draws, and on the GPU scale one case past each of the kernel's declared internal
-    thresholds (the planted-bug suite runs the same ones)."""
-    found = [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells)]
+    cases hypothesis never draws, a few small cases that cover every declared value of every axis, and on the GPU
+    scale one case past each of the kernel's declared internal thresholds (the planted-bug suite runs the same)."""
+    found = [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells),
+             *hs.value_covering_cases(adapter, cells)]
     if scale() == "large":  # past the kernel's declared internal thresholds, where such sizes are affordable
         found += hs.threshold_cases(adapter, cells)
     return found
