@@ -273,11 +273,6 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         return [Check("out", "bounded", expected=want, bound=bound, mask=mask)]
     on_input = yes(case.features["apply_weight_on_input"])
     red = _reduce_kwargs(conventions)
-    # in float64 the output-dtype roundings of these conventions would vanish: round to x.dtype where they do
-    want = ref.fused_experts(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"], **kw, **biases,
-                             expert_map=cpu.get("expert_map"), apply_router_weight_on_input=on_input,
-                             compute_dtype=torch.float64, out_dtype=dt if red else torch.float64, quant=quant,
-                             **red).double()
     m, k = cpu["topk_ids"].shape
     ids = cpu["topk_ids"].long()
     if "expert_map" in cpu:
@@ -293,7 +288,12 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
                                      **kw, **biases, expert_map=cpu.get("expert_map"),
                                      apply_router_weight_on_input=on_input, compute_dtype=torch.float64, quant=quant)
     if red.get("accumulation") == ref.Accumulation.SEQUENTIAL_OUT_DTYPE:
-        return [_sequential_check(inter, e_y, w, on_input, red, dt)]
+        return [_sequential_check(inter, e_y, w, on_input, red, dt)]  # its own centre: no oracle sum needed
+    # in float64 the output-dtype roundings of these conventions would vanish: round to x.dtype where they do
+    want = ref.fused_experts(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"], **kw, **biases,
+                             expert_map=cpu.get("expert_map"), apply_router_weight_on_input=on_input,
+                             compute_dtype=torch.float64, out_dtype=dt if red else torch.float64, quant=quant,
+                             **red).double()
     if red.get("weight_placement") == ref.WeightPlacement.ROUNDED_EXPERT_OUTPUT:
         e_y = rounding_bracket(inter.y, e_y, dt)  # y is rounded to the output dtype before the weight
     wa = torch.ones_like(w) if on_input else w.abs()
