@@ -72,6 +72,7 @@ __all__ = [
     "quantize",
     "round_int8",
     "scale_from_amax",
+    "unit_amax",
 ]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -512,6 +513,11 @@ def quantize(
     if recipe.layout != ScaleLayout.ROW_MAJOR:
         stored = to_layout(stored.reshape(shape[0], -1), recipe.layout)
     return QuantizedTensor(codes=codes, scales=stored, recipe=given, shape=shape)
+
+
+def unit_amax(x: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    """float32 amax of each unit of x under `recipe`, in the logical scale shape (the input of `scale_from_amax`)."""
+    return _unit_reduce(_check_x(x).to(torch.float32), recipe, "amax")
 
 
 def scale_from_amax(amax: torch.Tensor, recipe: QuantRecipe,

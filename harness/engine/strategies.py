@@ -5,6 +5,7 @@ of an adapter on a device, and a case of one of them (its sizes drawn by the op'
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -50,8 +51,7 @@ def threshold_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> lis
         if dim == key:
             continue
         for cell in cells[:64]:
-            usable = [b for b in spec.boundary(adapter, cell) if dim in b["shapes"]
-                      and all(b["shapes"].get(t, 1) > 0 for t in ("M", "T"))]
+            usable = [b for b in spec.boundary(adapter, cell) if dim in b["shapes"] and _substantive(b)]
             if not usable:
                 continue
             base = min(usable, key=lambda b: _size(b["shapes"]))
@@ -61,6 +61,12 @@ def threshold_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> lis
                                   **{**base, "shapes": shapes}))
             break
     return found
+
+
+def _substantive(fields: Mapping[str, Any]) -> bool:
+    """A boundary case that can fail: it has tokens and, under an expert map, a local expert."""
+    return (all(fields["shapes"].get(t, 1) > 0 for t in ("M", "T", "max_tokens"))
+            and fields.get("params", {}).get("local_experts", 1) != 0)
 
 
 def _size(shapes: Mapping[str, int]) -> int:
@@ -85,9 +91,7 @@ def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -
         if not gain:
             break
         pool.remove(cell)
-        usable = [b for b in spec.boundary(adapter, cell)
-                  if all(b["shapes"].get(t, 1) > 0 for t in ("M", "T", "max_tokens"))
-                  and b.get("params", {}).get("local_experts", 1) != 0]
+        usable = [b for b in spec.boundary(adapter, cell) if _substantive(b)]
         if not usable:
             continue
         ranked = sorted(usable, key=lambda b: _size(b["shapes"]))

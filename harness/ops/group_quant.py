@@ -50,7 +50,7 @@ from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import custom, lim, row_subset
 from harness.registry import Adapter, Unsupported
 from reference import formats
-from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize, scale_from_amax
+from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize, scale_from_amax, unit_amax
 from reference.scales import EpsPlacement, ScaleLayout, ScaleRule, Ue8m0Form, from_layout, ue8m0_round_up
 
 QUANT_DTYPES = ("fp8_e4m3fn", "int8")
@@ -253,26 +253,14 @@ APPROX_DIV_ULPS = 2
 APPROX_LOG2_ABS = 2.0**-21
 
 
-def _unit_amax(x: torch.Tensor, f: Mapping[str, str]) -> torch.Tensor:
-    """float32 amax of each unit of x [M, K], in the logical scale shape."""
-    a = x.abs().float()
-    if f["unit"] == "tensor":
-        return a.amax()
-    if f["unit"] == "token":
-        return a.amax(dim=1, keepdim=True)
-    gs = int(f["group_size"])
-    return a.view(a.shape[0], -1, gs).amax(dim=2)
-
-
-def _approximate_log2_interval(x: torch.Tensor, f: Mapping[str, str], r: QuantRecipe,
-                               ulps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _approximate_log2_interval(x: torch.Tensor, r: QuantRecipe, ulps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The scales exp2(ceil(log2 s)) can give when log2 is approximate (within APPROX_LOG2_ABS) and s itself is
     within `ulps` of the float rule's: 2^ceil(log2 s_lo - e) .. 2^ceil(log2 s_hi + e), then eps and the clamp."""
     after = r.eps_placement == EpsPlacement.ROUNDED_SCALE
     raw_recipe = dataclasses.replace(r, scale_rule=ScaleRule.FLOAT, layout=ScaleLayout.ROW_MAJOR,
                                      eps_placement=EpsPlacement.SCALE if after else r.eps_placement,
                                      eps=0.0 if after else r.eps)
-    raw = scale_from_amax(_unit_amax(x, f), raw_recipe, x.dtype)
+    raw = scale_from_amax(unit_amax(x, r), raw_recipe, x.dtype)
     s_lo, s_hi = _ulp_interval(raw, ulps, "float", r)
     pos = s_lo > 0
     l_lo = torch.log2(torch.where(pos, s_lo, torch.ones_like(s_lo)).double()) - APPROX_LOG2_ABS
@@ -346,7 +334,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         want = want.reshape(()) if f["unit"] == "tensor" else want
     lo, hi = _ulp_interval(want, ulps, f["scale_rule"], r)
     if approx_log2:
-        lo, hi = _approximate_log2_interval(x, f, r, ulps)
+        lo, hi = _approximate_log2_interval(x, r, ulps)
     pow2_rule = f["scale_rule"] == "ue8m0"
 
     def judge_scales(actual: torch.Tensor, _: Mapping[str, torch.Tensor]) -> Any:
