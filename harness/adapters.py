@@ -1,10 +1,11 @@
-"""The public API for adapter authors (a stable import path): `Adapter`, `Unsupported`, `register`, `resolve`,
-`all_adapters`, `adapter_factory` and the entry-point group name. They live in `harness.registry`; code inside the
-harness imports them from there, kernel packages from here."""
+"""The public API for adapter authors (a stable import path): `Adapter`, `Library`, `Unsupported`, `register`,
+`resolve`, `all_adapters`, `adapter_factory` and the entry-point group name. They live in `harness.registry`; code
+inside the harness imports them from there, kernel packages from here."""
 
 from harness.registry import (
     ENTRY_POINT_GROUP,
     Adapter,
+    Library,
     Unsupported,
     adapter_factory,
     all_adapters,
@@ -12,4 +13,5 @@ from harness.registry import (
     resolve,
 )
 
-__all__ = ["ENTRY_POINT_GROUP", "Adapter", "Unsupported", "adapter_factory", "all_adapters", "register", "resolve"]
+__all__ = ["ENTRY_POINT_GROUP", "Adapter", "Library", "Unsupported", "adapter_factory", "all_adapters", "register",
+           "resolve"]

@@ -1,13 +1,12 @@
 """`python -m harness diff A B`: the matrix cells whose verdict differs between two result sets.
 
-A and B are result files or folders (two generations, e.g. `results/interp` vs `results/sm90`, or two commits).
-A cell is (adapter, feature cell); when both sides hold the same several generations, the generation is part of
-the cell too. Within one side, the latest verdict of each case counts (a sweep's dead-worker marker loses to a
-real verdict). A cell's verdict is the worst of its cases' (fail > error > pass > not-verifiable > unsupported);
-two cells differ when that differs or when a case run on both sides got different verdicts. For each differing
-cell the table names case files to replay: the failing side's `cases/<id>.json` next to its results when it
-exists, otherwise one written into `cases_dir`.
-"""
+A and B are result files or folders (two generations, e.g. `results/interp` vs `results/sm90`, or two commits). A cell
+is (adapter, feature cell); when both sides hold the same several generations, the generation is part of the cell too.
+Within one side, the latest verdict of each case counts (a sweep's dead-worker marker loses to a real verdict). A cell's
+verdict is the worst of its cases' (fail > error > pass > not-verifiable > unsupported > not-installed); two cells
+differ when that differs or when a case run on both sides got different verdicts. For each differing cell the table
+names case files to replay: the failing side's `cases/<id>.json` next to its results when it exists, otherwise one
+written into `cases_dir`."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from harness.commands import note_skipped
 from harness.store.results import Result, ResultsFileError, load, result_files
 
 #: a cell's verdict is the first of these present among its cases
-_SEVERITY = ("fail", "error", "pass", "not-verifiable", "unsupported")
+_SEVERITY = ("fail", "error", "pass", "not-verifiable", "unsupported", "not-installed")
 _BAD = ("fail", "error")
 CASES_PER_CELL = 2
 

@@ -78,7 +78,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     try:
         dev = detect(args.device)
         registry.probe_imports(args.adapter)  # an import that ends the process from C code must not end this one
-        specs = list(args.adapter) or [a.name for a in registry.all_adapters()]
+        specs = registry.expand(args.adapter) if args.adapter else [a.name for a in registry.all_adapters()]
         for spec in specs:
             registry.resolve(spec)
     except ValueError as e:
@@ -117,11 +117,35 @@ def _render_run(args: argparse.Namespace, generation: str, run_id: str, run_file
     from harness.store.render import render_files
 
     others = [] if args.only_this_run else committed_other_generations(generation, args.results_dir)
-    folders = sorted({os.path.relpath(f.parent) for f in others})
-    md_path, json_path, _ = render_files(run_files + others, out, command=command,
+    supplement, extra = ((), ()), []
+    if not args.only_this_run:
+        supplement, extra = committed_of_missing_libraries(run_files, generation, args.results_dir)
+    folders = sorted({os.path.relpath(f.parent) for f in others + extra})
+    md_path, json_path, _ = render_files(run_files + others, out, command=command, supplement=supplement,
                                          shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
     print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
                                                   if folders else ""))
+
+
+def committed_of_missing_libraries(run_files: list[Path], generation: str, results_dir: str,
+                                   root: str | None = None) -> tuple[tuple[list, list], list[Path]]:
+    """The committed results of this generation for the adapters whose library this run did not have (every case
+    `not-installed`): a machine without vLLM keeps the committed vLLM rows. ((results, metadata), files read)."""
+    from harness.store.results import load
+
+    mine, _ = load(run_files, strict=False)
+    adapters = {r.adapter for r in mine if r.verdict == "not-installed"}
+    adapters -= {r.adapter for r in mine if r.verdict != "not-installed"}
+    if not adapters:
+        return ((), ()), []
+    base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
+    skip = {Path(results_dir).resolve(), (base / "local").resolve()}
+    files = [f for f in sorted(base.rglob(f"matrix-{generation}-*.jsonl")) if base.is_dir()
+             and not any(f.resolve().is_relative_to(d) for d in skip)]
+    results, meta = load(files, strict=False)
+    results = [r for r in results if r.adapter in adapters]
+    meta = [m for m in meta if m.get("kind") != "adapter" or m.get("adapter") in adapters]
+    return (results, meta), (files if results else [])
 
 
 def committed_other_generations(generation: str, results_dir: str, root: str | None = None) -> list:
@@ -151,7 +175,9 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--profile", default="quick", choices=["quick", "full"],
                    help="quick: all cells of small ops, a pairwise covering set of large ones, 2 cases per cell; "
                    "full: every cell, up to 6 cases per cell")
-    m.add_argument("--adapter", action="append", default=[], help="only this adapter (repeatable; module:object ok)")
+    m.add_argument("--adapter", action="append", default=[],
+                   help="only this adapter (repeatable; module:object ok; 'external': the third-party libraries' "
+                   "adapters)")
     m.add_argument("--from", dest="sources", nargs="+", metavar="RESULTS",
                    help="render from these result files/folders (several generations merge); runs nothing")
     m.add_argument("--out", default=None,

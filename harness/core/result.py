@@ -9,7 +9,9 @@ from typing import Any
 
 from harness.core.case import Case
 
-VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "unsupported", "not-verifiable")
+#: `not-installed`: the adapter's third-party library is missing here (nothing was run; the reason says how to
+#: install it)
+VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "unsupported", "not-verifiable", "not-installed")
 SCHEMA_VERSION = 1
 
 

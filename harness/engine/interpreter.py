@@ -13,14 +13,16 @@ nothing is patched and every issue is ``not-needed``.
 
 Importing libdevice in kernels: use ``from triton.language.extra import libdevice`` (module import, then
 ``libdevice.tanh(x)``). Compiled, Triton >= 3.0 resolves that generic module to the backend's libdevice (CUDA or
-HIP); in the interpreter the fix below routes it (and ``triton.language.extra.cuda.libdevice``) to numpy. Do not
-bind single functions (``from ...libdevice import tanh``): the interpreter can only patch module attributes.
+HIP); in the interpreter the fix below routes it (and ``triton.language.extra.cuda.libdevice``) to numpy. Single
+functions bound by name in a kernel's module (``from ...libdevice import tanh``, as third-party kernels do) are
+rebound for each launch too.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -151,6 +153,9 @@ def _fixable_issues() -> list[_Issue]:
                f({f"libdevice_{n}" for n in _LIBDEVICE}), exact=False),
         _Issue("autotune", "@triton.autotune with several configs raised (benchmarking needs a GPU driver); "
                "now no benchmark runs and the first pruned config is used", f({"autotune"})),
+        _Issue("float_args", "float kernel arguments stayed Python floats, so scalar methods a compiled kernel "
+               "has (x.to(tl.float32), x.dtype) raised; now fp32 scalars, as compiled Triton passes them",
+               f({"float_args"})),
         _Issue("fp16_int8_dot", "tl.dot on fp16 (fp32 acc) and int8 (int32 acc) operands: checked, correct",
                f({"fp16_dot", "int8_dot"}), present=False),
         _Issue("load_store_reduce", "masked tl.load with other, int64 offsets, fp32 sum/max/argmax (leftmost "
@@ -345,6 +350,22 @@ def _apply_patches(disabled: frozenset[str]) -> None:
     _patch_bf16_atomic(it, tl, on("bf16_atomic"))
     _patch_libdevice(it, tl, on("libdevice"))
     _patch_autotune(at, on("autotune"))
+    _patch_float_args(it, tl, on("float_args"))
+
+
+def _patch_float_args(it: Any, tl: Any, enabled: bool) -> None:
+    """Python float arguments -> fp32 scalar tensors (compiled Triton mangles a float argument as fp32)."""
+    if not enabled or getattr(it, "_moe_float_args", False):
+        return
+    orig = it._implicit_cvt
+
+    def implicit_cvt(arg: Any) -> Any:
+        if isinstance(arg, float):
+            return tl.tensor(it.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+        return orig(arg)
+
+    it._implicit_cvt = implicit_cvt
+    it._moe_float_args = True
 
 
 def _decode_any(h: Any, fmts: dict[Any, _Fmt]) -> np.ndarray:
@@ -588,11 +609,18 @@ def _patch_libdevice(it: Any, tl: Any, enabled: bool) -> None:
     orig_patch_lang = it._patch_lang
     ld_names = [n for n in dir(generic_ld) if not n.startswith("_") and tl.core.is_builtin(getattr(cuda_ld, n, None))]
 
+    # stubs a kernel module bound by name (`from ...libdevice import tanh`): rebound for the launch as well
+    stubs = {id(getattr(m, n)): n for m in (generic_ld, cuda_ld) for n in ld_names if hasattr(m, n)}
+
     def _patch_lang(fn: Any) -> Any:
         scope = orig_patch_lang(fn)
         it._patch_builtin(cuda_ld, it.interpreter_builder, scope)
         for name in ld_names:  # compiled, the generic stubs resolve to the backend module; do the same here
             scope.set_attr(generic_ld, name, getattr(cuda_ld, name))
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        for gname, value in list(vars(module).items()) if module is not None else []:
+            if id(value) in stubs:
+                scope.set_attr(module, gname, getattr(cuda_ld, stubs[id(value)]))
         return scope
 
     if enabled:

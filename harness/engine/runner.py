@@ -413,6 +413,7 @@ class _Judging:
     """One case being judged: gates, inputs and oracle, the kernel's runs, the checks."""
 
     def __init__(self, case: Case, adapter: Adapter, device: DeviceInfo, unverifiable: set[str] | None):
+        device = adapter.device_for(device)  # a CPU-native kernel on a CPU machine: the `cpu` generation
         self.case, self.adapter, self.device, self.unverifiable = case, adapter, device, unverifiable
         self.t0 = time.perf_counter()
         self.changed: list[str] = []
@@ -423,6 +424,8 @@ class _Judging:
             self.declared, self.why_not, self.broken_rule = True, "", str(e)
 
     def result(self, verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
+        if self.adapter.library is not None:  # the library version that produced the verdict (provenance)
+            metrics = {**metrics, "library": self.adapter.library.label()}
         return Result(case=self.case, verdict=verdict, reason=reason, metrics=metrics,
                       checks=[c.to_dict() for c in checks or []], declared=self.declared,
                       duration_s=round(time.perf_counter() - self.t0, 4), generation=self.device.generation,
@@ -433,6 +436,10 @@ class _Judging:
         adapter, device = self.adapter, self.device
         if device.generation not in adapter.generations:
             return self.result("unsupported", f"{adapter.name} does not run on {device.generation}")
+        if (missing := adapter.not_installed()) is not None:
+            return self.result("not-installed", missing)
+        if adapter.library is not None and (broken := registry.import_library(adapter.library)):
+            return self.result("error", broken)
         if self.broken_rule:
             return self.result("error", f"support rule error: {self.broken_rule}")
         if (why_shape := adapter.shape_unsupported(self.case.shapes)) is not None:

@@ -36,7 +36,8 @@ DEFAULT_CASE_TIMEOUT_S = 300.0
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("moe-harness", "moe-harness: generic tests of MoE kernel adapters")
     group.addoption("--moe-adapter", action="append", default=[], metavar="SPEC",
-                    help="verify this adapter: module:object, a registered name, or 'all' (repeatable)")
+                    help="verify this adapter: module:object, a registered name, 'all', or 'external' (the "
+                         "third-party libraries' adapters) (repeatable)")
     group.addoption("--moe-device", default=os.environ.get("MOE_HARNESS_DEVICE", "auto"),
                     help="auto (default; xdist workers spread over the GPUs), cpu, cuda, or cuda:N (pinned)")
     group.addoption("--moe-gpus", default=os.environ.get("MOE_HARNESS_GPUS", ""), metavar="LIST",
@@ -102,15 +103,12 @@ def selected_adapters(config: pytest.Config) -> list[str]:
     if not specs:
         return [a.name for a in registry.entry_point_adapters()]
     names: list[str] = []
-    for spec in specs:
-        if spec == "all":
-            found = [a.name for a in registry.all_adapters()]
-        else:
-            try:
-                found = [registry.resolve(spec).name]
-            except ValueError as e:
-                raise pytest.UsageError(f"--moe-adapter: {e}") from None
-        names += [n for n in found if n not in names]
+    for spec in registry.expand(specs):  # `all`, `external`: groups of registered adapters
+        try:
+            found = registry.resolve(spec).name
+        except ValueError as e:
+            raise pytest.UsageError(f"--moe-adapter: {e}") from None
+        names += [found] if found not in names else []
     return names
 
 

@@ -52,7 +52,11 @@ def _explain(r: Result) -> str:
 def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_results, moe_unverifiable,  # type: ignore[no-untyped-def]
                              moe_profile) -> None:
     adapter = registry.resolve(moe_adapter_name)
+    moe_device = adapter.device_for(moe_device)  # a CPU-native kernel is judged on `cpu`, not `interp`
     cells = hs.declared_cells(adapter, moe_device)
+    if cells and (missing := adapter.not_installed()) is not None:
+        _record_not_installed(adapter, cells, moe_device, moe_results)
+        pytest.skip(f"{moe_adapter_name}: not installed, its {len(cells)} declared cells recorded as such: {missing}")
     if not cells:
         pytest.skip(f"{moe_adapter_name} declares no cell on {moe_device.generation} (reported as unsupported)")
     index, count = moe_shard
@@ -82,6 +86,14 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
         test = settings(moe_profile)(test)
     test()
     _fail_on_vacuous_cells(judged, deliberate)
+
+
+def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]], device, results) -> None:  # type: ignore[no-untyped-def]
+    """One `not-installed` verdict per declared cell (the runner's gate answers it without running anything)."""
+    spec = ops.get(adapter.op)
+    for cell in cells:
+        case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **spec.boundary(adapter, cell)[0])
+        results.append(runner.judge(case, adapter, device))
 
 
 def explicit_examples(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
@@ -132,10 +144,13 @@ def _normalized(text: str) -> str:
 
 def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_results) -> None:  # type: ignore[no-untyped-def]
     adapter = registry.resolve(moe_adapter_name)
+    moe_device = adapter.device_for(moe_device)
     spec = ops.get(adapter.op)
     cells = hs.undeclared_cells(adapter, moe_device)
     if moe_device.generation not in adapter.generations:
         pytest.skip(f"{moe_adapter_name} does not run on {moe_device.generation} (reported as unsupported)")
+    if (missing := adapter.not_installed()) is not None:
+        pytest.skip(f"{moe_adapter_name}: not installed (its declared cells are recorded as such): {missing}")
     problems = []
     for cell in cells[:12]:
         fields = spec.boundary(adapter, cell)[1]

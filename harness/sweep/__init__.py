@@ -65,8 +65,9 @@ class _Run:
         """An `error` verdict, written by the parent, for a case whose worker hung or died."""
         case, adapter = self.cases[index], self.owner[index]
         declared = adapter.claims(case.features, self.device)
+        device = adapter.device_for(self.device)
         r = Result(case=case, verdict="error", reason=reason, metrics={"marker": kind, **metrics}, declared=declared,
-                   generation=self.device.generation, device=self.device.to_dict())
+                   generation=device.generation, device=device.to_dict())
         self.main.append(r)
         self.account(index, r.verdict, declared)
 

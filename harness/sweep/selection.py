@@ -138,7 +138,10 @@ def adapter_record(adapter: Any, p: Plan | None, device: DeviceInfo, profile: st
             "description": adapter.description,
             "test_aid": bool(adapter.test_aid), "generations": list(adapter.generations),
             "support": {k: list(v) for k, v in adapter.support.items()}, "axes": axes,
-            "generation": device.generation, "profile": profile, **(p.summary() if p else {})}
+            **({"library": {"distribution": adapter.library.distribution, "written_for": adapter.library.written_for,
+                            "installed": adapter.library.version(), "install": adapter.library.install}}
+               if adapter.library is not None else {}),
+            "generation": adapter.device_for(device).generation, "profile": profile, **(p.summary() if p else {})}
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[st
         return runner.judge(case, adapter, dev, unverifiable=unverifiable)
     except Exception as e:  # runner.judge should not raise; if it does, the case is still recorded
         declared = adapter.claims(case.features, dev)
+        dev = adapter.device_for(dev)
         return Result(case=case, verdict="error", reason=f"harness error: {type(e).__name__}: {e}",
                       metrics={"trace": traceback.format_exc(limit=4)}, declared=declared,
                       generation=dev.generation, device=dev.to_dict())

@@ -23,6 +23,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra import libdevice  # noqa: E402  (the portable import; see harness/interpreter.py)
 from triton.language.extra.cuda import libdevice as cuda_libdevice  # noqa: E402
+from triton.language.extra.libdevice import tanh as bound_tanh  # noqa: E402  (bound by name, as Liger does)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -340,6 +341,22 @@ def test_libdevice_both_imports() -> None:
     for k, w in enumerate(want):
         torch.testing.assert_close(got[k], w, rtol=4e-7, atol=4e-7, msg=f"output {k}")
     assert torch.equal(got[4], round_away) and torch.equal(got[6], x / 3.0)
+
+
+@triton.jit
+def _scalar_arg_kernel(x_ptr, out_ptr, scale, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(out_ptr + offs, bound_tanh(x) * scale.to(tl.float32))  # a float argument's scalar method
+
+
+def test_float_argument_and_libdevice_bound_by_name() -> None:
+    """Third-party kernels call methods on float arguments (compiled: fp32 scalars) and bind libdevice functions
+    by name; both raised in the bare interpreter (disable `float_args` or `libdevice` to watch this fail)."""
+    x = torch.linspace(-3, 3, 64)
+    out = torch.empty(64, device=DEV)
+    _scalar_arg_kernel[(1,)](x.to(DEV), out, 0.5, BLOCK=64)
+    torch.testing.assert_close(out.cpu(), torch.tanh(x) * 0.5, rtol=4e-7, atol=4e-7)
 
 
 _AUTOTUNE_RUNS: list[int] = []
