@@ -3,8 +3,9 @@
 The commands are the lines of the ```bash blocks. Each is checked as a user would meet it: the `python -m harness`
 commands are parsed by the real argument parser and the cheap ones run in full (rendering, diff, golden, replay, a
 sweep narrowed by --adapter), in order, in a scratch copy of the tree (so nothing committed is rewritten); `pytest`
-commands collect (`--co`) with their arguments; `pip install` lines must name installable folders. Sweeps of every
-adapter, benchmarks and bisects are only parsed: they take minutes to hours or a GPU.
+commands collect (`--co`) with their arguments; `pip install` lines must name installable folders; `tox -e NAME`
+must name an environment of tox.ini and `bash SCRIPT.sh` a script that parses (both install libraries for minutes).
+Sweeps of every adapter, benchmarks and bisects are only parsed: they take minutes to hours or a GPU.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def kind(step: Step) -> str:
         return "harness"
     if argv[:1] == ["pytest"]:
         return "pytest"
+    if argv[:2] == ["tox", "-e"]:
+        return "tox"
+    if argv[:1] == ["bash"] and len(argv) == 2 and argv[1].endswith(".sh"):
+        return "script"
     return "unknown"
 
 
@@ -115,6 +120,15 @@ def run_step(step: Step, tree: Path) -> str | None:
         targets = [a for a in step.argv[2:] if not a.startswith("-")]
         missing = [t for t in targets if not (tree / step.cwd / t / "pyproject.toml").exists()]
         return f"nothing installable at {missing}" if missing else None
+    if what == "tox":  # installs libraries for many minutes: the environment must exist and its script parse
+        ini = (tree / step.cwd / "tox.ini").read_text(encoding="utf-8")
+        return None if f"[testenv:{step.argv[2]}]" in ini else f"tox.ini has no [testenv:{step.argv[2]}]"
+    if what == "script":
+        script = tree / step.cwd / step.argv[1]
+        if not script.is_file():
+            return f"no script {step.argv[1]}"
+        done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60)
+        return None if done.returncode == 0 else f"bash -n: {done.stderr[-1000:]}"
     env = {**os.environ, **step.env, "PYTHONPATH": os.pathsep.join(
         [str(tree), str(tree / "examples" / "my_kernel"), os.environ.get("PYTHONPATH", "")])}
     for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT"):
