@@ -162,6 +162,8 @@ _FP8 = {
 _MX = {QuantDtype.MXFP8: FloatFormat.E4M3FN, QuantDtype.MXFP4: FloatFormat.E2M1}
 _WEIGHT_ONLY = {QuantDtype.W4A16: 4, QuantDtype.W8A16: 8}
 _NVFP4_GLOBAL = 448.0 * 6.0
+#: applications whose factor comes from amax, not from the stored scale
+_FROM_AMAX = (ScaleApplication.QMAX_OVER_AMAX, ScaleApplication.QMAX_OVER_AMAX_RN)
 
 
 def _coerce(name: str, v: object, cls: type[enum.Enum]) -> enum.Enum:
@@ -198,7 +200,8 @@ class QuantRecipe:
     eps (1e-10), eps_placement (`amax`), scale_formula (`divide`): the `float` rule's details.
     ue8m0_clamp: clamp the ue8m0 exponent to [1, 254] (DeepGEMM). application: `divide` (default),
     `multiply_reciprocal` (x * fp32(1/s): DeepGEMM's current helpers, x * (1 / sf)) or `qmax_over_amax`
-    (DeepGEMM's older helpers, PyTorch `x * (qmax / max(amax, eps))`: two fp32 roundings, see ScaleApplication).
+    (DeepGEMM's older helpers, PyTorch `x * (qmax / max(amax, eps))`: two fp32 roundings, see ScaleApplication)
+    or `qmax_over_amax_rn` (the same factor rounded once: torchao's fp8 blockwise kernels).
     int8_rounding: `half_even` (default). layout: scale layout, `row_major` (default); the others need a 2-D x
     and unit `group`/`row`. global_scale: NVFP4's convention (`quant_side`).
     zero_point: w4a16/w8a16 asymmetric quantization with explicit zero points (default symmetric, implicit zp).
@@ -263,12 +266,17 @@ class QuantRecipe:
             raise ValueError(f"scale_rule must be 'float' for {d.value}")
         if self.scale_rule == ScaleRule.OCP_FLOOR and d not in _MX and d not in _FP8:
             raise ValueError(f"scale_rule 'ocp_floor' is defined for fp8 and MX element types, not {d.value}")
-        if self.application == ScaleApplication.QMAX_OVER_AMAX and (
+        if self.application in _FROM_AMAX and (
             self.scale_rule != ScaleRule.FLOAT or d not in (*_FP8, QuantDtype.INT8)
             or self.eps_placement != EpsPlacement.AMAX
         ):
-            raise ValueError("application 'qmax_over_amax' needs scale_rule 'float' with eps_placement 'amax' and an "
-                             "fp8 or int8 dtype")
+            raise ValueError(f"application {self.application.value!r} needs scale_rule 'float' with eps_placement "
+                             "'amax' and an fp8 or int8 dtype")
+        if self.scale_formula == ScaleFormula.RECIPROCAL_OF_FACTOR and (
+            d == QuantDtype.NVFP4 or self.eps_placement != EpsPlacement.AMAX
+        ):
+            raise ValueError("scale_formula 'reciprocal_of_factor' needs eps_placement 'amax' (the factor is "
+                             "qmax / max(amax, eps)) and is not an nvfp4 block scale formula")
         if self.layout != ScaleLayout.ROW_MAJOR and self.unit not in (QuantUnit.GROUP, QuantUnit.ROW):
             raise ValueError(f"layout {self.layout.value} needs unit 'group' or 'row', got {self.unit.value}")
         if self.layout == ScaleLayout.PACKED_UE8M0 and (
@@ -475,8 +483,9 @@ def quantize(
     _check_shape(shape, recipe)
     x32 = x.to(torch.float32)
     d = recipe.dtype
-    if scales is not None and recipe.application == ScaleApplication.QMAX_OVER_AMAX:
-        raise ValueError("scales cannot be given with application 'qmax_over_amax' (the factor comes from amax)")
+    if scales is not None and recipe.application in _FROM_AMAX:
+        raise ValueError(f"scales cannot be given with application {recipe.application.value!r} (the factor comes "
+                         "from amax)")
     if scales is not None and (d in _MX or d == QuantDtype.NVFP4 or recipe.zero_point):
         raise ValueError(f"scales cannot be given for {d.value}" + (" with zero points" if recipe.zero_point else ""))
     if global_scale is not None and d != QuantDtype.NVFP4:
@@ -497,6 +506,8 @@ def quantize(
         s = scale_from_amax(amax, recipe)
     if recipe.application == ScaleApplication.QMAX_OVER_AMAX:
         y = x32 * _expand(_qmax_over_amax(amax, _qmax(d), recipe.eps), shape, recipe)
+    elif recipe.application == ScaleApplication.QMAX_OVER_AMAX_RN:
+        y = x32 * _expand(_qmax_over_amax_rn(amax, _qmax(d), recipe.eps), shape, recipe)
     else:
         y = apply_scale(x32, _expand(s, shape, recipe), recipe.application)
 
@@ -550,6 +561,14 @@ def _qmax_over_amax(amax: torch.Tensor, qmax: float, eps: float) -> torch.Tensor
     a = torch.maximum(amax, torch.full_like(amax, eps)).to(torch.float64)
     recip = (1.0 / a).to(torch.float32)  # correctly rounded: float64 has more than 2 * 24 + 2 bits
     return (recip.to(torch.float64) * qmax).to(torch.float32)  # the fp32 x fp32 product is exact in float64
+
+
+def _qmax_over_amax_rn(amax: torch.Tensor, qmax: float, eps: float) -> torch.Tensor:
+    """fp32(qmax / max(amax, eps)), correctly rounded (the float64 quotient rounded once: innocuous double rounding
+    for a division of float32 values); 0 where max(amax, eps) is 0, so that the unit's codes are zeros."""
+    a = torch.maximum(amax, torch.full_like(amax, eps)).to(torch.float64)
+    safe = torch.where(a == 0, torch.ones_like(a), a)
+    return torch.where(a == 0, torch.zeros_like(a), qmax / safe).to(torch.float32)
 
 
 def _nvfp4_global(amax_t: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:

@@ -88,10 +88,14 @@ class Ue8m0Form(str, enum.Enum):
 
 
 class ScaleFormula(str, enum.Enum):
-    """`divide`: amax / qmax (correctly rounded); `multiply_reciprocal`: amax * fp32(1 / qmax)."""
+    """`divide`: amax / qmax (correctly rounded); `multiply_reciprocal`: amax * fp32(1 / qmax);
+    `reciprocal_of_factor`: fp32(1 / fp32(qmax / amax)), the reciprocal of the correctly rounded factor the kernel
+    multiplies by (torchao's fp8 blockwise quantizers: the factor in float64 rounded once to fp32, its reciprocal
+    stored; an amax of 0 gives the factor inf and the scale 0)."""
 
     DIVIDE = "divide"
     MULTIPLY_RECIPROCAL = "multiply_reciprocal"
+    RECIPROCAL_OF_FACTOR = "reciprocal_of_factor"
 
 
 class ScaleApplication(str, enum.Enum):
@@ -101,11 +105,15 @@ class ScaleApplication(str, enum.Enum):
     older per-token/per-block cast helpers; the factor comes from amax directly, not from the stored scale
     amax / qmax (`float` rule only). DeepGEMM's current helpers compute sf = amax.clamp(1e-4) / 448, then
     x * (1 / sf): that is `multiply_reciprocal` (with eps 1e-4 on amax, and scale formula `multiply_reciprocal`
-    where `amax / 448` runs on CUDA, which multiplies by the scalar's reciprocal, `divide` on CPU)."""
+    where `amax / 448` runs on CUDA, which multiplies by the scalar's reciprocal, `divide` on CPU).
+    `qmax_over_amax_rn`: x * fp32(qmax / max(amax, eps)) with the factor correctly rounded (formed in float64 and
+    rounded once: torchao's fp8 blockwise Triton quantizers); also from amax, `float` rule only. An amax of 0 (eps
+    0) gives the factor 0 here: zero codes, as a zero scale does."""
 
     DIVIDE = "divide"
     MULTIPLY_RECIPROCAL = "multiply_reciprocal"
     QMAX_OVER_AMAX = "qmax_over_amax"
+    QMAX_OVER_AMAX_RN = "qmax_over_amax_rn"
 
 
 class ScaleLayout(str, enum.Enum):
@@ -158,7 +166,13 @@ def float_scale(
     eps_t = torch.full_like(amax, float(eps))
     q = torch.full_like(amax, float(qmax))
     a = torch.maximum(amax, eps_t) if eps_placement == EpsPlacement.AMAX else amax
-    s = a / q if formula == ScaleFormula.DIVIDE else a * (1.0 / q)
+    if formula == ScaleFormula.RECIPROCAL_OF_FACTOR:
+        # fp32(qmax / a) correctly rounded: float64 holds more than 2 * 24 + 2 bits, so its quotient rounded to
+        # float32 is (double rounding of a division is innocuous there); then fp32 1 / factor (0 where a is 0)
+        factor = (q.to(torch.float64) / a.to(torch.float64)).to(torch.float32)
+        s = 1.0 / factor
+    else:
+        s = a / q if formula == ScaleFormula.DIVIDE else a * (1.0 / q)
     if eps_placement == EpsPlacement.SCALE:
         s = torch.maximum(s, eps_t)
     return s  # ROUNDED_SCALE: compute_scale applies eps after the rounding
@@ -259,8 +273,8 @@ def apply_scale(
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16, torch.float32))
     check_tensor("s", s, dtypes=(torch.float32,))
     application = _enum("application", application, ScaleApplication)
-    if application == ScaleApplication.QMAX_OVER_AMAX:
-        raise ValueError("application 'qmax_over_amax' needs amax, not the scale: use reference.quant.quantize")
+    if application in (ScaleApplication.QMAX_OVER_AMAX, ScaleApplication.QMAX_OVER_AMAX_RN):
+        raise ValueError(f"application {application.value!r} needs amax, not the scale: use reference.quant.quantize")
     x32 = x.to(torch.float32)
     s32 = _materialize(s, x32)
     safe = torch.where(s32 == 0, torch.ones_like(s32), s32)

@@ -33,7 +33,7 @@ def test_generic_tests_pass_on_the_example(example_on_path, device_info, unverif
     assert adapter.name == "my-silu-mul" and adapter.source == "my_moe_kernel.swiglu"
     with ResultStore(tmp_path, run_id="example") as store:
         generic.test_declared_cases_pass(adapter.name, (0, 1), device_info, store, unverifiable, PROFILES["ci"])
-        generic.test_undeclared_cells_rejected_cleanly(adapter.name, device_info, store)
+        generic.test_undeclared_cells_rejected_cleanly(adapter.name, device_info, store, unverifiable)
     verdicts = {r.verdict for r in load_results([tmp_path])}
     assert verdicts <= {"pass", "unsupported", "not-verifiable"} and "pass" in verdicts
 

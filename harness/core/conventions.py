@@ -86,7 +86,9 @@ RECIPE_FIELDS: dict[str, Convention] = {c.key: c for c in (
         "float32": "fp32(eps)", "input": "eps rounded to x's dtype first (torch `x.abs().amax().clamp(min=eps)` "
         "on bf16/fp16: vLLM's torch reference of group quantization)"}), default="float32"),
     Convention("scale_formula", "how the float scale is computed", values=_choices(sc_ref.ScaleFormula, {
-        "divide": "amax / qmax, correctly rounded", "multiply_reciprocal": "amax * fp32(1 / qmax)"}),
+        "divide": "amax / qmax, correctly rounded", "multiply_reciprocal": "amax * fp32(1 / qmax)",
+        "reciprocal_of_factor": "fp32(1 / fp32(qmax / amax)): the reciprocal of the factor x is multiplied by "
+        "(torchao's fp8 blockwise quantizers)"}),
         default="divide"),
     Convention("ue8m0_clamp", "clamp the ue8m0 exponent to [1, 254] (DeepGEMM)", kind="bool", default=False),
     Convention("ue8m0_form", "how the ue8m0 rule rounds up to a power of two", values=_choices(sc_ref.Ue8m0Form, {
@@ -96,7 +98,9 @@ RECIPE_FIELDS: dict[str, Convention] = {c.key: c for c in (
     Convention("application", "how elements are scaled before rounding", values=_choices(sc_ref.ScaleApplication, {
         "divide": "x / s, correctly rounded (vLLM's CUDA quantizers, Triton's div_rn)",
         "multiply_reciprocal": "x * fp32(1 / s) (DeepGEMM's current helpers: x * (1 / sf))",
-        "qmax_over_amax": "x * (qmax / max(amax, eps)) as PyTorch computes it (float rule only)"}),
+        "qmax_over_amax": "x * (qmax / max(amax, eps)) as PyTorch computes it (float rule only)",
+        "qmax_over_amax_rn": "x * fp32(qmax / max(amax, eps)), the factor rounded once (torchao's fp8 blockwise "
+        "Triton quantizers, float64 quotient)"}),
         default="divide"),
     Convention("int8_rounding", "int8 rounding of x / s", values=_choices(q_ref.Int8Rounding, {
         "half_even": "vLLM scaled_int8_quant", "half_away": "per_token_quant_int8",
@@ -146,6 +150,13 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
     "routing": (
         Convention("nonfinite", "what happens to NaN / Inf logits", values=_choices(rt_ref.NonFinitePolicy, {
             "zero": "non-finite scores become 0 (vLLM's CUDA kernel)", "raise": "the oracle refuses such rows"})),
+        Convention("score_dtype", "the precision scores, selection and weights are computed in", values={
+            "float32": "fp32 (the CUDA kernels; torch code that casts the logits to fp32 first)",
+            "input": "the logits' dtype (torch code on bf16/fp16 logits, e.g. vLLM's native grouped_topk): every "
+            "score, sum and quotient rounded to it, so near-ties within its rounding may select either expert",
+            "input_every_step": "as `input`, and the exponent too (exp(logit - logsumexp) in the logits' dtype, "
+            "vLLM's CPURouter softmax top-k): weights off by u * (|logit| + 2 |logsumexp|) more"},
+            default="float32"),
     ),
     "align": (),
     "reduce": (),
@@ -159,7 +170,8 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
     ),
     "group_quant": (
         *(RECIPE_FIELDS[k] for k in ("eps", "eps_placement", "eps_dtype", "scale_formula", "application",
-                                     "int8_rounding", "ue8m0_clamp", "ue8m0_form")),
+                                     "int8_rounding", "ue8m0_clamp", "ue8m0_form", "global_scale",
+                                     "nvfp4_scale_form", "nvfp4_block_floor", "e2m1_ties")),
         Convention("division", "how the kernel's fp32 divisions round", values={
             "correctly_rounded": "IEEE division (CUDA's `/`, Triton's tl.div_rn, PyTorch)",
             "approximate": "Triton's fp32 `/` on NVIDIA GPUs (div.full.f32, within 2 ulp): codes next to a "

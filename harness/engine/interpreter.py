@@ -166,6 +166,8 @@ def _fixable_issues() -> list[_Issue]:
         _Issue("fp8_dot_fast_accum", "sm_90 accumulates fp8 wgmma in reduced precision "
                "(max_num_imprecise_acc=2**30 by default); the interpreter accumulates in fp32",
                f({"fp8_dot_fast_accum"}), fixable=False),
+        _Issue("inline_asm", "tl.inline_asm_elementwise runs PTX, which the interpreter cannot execute (it "
+               "raises)", f({"inline_asm"}), fixable=False),
         _Issue("approx_math_bitexact", "on GPU tl.exp/exp2/log/sigmoid, fp32 '/' and fused mul+add use "
                "approximate PTX / FMA contraction; interp results agree to a few ulp, never bitwise",
                f({"approx_math_bitexact"}), fixable=False),
@@ -211,6 +213,17 @@ def install(triton_version: str | None = None) -> FidelityReport:
     report = FidelityReport(version, interpreting, verified, issues)
     _STATE["report"] = report
     return report
+
+
+def triton_gemm_features(dtype: str | None) -> set[str]:
+    """The interpreter fixes a Triton GEMM kernel with `dtype` operands relies on: loads/stores, the checked fp32
+    reductions, and the dot and narrowing casts of bf16 / the fp16 dot (an adapter adds what else it uses)."""
+    need = {"load_store", "reduce_fp32"}
+    if dtype == "bfloat16":
+        need |= {"bf16_dot", "bf16_cast"}
+    elif dtype == "float16":
+        need.add("fp16_dot")
+    return need
 
 
 def unverifiable_features(report: FidelityReport) -> set[str]:

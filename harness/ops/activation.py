@@ -96,15 +96,21 @@ def operand_magnitude(x: torch.Tensor, act: str, conventions: Mapping[str, Any])
     return (p0.abs() + 1) * (p1.abs() + 1)
 
 
+def _fit_n(adapter: Adapter, n: int) -> int:
+    """N rounded up to the adapter's `N_multiple` limit (a kernel that needs N % 8 == 0 is judged at such N)."""
+    mult = int(adapter.limits.get("N_multiple", 1))
+    return -(-n // mult) * mult
+
+
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # T = 0: a boundary case
     n = draw(boundary_sizes(lim(adapter, "block_N") if "block_N" in adapter.limits else 64, lim(adapter, "max_N"),
                             minimum=1))
-    return {"shapes": {"T": t, "N": n}, "dtypes": {"x": cell["dtype"]}}
+    return {"shapes": {"T": t, "N": _fit_n(adapter, n)}, "dtypes": {"x": cell["dtype"]}}
 
 
 def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [{"shapes": {"T": t, "N": n}, "dtypes": {"x": cell["dtype"]}}
+    return [{"shapes": {"T": t, "N": _fit_n(adapter, n)}, "dtypes": {"x": cell["dtype"]}}
             for t, n in ((0, 8), (1, 1), (7, 63), (17, 64), (33, 129))]
 
 

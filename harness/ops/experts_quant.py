@@ -234,8 +234,8 @@ def _expand(s: torch.Tensor, like: torch.Tensor, recipe: QuantRecipe) -> torch.T
 
 
 def _bracketed(a: torch.Tensor, e: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
-    fixed = replace(recipe, layout="row_major", application="divide" if recipe.application.value == "qmax_over_amax"
-                    else recipe.application)
+    from_amax = recipe.application.value.startswith("qmax_over_amax")
+    fixed = replace(recipe, layout="row_major", application="divide" if from_amax else recipe.application)
     amax = _units(a.abs(), recipe).float()
     amax_lo = _units((a.abs() - e).clamp_min(0), recipe).float()
     amax_hi = _units(a.abs() + e, recipe).float()

@@ -1,13 +1,30 @@
-"""Op spec `group_quant`: dynamic 8-bit quantization of activations per token group, per token or per tensor
-(SEMANTICS.md 2).
+"""Op spec `group_quant`: dynamic quantization of activations per token group, per token or per tensor
+(SEMANTICS.md 2): 8-bit (fp8 e4m3fn, int8) with float or power-of-two fp32 scales, the MX formats (mxfp8,
+mxfp4: groups of 32 along K with e8m0 scale codes) and NVFP4 (groups of 16, e4m3 block scales, a global scale).
 
-Input: x [M, K] (bfloat16/float16/float32; rows possibly non-contiguous), finite (inputs with NaN/Inf are outside
-the contract: the oracle raises on them, so they are never generated). Outputs:
-- `codes` [M, K]: torch.float8_e4m3fn or int8, contiguous.
+Inputs: x [M, K] (bfloat16/float16/float32; rows possibly non-contiguous), finite (inputs with NaN/Inf are outside
+the contract: the oracle raises on them, so they are never generated). NVFP4 cells add `global_scale`, a float32
+0-d tensor g = fp32(amax(x) / (448 * 6)) (dequant side, correctly rounded; 1.0 for an all-zero x): the kernel
+takes it as given (a dequant-side library, e.g. torchao's per_tensor_scale, uses g; a quant-side one 1 / g, which
+the oracle then forms as fp32(1 / g)).
+
+Outputs:
+- `codes` [M, K]: torch.float8_e4m3fn (fp8_e4m3fn, mxfp8) or int8, contiguous; mxfp4 and nvfp4: uint8 [M, K/2],
+  two e2m1 codes per byte (element 2i in the low nibble).
 - `scales`: group unit: float32 [M, G] (G = K / group_size) as `row_major` (contiguous), `column_major` (strides
   (1, M)) or `column_major_tma` (strides (1, M_pad), M_pad = M rounded up to 4), or int32 [M, ceil(G/4)] with
   strides (1, M_pad) for `packed_ue8m0` (DeepGEMM: byte j of a word = e8m0 code of group 4p + j); token unit:
-  float32 [M, 1]; tensor unit: float32 [1].
+  float32 [M, 1]; tensor unit: float32 [1]. MX: uint8 [M, G] e8m0 codes (biased exponents), row-major (a kernel
+  returning torch.float8_e8m0fnu hands back its uint8 view). NVFP4: uint8 e4m3 codes of the block scales, [M, G]
+  row-major, or `swizzle_128x4` (cuBLASLt/CUTLASS: a contiguous uint8 [M rounded up to 128, G rounded up to 4],
+  padding 0, reference.scales.swizzle_128x4).
+
+MX cells (quant_dtype mxfp8/mxfp4) take group size 32 and the scale rule `ocp_floor` (OCP: 2^(floor(log2 amax) -
+emax_elem)) or `ue8m0` (amax / qmax rounded up to a power of two: torchao's RCEIL; eps, scale_formula and
+ue8m0_form say how). Their scales are powers of two, so they are always judged exactly (codes and scale codes).
+NVFP4 cells take group size 16 and the `float` rule; the conventions global_scale, nvfp4_scale_form,
+nvfp4_block_floor, e2m1_ties, scale_formula and application say how the library forms the block scale and scales x;
+they are judged exactly.
 
 Padding contract: the rows M..M_pad-1 of the TMA-aligned and packed storages lie outside the [M, *] views the
 kernel writes through, so they are not part of the contract (vLLM allocates them with empty_strided and never
@@ -53,11 +70,15 @@ from reference import formats
 from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize, scale_from_amax, unit_amax
 from reference.scales import EpsPlacement, ScaleLayout, ScaleRule, Ue8m0Form, from_layout, ue8m0_round_up
 
-QUANT_DTYPES = ("fp8_e4m3fn", "int8")
+QUANT_DTYPES = ("fp8_e4m3fn", "int8", "mxfp8", "mxfp4", "nvfp4")
+#: the MX element types: groups of 32, e8m0 scale codes
+MX_DTYPES = ("mxfp8", "mxfp4")
 UNITS = ("group", "token", "tensor")
 GROUP_SIZES = ("128", "64", "32", "16", "-")
-SCALE_RULES = ("float", "ue8m0")
-LAYOUTS = ("row_major", "column_major", "column_major_tma", "packed_ue8m0")
+SCALE_RULES = ("float", "ue8m0", "ocp_floor")
+LAYOUTS = ("row_major", "column_major", "column_major_tma", "packed_ue8m0", "swizzle_128x4")
+#: the element types whose codes are e2m1 packed two per byte along K
+FP4_DTYPES = ("mxfp4", "nvfp4")
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
 AXES = (
     Axis("quant_dtype", "Quant dtype", QUANT_DTYPES),
@@ -69,9 +90,11 @@ AXES = (
 )
 #: adapter conventions mapped onto QuantRecipe fields (the rest of the recipe comes from the cell)
 CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "int8_rounding", "ue8m0_clamp",
-                   "ue8m0_form", "eps_dtype")
-_CODE_DTYPES = {"fp8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8}
-_QMAX = {"fp8_e4m3fn": 448.0, "int8": 127.0}
+                   "ue8m0_form", "eps_dtype", "global_scale", "nvfp4_scale_form", "nvfp4_block_floor", "e2m1_ties")
+_CODE_DTYPES = {"fp8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8, "mxfp8": torch.float8_e4m3fn,
+                "mxfp4": torch.uint8, "nvfp4": torch.uint8}
+_QMAX = {"fp8_e4m3fn": 448.0, "int8": 127.0, "mxfp8": 448.0, "mxfp4": 6.0, "nvfp4": 6.0}
+_NVFP4_RANGE = 448.0 * 6.0
 _UNIT = {"group": QuantUnit.GROUP, "token": QuantUnit.ROW, "tensor": QuantUnit.TENSOR}
 #: kinds of segments (a unit's elements within a row) in the `special` input pattern. `ties_scaled`: rounding
 #: ties under a scale of 1.75 * 2^e (not a power of two), where x / s is exactly a tie but x * (1 / s) is often
@@ -82,6 +105,26 @@ KINDS = ("random", "zero", "tiny", "at_qmax", "ties", "large", "ties_scaled")
 
 def inapplicable(cell: Mapping[str, str]) -> str | None:
     unit, gs = cell["unit"], cell["group_size"]
+    if cell["quant_dtype"] in MX_DTYPES:
+        if unit != "group" or gs != "32":
+            return "MX formats scale groups of 32 along K"
+        if cell["scale_rule"] == "float":
+            return "MX scales are e8m0 powers of two: the ocp_floor or ue8m0 rule"
+        if cell["scale_layout"] not in ("row_major", "swizzle_128x4"):
+            return "MX e8m0 scale codes are stored row-major or swizzled (128x4)"
+        return None
+    if cell["quant_dtype"] == "nvfp4":
+        if unit != "group" or gs != "16":
+            return "NVFP4 scales groups of 16 along K"
+        if cell["scale_rule"] != "float":
+            return "NVFP4 block scales are e4m3 values: the float rule"
+        if cell["scale_layout"] not in ("row_major", "swizzle_128x4"):
+            return "NVFP4 e4m3 block scales are stored row-major or swizzled (128x4)"
+        return None
+    if cell["scale_layout"] == "swizzle_128x4":
+        return "the 128x4 swizzle is a layout of MX / NVFP4 block scale codes"
+    if cell["scale_rule"] == "ocp_floor":
+        return "the OCP floor rule is the MX formats' scale rule"
     if unit == "group" and gs == "-":
         return "the group unit needs a group size"
     if unit != "group" and gs != "-":
@@ -99,6 +142,11 @@ def recipe(features: Mapping[str, str], conventions: Mapping[str, Any] | None = 
     conventions = conventions or {}
     unit = features["unit"]
     kw = {k: conventions[k] for k in CONVENTION_KEYS if conventions.get(k) is not None}
+    if features["quant_dtype"] in MX_DTYPES:
+        return QuantRecipe.mx(features["quant_dtype"], scale_rule=features["scale_rule"],
+                              layout=features["scale_layout"], **kw)
+    if features["quant_dtype"] == "nvfp4":
+        return QuantRecipe.nvfp4(layout=features["scale_layout"], **kw)
     return QuantRecipe(dtype=features["quant_dtype"], unit=_UNIT[unit],
                        group_size=int(features["group_size"]) if unit == "group" else 128,
                        scale_rule=features["scale_rule"],
@@ -117,6 +165,10 @@ def _round_up(n: int, m: int) -> int:
 def scale_output(features: Mapping[str, str], m: int, g: int) -> OutputSpec:
     """The scales' shape, dtype and contractual strides for a cell (module docstring)."""
     unit, layout = features["unit"], features["scale_layout"]
+    if features["quant_dtype"] in (*MX_DTYPES, "nvfp4"):
+        if layout == "swizzle_128x4":
+            return OutputSpec((_round_up(m, 128), _round_up(g, 4)), torch.uint8)
+        return OutputSpec((m, g), torch.uint8)
     if unit == "tensor":
         return OutputSpec((1,), torch.float32)
     if unit == "token":
@@ -132,7 +184,8 @@ def scale_output(features: Mapping[str, str], m: int, g: int) -> OutputSpec:
 
 def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
     m, k = case.shape("M"), case.shape("K")
-    return {"codes": OutputSpec((m, k), _CODE_DTYPES[case.features["quant_dtype"]]),
+    qd = case.features["quant_dtype"]
+    return {"codes": OutputSpec((m, k // 2 if qd in FP4_DTYPES else k), _CODE_DTYPES[qd]),
             "scales": scale_output(case.features, m, num_groups(case))}
 
 
@@ -152,6 +205,10 @@ def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator, int
     """|values| exactly halfway between two adjacent codes below qmax (ties of the rounding)."""
     if quant_dtype == "int8":
         return torch.randint(0, int8_below, shape, generator=g).to(torch.float32) + 0.5
+    if quant_dtype in FP4_DTYPES:
+        table = formats.code_table(formats.FloatFormat.E2M1)
+        c = torch.randint(0, 7, shape, generator=g)  # codes 0..6: c + 1 <= 7 (6)
+        return (table[c] + table[c + 1]) / 2
     table = formats.code_table(formats.FloatFormat.E4M3FN)
     c = torch.randint(0, 0x7E, shape, generator=g)  # codes 0..125: c + 1 <= 0x7E (448), all finite
     return (table[c] + table[c + 1]) / 2
@@ -193,21 +250,32 @@ def make_x(case: Case, m: int, k: int) -> torch.Tensor:
     return x.reshape(m, k)
 
 
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """The op's NVFP4 input `global_scale` for x: fp32(amax / (448 * 6)) correctly rounded, 1.0 for amax 0."""
+    amax = x.detach().abs().amax().double().cpu() if x.numel() else torch.zeros((), dtype=torch.float64)
+    return torch.where(amax == 0, torch.ones_like(amax), amax / _NVFP4_RANGE).to(torch.float32)
+
+
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     m, k = case.shape("M"), case.shape("K")
     x = make_x(case, m, k).to(case.dtype("x"))
-    return {"x": gen.maybe_strided(case, x.to(device))}
+    out = {"x": gen.maybe_strided(case, x.to(device))}
+    if case.features["quant_dtype"] == "nvfp4":
+        out["global_scale"] = nvfp4_global_scale(x).to(device)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- oracle
 
 
 def oracle(x: torch.Tensor, features: Mapping[str, str], conventions: Mapping[str, Any] | None = None,
-           scales: torch.Tensor | None = None, *, on_device: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+           scales: torch.Tensor | None = None, *, on_device: bool = False,
+           global_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Expected (codes, scales) of x for a cell, in the op's output dtypes and layouts (CPU tensors unless
     on_device: then on x's device, for model-size benchmarks).
 
     scales: optional logical float32 scales to quantize with (static), as reference.quant.quantize takes them.
+    global_scale: NVFP4's input g (dequant side, see the module docstring); default: that of x.
     """
     r = recipe(features, conventions)
     x = x.detach() if on_device else x.detach().cpu()
@@ -219,10 +287,16 @@ def oracle(x: torch.Tensor, features: Mapping[str, str], conventions: Mapping[st
         s = torch.empty(spec.shape, dtype=spec.dtype)
         if r.unit == QuantUnit.TENSOR:  # the scale of amax = 0
             s = quantize(torch.zeros((1, k)), r).scales.reshape(1)
-        return torch.empty((0, k), dtype=code_dtype), s
+        return torch.empty((0, k // 2 if features["quant_dtype"] in FP4_DTYPES else k), dtype=code_dtype), s
     if scales is not None and r.unit == QuantUnit.TENSOR:
         scales = scales.reshape(())
-    qt = quantize(x, r, scales=scales)
+    if r.dtype.value == "nvfp4":
+        g = (nvfp4_global_scale(x) if global_scale is None else global_scale.detach().cpu()).reshape(())
+        if r.global_scale.value == "quant_side":
+            g = (1.0 / g.double()).float()  # fp32(1 / g), what a quant-side kernel is handed
+        qt = quantize(x, r, global_scale=g.to(x.device))
+    else:
+        qt = quantize(x, r, scales=scales)
     codes = qt.codes.view(code_dtype) if code_dtype == torch.float8_e4m3fn else qt.codes
     s = qt.scales.reshape(1) if r.unit == QuantUnit.TENSOR else qt.scales
     return codes, s
@@ -315,7 +389,7 @@ def _codes_under_approximate_division(x: torch.Tensor, f: Mapping[str, str], con
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
     x = inputs["x"].detach().cpu()
     f = case.features
-    codes, scales = oracle(x, f, conventions)
+    codes, scales = oracle(x, f, conventions, global_scale=inputs.get("global_scale"))
     stated = conventions.get("scale_formula") is not None
     approximate = conventions.get("division") == "approximate"
     ulps = int(conventions.get("scale_ulps", APPROX_DIV_ULPS if approximate else 0 if stated else 1))
@@ -323,7 +397,11 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     r = recipe(f, conventions)
     approx_log2 = (conventions.get("log2") == "approximate" and f["scale_rule"] == "ue8m0"
                    and r.ue8m0_form == Ue8m0Form.CEIL_LOG2 and not empty)
-    if (ulps == 0 and not approx_log2) or (empty and f["unit"] != "tensor"):
+    if approx_log2 and f["quant_dtype"] in MX_DTYPES:
+        raise ValueError("an approximate log2 is not modelled for the MX formats' ue8m0 rule")
+    # MX: power-of-two scales applied exactly, an e8m0 code each: nothing for a division or a ulp to change
+    if (ulps == 0 and not approx_log2) or (empty and f["unit"] != "tensor") or f["quant_dtype"] in (*MX_DTYPES,
+                                                                                                  "nvfp4"):
         return [Check("codes", "exact", expected=codes), Check("scales", "exact", expected=scales)]
 
     m, g = x.shape[0], num_groups(case)
@@ -404,7 +482,13 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
 
 
 # per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance
-token_subset = row_subset("M")
+_x_subset = row_subset("M")
+
+
+def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
+    """The rows of x; NVFP4's global scale stays the batch's (it is an input, not computed from the rows)."""
+    sub_case, sub = _x_subset(case, inputs, rows)
+    return sub_case, {**{k: v for k, v in inputs.items() if k != "x"}, **sub}
 
 
 SPECS = {"group_quant": OpSpec(name="group_quant", title="Dynamic quantization (group / token / tensor)", axes=AXES,
@@ -420,7 +504,7 @@ def _run_reference(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[st
     for axis in AXES:
         if case.features.get(axis.name) not in axis.values:
             raise Unsupported(f"reference-group-quant: unknown {axis.name}={case.features.get(axis.name)!r}")
-    codes, scales = oracle(inputs["x"], case.features)
+    codes, scales = oracle(inputs["x"], case.features, global_scale=inputs.get("global_scale"))
     outputs["codes"].copy_(codes)
     outputs["scales"].copy_(scales)
 

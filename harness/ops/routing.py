@@ -3,7 +3,10 @@
 Contract (SEMANTICS.md 1): ids are judged as a set - any id set whose selection scores are the k largest is valid
 (ties), and every row, NaN rows included, must hold k distinct ids in [0, E). Weights are judged against the
 oracle's unbiased scores gathered at the *kernel's* ids, in the kernel's order, renormalized and scaled as the
-contract says, within a few fp32 ulps (softmax sums over E terms).
+contract says, within a few fp32 ulps (softmax sums over E terms). An adapter declaring `score_dtype="input"`
+(torch code on bf16/fp16 logits) gets (4 + k) roundings u of that dtype more on each weight (`input_every_step`:
+plus u * (|logit| + 2 |logsumexp|), an exponent logit - logsumexp rounded there), and selections may swap experts
+whose selection scores are within 4 u of the row's largest one.
 """
 
 from __future__ import annotations
@@ -96,6 +99,12 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     judged_rows = finite_rows | torch.tensor(conventions.get("nonfinite") == "zero")
     sel = selection_scores(case, cpu_inputs)
     scores = unbiased_scores(case, cpu_inputs).to(torch.float64)
+    # score_dtype="input": scores, sums and quotients rounded to the logits' dtype (u each); selections may swap
+    # experts whose scores are within that rounding, weights carry a few such roundings
+    in_dtype = conventions.get("score_dtype", "float32") != "float32"
+    u_in = UNIT_ROUNDOFF[str(logits.dtype).removeprefix("torch.")] if in_dtype else 0.0
+    finite_sel = sel[sel.isfinite()]
+    sel_atol = SELECTION_ATOL + 4 * u_in * (float(finite_sel.abs().max()) if finite_sel.numel() else 0.0)
     renorm = case.features.get("renormalize") == "Y" and case.features["scoring"] != "llama4_top1"
     placed = case.features.get("scaling_placement") == "weights"
     scale = case.params.get("routed_scaling_factor", 1.0) if placed else 1.0
@@ -107,7 +116,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
             bad = rows_where(~ok)
             return custom("topk_ids", False, f"topk_ids: {int((~ok).sum())} rows hold duplicate or out-of-range ids "
                           f"(E={e}); first row {bad[0]}: {ids[bad[0]].tolist()}", bad_rows=int((~ok).sum()))
-        valid = ref.valid_topk_selection(sel, ids, atol=SELECTION_ATOL) | ~judged_rows
+        valid = ref.valid_topk_selection(sel, ids, atol=sel_atol) | ~judged_rows
         if not valid.all():
             r = rows_where(~valid)[0]
             best = sel[r].topk(k).indices.tolist()
@@ -125,7 +134,14 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         want = want * scale
         # exp/sigmoid in a few fp32 ulps, softmax sums E terms, renormalize sums k: a random-walk bound.
         ulps = 16 + 4 * math.sqrt(e) + 4 * math.sqrt(k)
-        bound = ulps * UNIT_ROUNDOFF["float32"] * want.abs() + 1e-30
+        # in the logits' dtype: the score, the k-term sum, the quotient and the scaling each rounded once more, and
+        # an exponent such as logit - logsumexp rounded there moves exp() by u * (|logit| + 2 |lse|) relative
+        rel = ulps * UNIT_ROUNDOFF["float32"] + (4 + k) * u_in
+        if u_in and m and conventions.get("score_dtype") == "input_every_step":
+            x = torch.nan_to_num(logits.double(), nan=0.0, posinf=0.0, neginf=0.0)
+            lse = torch.logsumexp(x, dim=1, keepdim=True).abs()
+            rel = rel + u_in * (x.gather(1, ids).abs() + 2 * lse)
+        bound = rel * want.abs() + 1e-30
         return compare_bounded("topk_weights", w, want, bound, mask=judged_rows[:, None].expand(m, k))
 
     return [Check("topk_ids", "custom", judge=judge_ids), Check("topk_weights", "custom", judge=judge_weights)]

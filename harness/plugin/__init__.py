@@ -81,6 +81,23 @@ def is_active(config: pytest.Config) -> bool:
     return bool(adapter_specs(config)) or has_entry_points()
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Name the selected adapters whose third-party library is missing here, with how to install it: their cases
+    are recorded `not-installed` and their generic tests skip with that reason."""
+    if not is_active(config):
+        return []
+    from harness import registry
+
+    missing: dict[str, list[str]] = {}
+    for name in selected_adapters(config):
+        adapter = registry.resolve(name)
+        if adapter.library is not None and adapter.not_installed() is not None:
+            missing.setdefault(f"{adapter.library.distribution} {adapter.library.written_for}: "
+                               f"{adapter.library.install}", []).append(name)
+    return [f"moe-harness: not installed here, recorded as not-installed: {', '.join(names)} ({how})"
+            for how, names in sorted(missing.items())]
+
+
 def is_installed() -> bool:
     """Whether this plugin is registered through its pytest11 entry point (else a checkout loads it with -p or
     pytest_plugins)."""

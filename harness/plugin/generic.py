@@ -142,7 +142,8 @@ def _normalized(text: str) -> str:
     return re.sub(r"[\s_\-]+", " ", text.lower())
 
 
-def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_results) -> None:  # type: ignore[no-untyped-def]
+def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_results,  # type: ignore[no-untyped-def]
+                                           moe_unverifiable) -> None:
     adapter = registry.resolve(moe_adapter_name)
     moe_device = adapter.device_for(moe_device)
     spec = ops.get(adapter.op)
@@ -156,10 +157,12 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
         fields = spec.boundary(adapter, cell)[1]
         case = runner.Case(op=adapter.op, adapter=adapter.name, features=cell, **fields)
         moe_results.begin(case, moe_device.to_dict(), moe_device.generation)
-        r = runner.judge(case, adapter, moe_device)
+        # the fixture also installs the interpreter's fidelity fixes: without them (this test alone in a process)
+        # an interpreted bf16 tl.dot returns garbage
+        r = runner.judge(case, adapter, moe_device, unverifiable=moe_unverifiable)
         moe_results.append(r)
-        if r.verdict == "pass":
-            continue  # works but not claimed: reported by the matrix
+        if r.verdict in ("pass", "not-verifiable"):
+            continue  # works but not claimed (reported by the matrix), or not checkable by this interpreter
         if r.verdict != "unsupported":
             problems.append(f"undeclared cell {cell}: {_explain(r)}")
             continue

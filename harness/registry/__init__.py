@@ -104,6 +104,26 @@ def import_library(library: Library) -> str:
     return _LIBRARY_IMPORTS[library.module]
 
 
+def library_module(library: Library, name: str) -> Any:
+    """Module `name` of `library` (the library imported first, `import_library`; RuntimeError with the reason when
+    it cannot be). A submodule's first import is the library's, not the kernel's: it runs inside the library's
+    `prepare` and what it changes in the judge's state (a warning filter) is undone, not charged to the case that
+    happens to trigger it."""
+    import sys
+
+    broken = import_library(library)
+    if broken:
+        raise RuntimeError(broken)
+    if name in sys.modules:
+        return sys.modules[name]
+    before = isolation.take()
+    try:
+        with library.prepare() if library.prepare else contextlib.nullcontext():
+            return importlib.import_module(name)
+    finally:
+        isolation.restore(before, rng=False)
+
+
 class SupportRuleError(Exception):
     """An adapter's `requires()` raised: a bug of that adapter, reported on its cases, never the sweep's end."""
 

@@ -261,8 +261,9 @@ def _generation_info(g: str, rs: Sequence[Result], runs: Sequence[Mapping[str, A
         "triton": sorted({str(d.get("triton_version")) for d in dev_list}),
         "python": sorted({str(d.get("python_version")) for d in dev_list}),
         "commits": _commits(dev_list, run_meta), "profiles": profiles or ["not recorded"], "selection": sel_text,
+        # the libraries whose kernels ran (not those of adapters that were unsupported or missing here)
         "libraries": sorted({str(r.metrics["library"]) for r in recs
-                             if r.metrics.get("library") and r.verdict != "not-installed"}),
+                             if r.metrics.get("library") and r.verdict in EXERCISED}),
         "verdicts": len(recs), "counts": dict(sorted(Counter(r.verdict for r in recs).items())),
     }
 
@@ -440,7 +441,7 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
         # notes and case files are numbered in the order met: value footnotes first, then failing rows
         axes_out = _axes_out(name, kind, axes, recs, gens, declared_vals, per_gen, notes, files)
         libraries = sorted({str(r.metrics["library"]) for r in recs
-                            if r.metrics.get("library") and r.verdict != "not-installed"})
+                            if r.metrics.get("library") and r.verdict in EXERCISED})
         adapters_out.append({"name": name, "op": op, "op_title": info.get("op_title", op), "kind": kind,
                              "source": info.get("source", ""), "description": info.get("description", ""),
                              "libraries": libraries,

@@ -19,6 +19,7 @@ import torch
 
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
+from harness.engine.interpreter import triton_gemm_features
 from harness.registry import Adapter, Unsupported, register
 from kernels import batched_experts as bk
 from kernels import fused_experts as fk
@@ -102,12 +103,7 @@ def _biases(inputs: Tensors) -> dict[str, torch.Tensor]:
 def _interp_features(features: Mapping[str, str]) -> set[str]:
     """Interpreter fixes the Triton kernels depend on: loads/stores, histogram/cumsum (reduce_fp32 covers the
     checked reductions), and per dtype the dot and the casts to the narrow type."""
-    need = {"load_store", "reduce_fp32"}
-    dt = features.get("dtype")
-    if dt == "bfloat16":
-        need |= {"bf16_dot", "bf16_cast"}
-    elif dt == "float16":
-        need.add("fp16_dot")
+    need = triton_gemm_features(features.get("dtype"))
     qt = features.get("quant_type", "none")
     # fp8 dots run with max_num_imprecise_acc=0 (promoted to fp32 per MMA), so fast accumulation is not relied on
     if qt == "fp8_w8a8":

@@ -1,13 +1,13 @@
 """Adapter of kernels/group_quant.py (op `group_quant`).
 
-Declares every cell of the op: fp8 e4m3fn and int8; group (16/32/64/128), token and tensor units; float and ue8m0
-scales; all four scale layouts; bf16/fp16/fp32 inputs. Conventions (what the oracle uses to judge it bit-exactly):
-scale = max(amax, 1e-10) / qmax, correctly rounded (vLLM's and SGLang's per-token-group kernels: eps on amax,
-`amax / qmax`); elements x / scale, correctly rounded (vLLM's CUDA kernel divides; its power-of-two path multiplies
-by the exact reciprocal, which is the same); ue8m0 by the bit-form round-up without DeepGEMM's exponent clamp (with
-eps 1e-10 the exponent never leaves [1, 254], so the clamp cannot be observed); int8 rounds half to even then
-saturates (vLLM `scaled_int8_quant`; vLLM's `per_token_group_quant_int8` truncates instead - the launcher's
-`int8_rounding="truncate"`, tested in tests/kernels/test_group_quant.py).
+Declares every 8-bit cell of the op (not the MX / NVFP4 formats): fp8 e4m3fn and int8; group (16/32/64/128), token and
+tensor units; float and ue8m0 scales; the four layouts of fp32 scales; bf16/fp16/fp32 inputs. Conventions (what the
+oracle uses to judge it bit-exactly): scale = max(amax, 1e-10) / qmax, correctly rounded (vLLM's and SGLang's
+per-token-group kernels: eps on amax, `amax / qmax`); elements x / scale, correctly rounded (vLLM's CUDA kernel divides;
+its power-of-two path multiplies by the exact reciprocal, which is the same); ue8m0 by the bit-form round-up without
+DeepGEMM's exponent clamp (with eps 1e-10 the exponent never leaves [1, 254], so the clamp cannot be observed); int8
+rounds half to even then saturates (vLLM `scaled_int8_quant`; vLLM's `per_token_group_quant_int8` truncates instead -
+the launcher's `int8_rounding="truncate"`, tested in tests/kernels/test_group_quant.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,15 @@ import torch
 
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
-from harness.ops.group_quant import AXES
+from harness.ops.group_quant import AXES, MX_DTYPES
 from harness.registry import Adapter, Unsupported, register
 from kernels.group_quant import group_quant
 
-SUPPORT: dict[str, tuple[str, ...]] = {a.name: a.values for a in AXES}
+#: every cell of the op's 8-bit formats; the MX and NVFP4 formats, their ocp_floor rule and swizzled block scales
+#: are not this kernel's (undeclared: run rejects them)
+_NOT_HERE = {"quant_dtype": (*MX_DTYPES, "nvfp4"), "scale_rule": ("ocp_floor",), "scale_layout": ("swizzle_128x4",)}
+SUPPORT: dict[str, tuple[str, ...]] = {a.name: tuple(v for v in a.values if v not in _NOT_HERE.get(a.name, ()))
+                                       for a in AXES}
 CONVENTIONS = {"eps": 1e-10, "eps_placement": "amax", "scale_formula": "divide", "application": "divide",
                "int8_rounding": "half_even", "ue8m0_clamp": False}
 

@@ -99,3 +99,18 @@ def test_matrix_keeps_committed_rows_of_a_library_missing_here(tmp_path: Path) -
     (results, _), files = matrix_cmd.committed_of_missing_libraries(
         sorted(here.glob("*.jsonl")), dev.generation, str(here), root=str(tmp_path / "results"))
     assert [r.verdict for r in results] == ["pass"] and files
+
+
+def test_pytest_names_the_missing_libraries_in_its_header(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "--co", "-p", "no:cacheprovider",
+                           "harness/plugin/generic.py", "--moe-adapter", f"{FIXTURES}:MISSING",
+                           "--moe-adapter", f"{FIXTURES}:NATIVE",
+                           "--moe-results-dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    header = [line for line in done.stdout.splitlines() if line.startswith("moe-harness: not installed")]
+    assert len(header) == 1 and fx.MISSING.name in header[0] and fx.NATIVE.name not in header[0]
+    assert "pip install moe-harness-no-such-library==1.2.3" in header[0]

@@ -350,3 +350,53 @@ def test_new_conventions_validate_and_reach_the_oracle() -> None:
     for bad in ({"ue8m0_form": "ceil"}, {"eps_dtype": "bf16"}):
         with pytest.raises(ValueError, match="not one of"):
             conv.validate("group_quant", bad, "t")
+
+
+# ------------------------------------------------------------ fp8 blockwise: the factor rounded once (torchao)
+
+
+def _torchao_blockwise_act(x: torch.Tensor, eps: float = 1e-12, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's 1 x group fp8 activation quantizer: factor = fp32(448 / clamp(amax, eps) in float64), codes of
+    x * factor, the reciprocal 1 / factor stored (fp32 division)."""
+    xg = x.float().reshape(x.shape[0], -1, group)
+    amax = xg.abs().amax(dim=-1, keepdim=True).clamp(min=torch.tensor(eps, dtype=torch.float32)).double()
+    factor = (FP8_MAX / amax).float()
+    q = (xg * factor).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(x.shape).view(torch.uint8), (1.0 / factor).squeeze(-1)
+
+
+def _factor_ties(amax: float) -> torch.Tensor:
+    """An fp32 unit of amax `amax` whose other elements are e4m3 midpoints divided by fp32(448 / amax): their
+    products with that factor lie at rounding boundaries, where a factor one ulp off picks the other code."""
+    tab = formats.code_table("e4m3fn")
+    mids = ((tab[1:0x7E] + tab[2:0x7F]) / 2).double()
+    factor = (FP8_MAX / torch.tensor(amax, dtype=torch.float64)).float().double()
+    row = (mids / factor).float().repeat(2)[:127]
+    return torch.cat([torch.tensor([amax]), row])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_qmax_over_amax_rn_with_reciprocal_of_factor_is_torchao_blockwise(dtype: torch.dtype) -> None:
+    x = _special_rows(dtype)
+    x[6, :128] = (torch.randn(128, generator=_gen(10)) * 1e-14).to(dtype)  # amax below eps 1e-12
+    codes, scales = _torchao_blockwise_act(x)
+    r = QuantRecipe(eps=1e-12, scale_formula="reciprocal_of_factor", application="qmax_over_amax_rn")
+    qt = quantize(x, r)
+    assert torch.equal(qt.codes, codes)
+    assert torch.equal(logical_scales(qt), scales)
+    default = quantize(x, QuantRecipe(eps=1e-12))  # amax / 448 stored: its last bit differs from 1 / factor
+    assert not torch.equal(logical_scales(default), scales)
+
+
+def test_qmax_over_amax_rn_codes_differ_from_one_more_rounding_and_from_division() -> None:
+    # an amax whose fp32(448 / amax) differs from fp32(fp32(1 / amax) * 448) (by one ulp)
+    cand = 1 + torch.arange(1, 4096, dtype=torch.float64) / 4096
+    differ = (FP8_MAX / cand).float() != ((1 / cand).float().double() * FP8_MAX).float()
+    a = float(cand[differ][0])
+    x = torch.stack([_factor_ties(a), _factor_ties(3.5)])
+    codes, scales = _torchao_blockwise_act(x)
+    r = QuantRecipe(eps=1e-12, scale_formula="reciprocal_of_factor", application="qmax_over_amax_rn")
+    qt = quantize(x, r)
+    assert torch.equal(qt.codes, codes) and torch.equal(logical_scales(qt), scales)
+    for other in ("qmax_over_amax", "divide"):
+        assert not torch.equal(quantize(x, QuantRecipe(eps=1e-12, application=other)).codes, codes), other

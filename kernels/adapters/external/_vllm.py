@@ -13,7 +13,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from harness.registry import Library
+from harness.registry import Library, library_module
 
 
 @contextlib.contextmanager
@@ -49,15 +49,8 @@ LIBRARY = Library(
 
 
 def module(name: str) -> Any:
-    """A vLLM module, imported after the library (whose first import `_triton_visible` prepares)."""
-    import importlib
-
-    from harness.registry import import_library
-
-    broken = import_library(LIBRARY)
-    if broken:
-        raise RuntimeError(broken)
-    # `import vllm` does not import vllm.triton_utils, which decides HAS_TRITON once, at its own first import
-    with _triton_visible():
-        importlib.import_module("vllm.triton_utils")
-    return importlib.import_module(name)
+    """A vLLM module: the library imported first, with its Triton kernels enabled (`_triton_visible`, which also
+    wraps this first import of `name`: `import vllm` does not import vllm.triton_utils, which decides HAS_TRITON
+    once, at its own first import)."""
+    library_module(LIBRARY, "vllm.triton_utils")  # before anything of vLLM can import it without the stand-in
+    return library_module(LIBRARY, name)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 
 from harness.core.case import Case
-from harness.registry import Adapter, Library, Unsupported, import_library, register
+from harness.registry import Adapter, Library, Unsupported, library_module, register
 
 LIBRARY = Library(distribution="liger-kernel", module="liger_kernel", written_for="0.8.5",
                   install="pip install liger-kernel==0.8.5 (or: tox -e external)")
@@ -41,12 +41,7 @@ def _runner(activation: str, module: str, function: str):  # type: ignore[no-unt
         f = case.features
         if f.get("activation") != activation or f.get("dtype") not in DTYPES:
             raise Unsupported(f"Liger has no kernel for activation={f.get('activation')} dtype={f.get('dtype')}")
-        broken = import_library(LIBRARY)
-        if broken:
-            raise RuntimeError(broken)
-        import importlib
-
-        forward = getattr(importlib.import_module(module), function)
+        forward = getattr(library_module(LIBRARY, module), function)
         a, b = _halves(inputs["x"])
         return {"out": forward(a, b)[2]}
 
