@@ -135,7 +135,9 @@ def compare_bounded(
     err = torch.where(err.isnan(), torch.full_like(err, float("inf")), err)
     keep = torch.ones_like(err, dtype=torch.bool) if mask is None else mask.cpu().expand_as(err)
     bad = (err > b) & keep
-    ratio = torch.where(keep, err / b.clamp_min(1e-300), torch.zeros_like(err))
+    # error / bound; where the bound is exactly 0 (a step judged bit-exact) any error is an infinite margin
+    ratio = torch.where(b > 0, err / b.clamp_min(1e-300), torch.where(err > 0, float("inf"), 0.0))
+    ratio = torch.where(keep, ratio, torch.zeros_like(err))
     n = int(bad.sum())
     metrics: dict[str, Any] = {
         "max_error": float(err[keep].max()) if keep.any() else 0.0,
@@ -147,5 +149,5 @@ def compare_bounded(
     worst = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape))
     reason = (f"{name}: {n} of {int(keep.sum())} elements outside the error bound (margin {metrics['margin']:.3g});"
               f" worst at {list(worst)}: got {a[worst].item():.6g}, expected {e[worst].item():.6g}, "
-              f"bound {b[worst].item():.3g}")
+              f"bound {b[worst].item():.3g}" + (" (exact: the bound is 0 there)" if b[worst].item() == 0 else ""))
     return Comparison(name, "bounded", False, reason, metrics)

@@ -101,6 +101,11 @@ def test_bounded_reports_margin_and_fails_nan() -> None:
     assert not c.passed and c.metrics["mismatches"] == 1
     c = compare_bounded("y", torch.tensor([1.3, 2.0]), e, torch.tensor([0.1, 0.1]))
     assert not c.passed and "margin 3" in c.reason
+    # a zero bound (a step judged bit-exact): equal passes with margin 0, any error is an infinite margin
+    c = compare_bounded("y", torch.tensor([1.0, 2.0]), e, torch.tensor([0.0, 0.0]))
+    assert c.passed and c.metrics["margin"] == 0.0
+    c = compare_bounded("y", torch.tensor([1.0, 2.0 + 2**-20]), e, torch.tensor([0.1, 0.0]))
+    assert not c.passed and c.metrics["margin"] == float("inf") and "exact: the bound is 0" in c.reason
 
 
 def test_commit_override_for_copied_trees(monkeypatch) -> None:  # type: ignore[no-untyped-def]
