@@ -76,11 +76,16 @@ def _size(shapes: Mapping[str, int]) -> int:
     return n
 
 
+def _rows(shapes: Mapping[str, int]) -> int:
+    """The token rows of a case (M, T or max_tokens; 2 for an op without them, which never wants more)."""
+    return next((int(shapes[d]) for d in ("M", "T", "max_tokens") if d in shapes), 2)
+
+
 def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> list[Case]:
-    """A few small non-vacuous cases that together exercise every declared value of every axis (a greedy cover of
-    the (axis, value) pairs by declared cells, each judged on the op's smallest boundary case with tokens and local
-    experts). Hypothesis' few draws over hundreds of cells leave whole value families (an activation, a quant
-    type) unexercised in a CI run; these make every run cover them."""
+    """A few small non-vacuous cases that together exercise every declared value of every axis (a greedy cover of the
+    (axis, value) pairs by declared cells, each judged on the op's smallest boundary case with tokens, local
+    experts, a few values and several token rows). Hypothesis' few draws over hundreds of cells leave whole value
+    families (an activation, a quant type) unexercised in a CI run; these make every run cover them."""
     spec = ops.get(adapter.op)
     uncovered = {(a, v) for c in cells for a, v in c.items()}
     pool = list(cells)
@@ -95,7 +100,10 @@ def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -
         if not usable:
             continue
         ranked = sorted(usable, key=lambda b: _size(b["shapes"]))
-        base = next((b for b in ranked if _size(b["shapes"]) >= 16), ranked[-1])  # a few values, not one
+        # a few values, not one, over several token rows (a row-tiled kernel then runs more than one program: a
+        # reduction over programs, a per-tensor amax, is exercised), else the smallest with a few values
+        base = next((b for b in ranked if _size(b["shapes"]) >= 16 and _rows(b["shapes"]) >= 2),
+                    next((b for b in ranked if _size(b["shapes"]) >= 16), ranked[-1]))
         found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **base))
         uncovered -= gain
     return found

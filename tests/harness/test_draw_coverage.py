@@ -72,3 +72,18 @@ def test_every_run_covers_every_declared_value(name: str, device_info) -> None: 
             and c.params.get("local_experts", 1) for a, v in c.features.items()}
     assert {(a, v) for c in cells for a, v in c.items()} <= seen
     assert len(examples) <= 16  # a handful, not a sweep
+
+
+@pytest.mark.parametrize("name", ["triton-activation", "triton-experts", "triton-group-quant", "triton-act-quant",
+                                  "triton-routing", "triton-align", "triton-reduce"])
+def test_value_covering_cases_span_several_token_rows(name: str, device_info) -> None:  # type: ignore[no-untyped-def]
+    """Each value-covering case has several token rows where the op's boundary cases offer that, so a row-tiled
+    kernel runs more than one program in every CI run: a per-tensor amax reduced over the first program only
+    survived the unnarrowed search while these were one-row cases."""
+    adapter = registry.resolve(name)
+    spec = get_op(adapter.op)
+    for case in hs.value_covering_cases(adapter, hs.declared_cells(adapter, device_info)):
+        offered = [b for b in spec.boundary(adapter, case.features) if hs._substantive(b)
+                   and hs._size(b["shapes"]) >= 16 and hs._rows(b["shapes"]) >= 2]
+        if offered:
+            assert hs._rows(case.shapes) >= 2, (case.features, case.shapes)
