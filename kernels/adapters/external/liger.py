@@ -63,20 +63,16 @@ def _interp(activation: str):  # type: ignore[no-untyped-def]
 _CONVENTIONS = {"gate_order": "gate_first", "rounding": "round_activation_first"}
 _GENERATIONS = ("interp", "sm80", "sm89", "sm90", "sm100", "sm120")
 
-SWIGLU = register(Adapter(
-    name="liger-swiglu", op="activation", source="liger_kernel.ops.swiglu.swiglu_forward",
-    run=_runner("silu_and_mul", "liger_kernel.ops.swiglu", "swiglu_forward"),
-    support={"activation": ("silu_and_mul",), "dtype": DTYPES}, generations=_GENERATIONS,
-    conventions=_CONVENTIONS, properties=frozenset({"deterministic", "batch_invariant"}), limits=LIMITS,
-    interp_features=_interp("silu_and_mul"), library=LIBRARY,
-    description="Liger SwiGLU forward: silu(gate) in fp32, rounded to the input dtype, times up",
-), replace=True)
+def _adapter(name: str, activation: str, module: str, function: str, description: str) -> Adapter:
+    """One Liger forward as an adapter of the `activation` op (one activation, every dtype)."""
+    return register(Adapter(
+        name=name, op="activation", source=f"{module}.{function}", run=_runner(activation, module, function),
+        support={"activation": (activation,), "dtype": DTYPES}, generations=_GENERATIONS, conventions=_CONVENTIONS,
+        properties=frozenset({"deterministic", "batch_invariant"}), limits=LIMITS,
+        interp_features=_interp(activation), library=LIBRARY, description=description), replace=True)
 
-GEGLU = register(Adapter(
-    name="liger-geglu", op="activation", source="liger_kernel.ops.geglu.geglu_forward",
-    run=_runner("gelu_tanh_and_mul", "liger_kernel.ops.geglu", "geglu_forward"),
-    support={"activation": ("gelu_tanh_and_mul",), "dtype": DTYPES}, generations=_GENERATIONS,
-    conventions=_CONVENTIONS, properties=frozenset({"deterministic", "batch_invariant"}), limits=LIMITS,
-    interp_features=_interp("gelu_tanh_and_mul"), library=LIBRARY,
-    description="Liger GeGLU forward (tanh GELU only): gelu_tanh(gate) in fp32, rounded to the input dtype, times up",
-), replace=True)
+
+SWIGLU = _adapter("liger-swiglu", "silu_and_mul", "liger_kernel.ops.swiglu", "swiglu_forward",
+                  "Liger SwiGLU forward: silu(gate) in fp32, rounded to the input dtype, times up")
+GEGLU = _adapter("liger-geglu", "gelu_tanh_and_mul", "liger_kernel.ops.geglu", "geglu_forward",
+                 "Liger GeGLU forward (tanh GELU only): gelu_tanh(gate) in fp32, rounded to the input dtype, times up")
