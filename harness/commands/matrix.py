@@ -127,6 +127,23 @@ def _render_run(args: argparse.Namespace, generation: str, run_id: str, run_file
                                                   if folders else ""))
 
 
+def _committed_matrix_files(results_dir: str, root: str | None) -> list[tuple[Path, str]]:
+    """(file, generation in its name) of the matrix result files committed under `root` (default: the repository's
+    results/), outside `results_dir` and results/local."""
+    import re
+
+    base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
+    if not base.is_dir():
+        return []
+    skip = {Path(results_dir).resolve(), (base / "local").resolve()}
+    found = []
+    for f in sorted([*base.rglob("matrix-*.jsonl"), *base.rglob("matrix-*.jsonl.gz")]):
+        m = re.match(r"matrix-([a-z0-9]+)-", f.name)
+        if m and not any(f.resolve().is_relative_to(d) for d in skip):
+            found.append((f, m.group(1)))
+    return found
+
+
 def committed_of_missing_libraries(run_files: list[Path], generation: str, results_dir: str,
                                    root: str | None = None) -> tuple[tuple[list, list], list[Path]]:
     """The committed results of this generation for the adapters whose library this run did not have (every case
@@ -138,10 +155,7 @@ def committed_of_missing_libraries(run_files: list[Path], generation: str, resul
     adapters -= {r.adapter for r in mine if r.verdict != "not-installed"}
     if not adapters:
         return ((), ()), []
-    base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
-    skip = {Path(results_dir).resolve(), (base / "local").resolve()}
-    files = [f for f in sorted(base.rglob(f"matrix-{generation}-*.jsonl")) if base.is_dir()
-             and not any(f.resolve().is_relative_to(d) for d in skip)]
+    files = [f for f, g in _committed_matrix_files(results_dir, root) if g == generation]
     results, meta = load(files, strict=False)
     results = [r for r in results if r.adapter in adapters]
     meta = [m for m in meta if m.get("kind") != "adapter" or m.get("adapter") in adapters]
@@ -151,18 +165,7 @@ def committed_of_missing_libraries(run_files: list[Path], generation: str, resul
 def committed_other_generations(generation: str, results_dir: str, root: str | None = None) -> list:
     """Matrix result files committed under `root` (default: the repository's results/) for generations other
     than `generation`, outside `results_dir` and results/local: what a fresh sweep's rendering merges in."""
-    import re
-
-    base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
-    skip = {Path(results_dir).resolve(), (base / "local").resolve()}
-    found = []
-    for f in sorted([*base.rglob("matrix-*.jsonl"), *base.rglob("matrix-*.jsonl.gz")]) if base.is_dir() else []:
-        if any(f.resolve().is_relative_to(d) for d in skip):
-            continue
-        m = re.match(r"matrix-([a-z0-9]+)-", f.name)
-        if m and m.group(1) != generation:
-            found.append(f)
-    return found
+    return [f for f, g in _committed_matrix_files(results_dir, root) if g != generation]
 
 
 def add_parser(sub: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -63,15 +64,13 @@ class Library:
     prepare: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
 
     def version(self) -> str | None:
-        """The installed version, None when the library is not installed."""
-        try:
-            return metadata.version(self.distribution)
-        except metadata.PackageNotFoundError:
-            return None
+        """The installed version, None when the library is not installed (looked up once per process: every
+        verdict records it)."""
+        return _installed_version(self.distribution)
 
     def missing(self) -> str | None:
         """Why the library cannot be imported here (not installed), None when it is installed."""
-        if self.version() is None or importlib.util.find_spec(self.module) is None:
+        if self.version() is None or not _importable(self.module):
             return (f"{self.distribution} is not installed (the adapter was written for {self.distribution} "
                     f"{self.written_for}; install it with: {self.install})")
         return None
@@ -79,6 +78,19 @@ class Library:
     def label(self) -> str:
         """`distribution version` as installed (or as written for, when it is not)."""
         return f"{self.distribution} {self.version() or self.written_for}"
+
+
+@functools.cache
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 #: library module -> why importing it failed ("" once imported)

@@ -240,6 +240,11 @@ def _commits(dev_list: Sequence[Mapping[str, Any]], run_meta: Sequence[Mapping[s
     return sorted(commits)
 
 
+def _libraries(recs: Sequence[Result]) -> list[str]:
+    """The library versions whose kernels ran in `recs` (not those of adapters unsupported or missing there)."""
+    return sorted({str(r.metrics["library"]) for r in recs if r.metrics.get("library") and r.verdict in EXERCISED})
+
+
 def _generation_info(g: str, rs: Sequence[Result], runs: Sequence[Mapping[str, Any]],
                      selection: Mapping[tuple[str, str], Mapping[str, Any]],
                      infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -261,9 +266,7 @@ def _generation_info(g: str, rs: Sequence[Result], runs: Sequence[Mapping[str, A
         "triton": sorted({str(d.get("triton_version")) for d in dev_list}),
         "python": sorted({str(d.get("python_version")) for d in dev_list}),
         "commits": _commits(dev_list, run_meta), "profiles": profiles or ["not recorded"], "selection": sel_text,
-        # the libraries whose kernels ran (not those of adapters that were unsupported or missing here)
-        "libraries": sorted({str(r.metrics["library"]) for r in recs
-                             if r.metrics.get("library") and r.verdict in EXERCISED}),
+        "libraries": _libraries(recs),
         "verdicts": len(recs), "counts": dict(sorted(Counter(r.verdict for r in recs).items())),
     }
 
@@ -440,11 +443,9 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
         per_gen = _per_generation(recs, gens)
         # notes and case files are numbered in the order met: value footnotes first, then failing rows
         axes_out = _axes_out(name, kind, axes, recs, gens, declared_vals, per_gen, notes, files)
-        libraries = sorted({str(r.metrics["library"]) for r in recs
-                            if r.metrics.get("library") and r.verdict in EXERCISED})
         adapters_out.append({"name": name, "op": op, "op_title": info.get("op_title", op), "kind": kind,
                              "source": info.get("source", ""), "description": info.get("description", ""),
-                             "libraries": libraries,
+                             "libraries": _libraries(recs),
                              "generations": per_gen, "axes": axes_out})
         if kind == "reference":
             continue
