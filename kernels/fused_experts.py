@@ -101,10 +101,10 @@ _MIN_PROGRAMS = 264
 
 
 def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *, gated: bool,
-                  experts: int = 0, max_block_k: int = 0) -> Config:
+                  experts: int = 0, max_block_k: int = 0, fp8_blocks: bool = False) -> Config:
     """Tiles for one GEMM whose output has `n` columns and whose reduction is `k` long; `experts`: the expert
     blocks the layout will hold (about min(E, M*k); 0 if unknown); `max_block_k`: a cap on BLOCK_K (a K-group
-    scale that BLOCK_K must divide; 0: none).
+    scale that BLOCK_K must divide; 0: none); `fp8_blocks`: fp8 operands with 128x128 block scales.
 
     Heuristic (from the sweep in results/sm90/tune/, H200):
     - interpreter: one program per expert block and few, large tiles (numpy cost is per program);
@@ -128,6 +128,11 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
         bn, bk = 32, 256
     if dtype == torch.float32:
         bk //= 2
+    if fp8_blocks and rows_per_expert > 24:
+        # fp8 with 128x128 block scales (H100 sweep, scripts/probe_fp8_experts.py; results/sm90/probe): 64-row
+        # blocks with 128x128 tiles, a K block per scale group. DeepSeek-V3 M=4096: 3608 against 5966 us with
+        # the bf16 tables' 128-row tiles, M=1024: 1433 against 2051
+        return Config(64, 128, 128, group_m=8, num_warps=8 if gated else 4, num_stages=3)
     if max_block_k:
         bk = min(bk, max_block_k)
     return Config(bm, bn, bk, group_m=1 if bm <= 32 else 8, num_warps=warps, num_stages=stages,
@@ -142,7 +147,7 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
 @triton.jit
 def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_zpg,
                 W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, INT_DOT: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
-                IEEE: tl.constexpr, TF32: tl.constexpr, BLOCK_N: tl.constexpr):
+                IEEE: tl.constexpr, TF32: tl.constexpr, BLOCK_N: tl.constexpr, FP8_FAST: tl.constexpr):
     """acc + a . w for one K block of one weight half (gate or up): integer weights offset by their zero point,
     K-block scales (G128) applied per block, exact int32 dots for int8."""
     if W_CODES != 0:
@@ -162,6 +167,8 @@ def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, 
         sw = tl.load(ws_ptrs + grp * stride_wsg)
         if INT_DOT:
             part = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
+        elif FP8_FAST:  # the tensor core's reduced-precision sum over the whole K block, promoted per block
+            part = tl.dot(a, w)
         else:
             part = tl.dot(a, w, max_num_imprecise_acc=0)
         acc += part * (sa[:, None] * sw[None, :])
@@ -171,6 +178,8 @@ def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, 
         acc = tl.dot(a, w, acc, input_precision="ieee")
     elif TF32:  # fp32 operands read as TF32 by the tensor cores (fused_experts(fp32_precision="tf32"))
         acc = tl.dot(a, w, acc, input_precision="tf32")
+    elif FP8_FAST:  # the K block's reduced-precision sum, added to the fp32 accumulator (promoted per block)
+        acc += tl.dot(a, w)
     else:
         acc = tl.dot(a, w, acc, max_num_imprecise_acc=0)
     return acc
@@ -195,7 +204,7 @@ def _expert_tile(
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     A_SCALE: tl.constexpr, W_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     GROUP_K: tl.constexpr, WS_ROW_DIV: tl.constexpr, INT_DOT: tl.constexpr,
-    W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr,
+    W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr, FP8_FAST: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N output tile of expert e: rows from `row_start` (standard: an offset into
     sorted_ids; batched: the expert's first row, valid below `count`; PER_SLOT: the slot), columns of tile
@@ -279,14 +288,14 @@ def _expert_tile(
         if SCALE_IN_LOOP and A_SCALE:
             sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
         acc_g = _accumulate(acc_g, a, wg, g_rows, offs_k, grp, sa, wsg_ptrs, stride_wsg, zpg_ptrs, stride_zpg,
-                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N)
+                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N, FP8_FAST)
         if GATED:
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
                 wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
             acc_u = _accumulate(acc_u, a, wu, u_rows, offs_k, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
-                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N)
+                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N, FP8_FAST)
         a_ptrs += BLOCK_K * stride_ak
         wg_ptrs += w_step * stride_wk
         wu_ptrs += w_step * stride_wk
@@ -357,7 +366,7 @@ def _moe_gemm_kernel(
     A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
     GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
     W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
-    SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False,
+    SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False, FP8_FAST: tl.constexpr = False,
 ):
     """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
 
@@ -419,14 +428,14 @@ def _moe_gemm_kernel(
                          stride_asm, stride_asg, stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn,
                          stride_zpg, alpha, beta, limit, ACT, GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED,
                          IEEE, TF32, EVEN_K, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K,
-                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT)
+                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST)
             return
     _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e, row_start, count,
                  pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae, stride_am, stride_ak, stride_we,
                  stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn, stride_asm, stride_asg,
                  stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT,
                  GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, TF32, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
-                 A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT)
+                 A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST)
 
 
 @triton.jit(do_not_specialize=["M", "top_k"])
@@ -507,9 +516,11 @@ def gemm_configs(configs: tuple[Config, Config] | None, rows_per_expert: float, 
     scales (G128) caps BLOCK_K at 128: its scales are applied per K block, so BLOCK_K must divide the group."""
     if configs is None:
         cap = 128 if quant is not None and quant.quant_format == "G128" else 0
+        fp8_blocks = cap > 0 and quant is not None and quant.quant_type == "fp8_w8a8"
         configs = (choose_config(rows_per_expert, n, k_dim, dtype, gated=act in GATED, experts=experts,
-                                 max_block_k=cap),
-                   choose_config(rows_per_expert, k_dim, n, dtype, gated=False, experts=experts, max_block_k=cap))
+                                 max_block_k=cap, fp8_blocks=fp8_blocks),
+                   choose_config(rows_per_expert, k_dim, n, dtype, gated=False, experts=experts, max_block_k=cap,
+                                 fp8_blocks=fp8_blocks))
     if configs[0].block_m != configs[1].block_m:
         raise ValueError("GEMM1 and GEMM2 configs must share block_m")
     if any(c.split_tail and c.block_m < 32 for c in configs):
@@ -546,10 +557,11 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
                 weight_mode: int, n: int, num_pid_m: int, a_row_div: int = 1, sorted_tokens: SortedTokens | None
                 = None, counts: torch.Tensor | None = None, rows_per_expert: int = 0, num_valid: int = 0,
                 alpha: float = 0.0, beta: float = 0.0, limit: float = 0.0,
-                q: QuantOperands | None = None, fp32_precision: str = "ieee") -> None:
+                q: QuantOperands | None = None, fp32_precision: str = "ieee", fp8_fast: bool = False) -> None:
     """One grouped GEMM over expert blocks (standard: `sorted_tokens`; batched: `counts`, 3-D a and c).
     q: scales / zero points / code format of quantized operands (kernels.quant_gemm). fp32_precision: tl.dot's
-    input_precision for fp32 operands ("ieee" or "tf32"; other dtypes ignore it)."""
+    input_precision for fp32 operands ("ieee" or "tf32"; other dtypes ignore it). fp8_fast: fp8 dots summed by
+    the tensor core in reduced precision over each K block (Triton's default) instead of promoted per MMA."""
     if fp32_precision not in FP32_PRECISIONS:
         raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {fp32_precision!r}")
     fp32 = a.dtype == torch.float32
@@ -579,7 +591,7 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         EVEN_K=k_dim % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         PER_SLOT=bool(st and st.per_slot), SLOT_MAP=bool(st and st.mapped),
-        SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot),
+        SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot), FP8_FAST=fp8_fast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(q.constexprs(cfg.block_k) if q else {}),
     )
 
@@ -604,6 +616,7 @@ def fused_experts(
     quant: ExpertsQuant | None = None,
     fp32_precision: str = "ieee",
     reduce: str = "fp32",
+    fp8_fast_accum: bool = False,
 ) -> torch.Tensor:
     """Fused experts on x [M, K] with w13 [E, 2N (N for *_no_mul), K], w2 [E, K, N], topk_* [M, k].
 
@@ -621,6 +634,8 @@ def fused_experts(
     reduce: "fp32" (default) sums each token's weighted slots (each rounded to x.dtype) in fp32 and rounds once;
     "moe_sum" sums them as vLLM's moe_sum does for 2 <= k <= 4: in slot order, every partial sum rounded to
     x.dtype (Accumulation.SEQUENTIAL_OUT_DTYPE); for other k it is the fp32 sum.
+    fp8_fast_accum: fp8 dots accumulate in the tensor core's reduced precision within each K block (as vLLM's
+    kernel does; matmul_precision "fp8_mma_promoted") instead of promoting every MMA to fp32 (the default).
     """
     if fp32_precision not in FP32_PRECISIONS:
         raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {fp32_precision!r}")
@@ -666,7 +681,7 @@ def fused_experts(
     launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=activation == "swigluoai",
                 weight_mode=1 if apply_router_weight_on_input else 0, n=n, num_pid_m=st.max_blocks,
                 a_row_div=top_k, sorted_tokens=st, num_valid=numel, alpha=alpha, beta=beta, limit=limit, q=q1,
-                fp32_precision=fp32_precision)
+                fp32_precision=fp32_precision, fp8_fast=fp8_fast_accum)
     if quant is not None:
         a_s = None
         if quant.w8a8:  # the oracle's intermediate: a rounded to x.dtype, then re-quantized by the same recipe
@@ -675,7 +690,7 @@ def fused_experts(
     y = torch.empty(numel, k_dim, dtype=io_dtype, device=x.device)  # weighted slots, rounded once
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
                 weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
-                sorted_tokens=st, num_valid=numel, q=q2, fp32_precision=fp32_precision)
+                sorted_tokens=st, num_valid=numel, q=q2, fp32_precision=fp32_precision, fp8_fast=fp8_fast_accum)
     # interpreter: a few large tiles; GPU: 4 tokens x 256 columns a program (enough programs at M = 1)
     block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (4, _pow2(k_dim, 16, 256))
     _reduce_kernel[(triton.cdiv(m, block_t), triton.cdiv(k_dim, block))](

@@ -130,13 +130,18 @@ def _triton_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | N
     return None
 
 
-def _run_triton(case: Case, inputs: Tensors, outputs: Tensors) -> None:
-    _check("triton-experts", TRITON_STANDARD, case.features)
+def _run_standard(name: str, support: Mapping[str, tuple[str, ...]], case: Case, inputs: Tensors,
+                  outputs: Tensors, **options: object) -> None:
+    _check(name, support, case.features)
     f = case.features
     fk.fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
                      activation=ACTIVATIONS[f["activation"]], expert_map=inputs.get("expert_map"),
                      apply_router_weight_on_input=f["apply_weight_on_input"] == "Y", out=outputs["out"],
-                     quant=_quant(f, inputs), **_biases(inputs))
+                     quant=_quant(f, inputs), **options, **_biases(inputs))
+
+
+def _run_triton(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    _run_standard("triton-experts", TRITON_STANDARD, case, inputs, outputs)
 
 
 def _run_triton_batched(case: Case, inputs: Tensors, outputs: Tensors) -> None:
@@ -229,6 +234,24 @@ TRITON = register(Adapter(
     limits=_TRITON_LIMITS, interp_features=_interp_features, requires=_triton_requires,
     description="Triton fused experts, sorted-token format: align kernel, GEMM1 + activation, GEMM2 with the "
                 "router weight on the fp32 accumulator, fp32 reduce",
+), replace=True)
+
+def _run_triton_fp8_fast(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    _run_standard("triton-experts-fp8-fast", TRITON_FP8_FAST, case, inputs, outputs, fp8_fast_accum=True)
+
+
+#: fused_experts(fp8_fast_accum=True): the fp8 cells only
+TRITON_FP8_FAST = {**TRITON_STANDARD, "quant_type": ("fp8_w8a8",), "quant_format": TRITON_QUANT["fp8_w8a8"]}
+
+TRITON_FP8_FAST_ADAPTER = register(Adapter(
+    name="triton-experts-fp8-fast", op="experts", source="kernels.fused_experts", run=_run_triton_fp8_fast,
+    support=TRITON_FP8_FAST, generations=("interp", "sm89", "sm90", "sm100", "sm120"),
+    # the tensor core sums each K block (<= 128 products) in its reduced precision before the fp32 add
+    conventions={**TRITON_QUANT_CONVENTIONS, "matmul_precision": "fp8_mma_promoted"},
+    properties=frozenset({"deterministic"}), limits=_TRITON_LIMITS, interp_features=_interp_features,
+    requires=_triton_requires,
+    description="triton-experts with fp8 fast accumulation (fp8_fast_accum=True; vLLM's numerics): each K block's "
+                "fp8 dot summed by the tensor core in reduced precision, then added in fp32",
 ), replace=True)
 
 TRITON_BATCHED_ADAPTER = register(Adapter(

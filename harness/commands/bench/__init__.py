@@ -54,6 +54,10 @@ class BenchCase:
     graph: bool = False
     #: the roofline floor in seconds (0: not reported); the row gets "% of floor" = floor / time
     floor_s: float = 0.0
+    #: more columns for the row (e.g. which floor bounds it, the config a comparison kernel ran)
+    extra: dict[str, Any] | None = None
+    #: adapters timed earlier on the same case: the row gets "vs <adapter>" = this time / that one's
+    compare_to: tuple[str, ...] = ()
 
 
 def do_bench(fn: Callable[[], Any], device: str) -> float:
@@ -132,7 +136,7 @@ def bench_ops() -> list[str]:
     """Ops that have benchmarks (modules of harness/benchmarks)."""
     import harness.commands.bench as pkg
 
-    return sorted(i.name for i in pkgutil.iter_modules(pkg.__path__))
+    return sorted(i.name for i in pkgutil.iter_modules(pkg.__path__) if not i.name.startswith("_"))
 
 
 def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict]:
@@ -140,7 +144,7 @@ def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict
     bw = copy_bandwidth(device) if device.startswith("cuda") else 0.0
     rows = []
     for c in cases:
-        row: dict[str, Any] = {"case": c.name, "adapter": c.adapter}
+        row: dict[str, Any] = {"case": c.name, "adapter": c.adapter, **(c.extra or {})}
         try:
             why = c.verify() if c.verify is not None else None
             row["verified"] = "yes" if c.verify is not None and why is None else ("no: " + why if why else "not run")
@@ -161,6 +165,11 @@ def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict
                     row["% of copy"] = 100 * c.bytes_moved / t / bw
             if c.flops:
                 row["TFLOP/s"] = c.flops / t / 1e12
+            for other in c.compare_to:
+                base = next((r for r in reversed(rows) if r["case"] == c.name and r["adapter"] == other
+                             and "kernel_us" in r), None)
+                if base is not None:
+                    row[f"vs {other}"] = t * 1e6 / base["kernel_us"]
             if c.reference is not None:
                 tr = do_bench(c.reference, device)
                 row["torch_ref_us"] = tr * 1e6
@@ -176,7 +185,7 @@ def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict
     return rows
 
 
-def main_bench(op: str, device: str, shapes: list[str]) -> int:
+def main_bench(op: str, device: str, shapes: list[str], options: dict[str, Any] | None = None) -> int:
     import sys
 
     from tabulate import tabulate
@@ -193,7 +202,7 @@ def main_bench(op: str, device: str, shapes: list[str]) -> int:
         print(f"note: timing on {device}: Triton kernels run in the interpreter here, numbers are not meaningful",
               file=sys.stderr)
     module = importlib.import_module(f"harness.commands.bench.{op}")
-    cases = module.cases(device, shapes)
+    cases = module.cases(device, shapes, **(options or {}))
     rows = run_cases(cases, device, out=sys.stderr)
     print(tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="github"))
     return exit_code(rows)
@@ -215,13 +224,33 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    options: dict[str, Any] = {}
+    if args.quant or args.against_vllm or args.m:
+        if args.op != "experts":
+            print("error: --quant, --against-vllm and --m apply to --op experts only", file=sys.stderr)
+            return 2
+        experts = importlib.import_module("harness.commands.bench.experts")  # the op module imports this one
+        try:
+            options["schemes"] = experts.parse_schemes(args.quant)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.against_vllm:
+            from pathlib import Path
+
+            if not Path(args.against_vllm).expanduser().exists():
+                print(f"error: --against-vllm: {args.against_vllm} does not exist", file=sys.stderr)
+                return 2
+            options["against_vllm"] = args.against_vllm
+        if args.m:
+            options["m_values"] = tuple(args.m)
     if args.op not in ("reference-experts",) and args.shape == []:
-        return main_bench(args.op, device, [])
+        return main_bench(args.op, device, [], options)
     unknown = [s for s in args.shape if s not in SHAPES]
     if unknown:
         print(f"error: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)
         return 2
-    return main_bench(args.op, device, args.shape or ["deepseek-v3"])
+    return main_bench(args.op, device, args.shape or ["deepseek-v3"], options)
 
 
 def add_parser(sub: Any) -> None:
@@ -230,4 +259,9 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--op", required=True, help="what to time: an op (routing, group_quant, ...) or reference-experts")
     b.add_argument("--device", default="auto")
     b.add_argument("--shape", action="append", default=[], help="model shape(s): deepseek-v3, mixtral-tp2, ...")
+    b.add_argument("--quant", action="append", default=[],
+                   help="experts: scheme(s) to time (none, fp8_w8a8:G128, ..., all; default: none)")
+    b.add_argument("--against-vllm", metavar="PATH", default=None,
+                   help="experts: also time vLLM's Triton fused_moe_kernel loaded from this wheel or source tree")
+    b.add_argument("--m", action="append", type=int, default=[], help="experts: token counts (default 1..4096)")
     b.set_defaults(func=run)
