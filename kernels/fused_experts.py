@@ -101,10 +101,10 @@ _MIN_PROGRAMS = 264
 
 
 def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *, gated: bool,
-                  experts: int = 0, max_block_k: int = 0, fp8_blocks: bool = False) -> Config:
+                  experts: int = 0, max_block_k: int = 0, fp8: str = "") -> Config:
     """Tiles for one GEMM whose output has `n` columns and whose reduction is `k` long; `experts`: the expert
     blocks the layout will hold (about min(E, M*k); 0 if unknown); `max_block_k`: a cap on BLOCK_K (a K-group
-    scale that BLOCK_K must divide; 0: none); `fp8_blocks`: fp8 operands with 128x128 block scales.
+    scale that BLOCK_K must divide; 0: none); `fp8`: the scale format of fp8 operands (G128, A, T; "": not fp8).
 
     Heuristic (from the sweep in results/sm90/tune/, H200):
     - interpreter: one program per expert block and few, large tiles (numpy cost is per program);
@@ -128,11 +128,12 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
         bn, bk = 32, 256
     if dtype == torch.float32:
         bk //= 2
-    if fp8_blocks and rows_per_expert > 24:
-        # fp8 with 128x128 block scales (H100 sweep, scripts/probe_fp8_experts.py; results/sm90/probe): 64-row
-        # blocks with 128x128 tiles, a K block per scale group. DeepSeek-V3 M=4096: 3608 against 5966 us with
-        # the bf16 tables' 128-row tiles, M=1024: 1433 against 2051
-        return Config(64, 128, 128, group_m=8, num_warps=8 if gated else 4, num_stages=3)
+    if fp8 and rows_per_expert > 24:
+        # fp8 operands (H100 sweeps, scripts/probe_fp8_experts.py; results/sm90/probe/): 64-row blocks with 128x128
+        # tiles (128-deep K blocks: fp8 elements are half as wide). DeepSeek-V3 M=4096, 128x128 block scales:
+        # 3608 against 5966 us with the bf16 tables' 128-row tiles (M=1024: 1433 against 2051); per-channel
+        # scales: 2624 against 4204. Block-scaled GEMM1 wants 8 warps, per-channel 4.
+        return Config(64, 128, 128, group_m=8, num_warps=8 if gated and fp8 == "G128" else 4, num_stages=3)
     if max_block_k:
         bk = min(bk, max_block_k)
     return Config(bm, bn, bk, group_m=1 if bm <= 32 else 8, num_warps=warps, num_stages=stages,
@@ -516,11 +517,11 @@ def gemm_configs(configs: tuple[Config, Config] | None, rows_per_expert: float, 
     scales (G128) caps BLOCK_K at 128: its scales are applied per K block, so BLOCK_K must divide the group."""
     if configs is None:
         cap = 128 if quant is not None and quant.quant_format == "G128" else 0
-        fp8_blocks = cap > 0 and quant is not None and quant.quant_type == "fp8_w8a8"
+        fp8 = quant.quant_format if quant is not None and quant.quant_type == "fp8_w8a8" else ""
         configs = (choose_config(rows_per_expert, n, k_dim, dtype, gated=act in GATED, experts=experts,
-                                 max_block_k=cap, fp8_blocks=fp8_blocks),
+                                 max_block_k=cap, fp8=fp8),
                    choose_config(rows_per_expert, k_dim, n, dtype, gated=False, experts=experts, max_block_k=cap,
-                                 fp8_blocks=fp8_blocks))
+                                 fp8=fp8))
     if configs[0].block_m != configs[1].block_m:
         raise ValueError("GEMM1 and GEMM2 configs must share block_m")
     if any(c.split_tail and c.block_m < 32 for c in configs):
