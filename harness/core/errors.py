@@ -32,7 +32,10 @@ UNIT_ROUNDOFF: dict[str, float] = {
 #: few instructions (CUTLASS's default, torch._scaled_grouped_mm with use_fast_accum=False): between promotions
 #: the tensor core keeps about 14 bits (DeepSeek-V3 report), so up to 4 adds at 2**-13 of the partial magnitude.
 #: A kernel declares it with conventions["matmul_precision"] = "fp8_mma_promoted"; the term is this times the
-#: sum of |products|, on top of the fp32 term.
+#: sum of |products|, on top of the fp32 term. It stays a worst case (about 100% of |expected| for bf16 at K = 1024,
+#: docs/BOUNDS.md): how the tensor core aligns and truncates its partial sums between promotions is not documented,
+#: so neither a bracket (no rounding rule to bracket) nor a random-walk sqrt(K) (no evidence the truncations are
+#: unbiased) can be justified; it only applies to kernels that declare the convention.
 FP8_MMA_REL = 2.0**-11
 
 #: Safety factor on the accumulation term. Random-walk growth is ~1 sigma at sqrt(K); 8 leaves room for the tail

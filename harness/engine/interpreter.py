@@ -156,6 +156,10 @@ def _fixable_issues() -> list[_Issue]:
         _Issue("float_args", "float kernel arguments stayed Python floats, so scalar methods a compiled kernel "
                "has (x.to(tl.float32), x.dtype) raised; now fp32 scalars, as compiled Triton passes them",
                f({"float_args"})),
+        _Issue("bounds_check", "unmasked load/store/atomic lanes outside every tensor argument of the launch read "
+               "or wrote arbitrary host memory (garbage, or a crash of the process); now each such access raises "
+               "OutOfBoundsAccess naming the kernel, the nearest argument and the element offset (a sanitizer: "
+               "the GPU does not check either)", f({"bounds_check"})),
         _Issue("fp16_int8_dot", "tl.dot on fp16 (fp32 acc) and int8 (int32 acc) operands: checked, correct",
                f({"fp16_dot", "int8_dot"}), present=False),
         _Issue("load_store_reduce", "masked tl.load with other, int64 offsets, fp32 sum/max/argmax (leftmost "
@@ -364,6 +368,105 @@ def _apply_patches(disabled: frozenset[str]) -> None:
     _patch_libdevice(it, tl, on("libdevice"))
     _patch_autotune(at, on("autotune"))
     _patch_float_args(it, tl, on("float_args"))
+    _patch_bounds_check(it, on("bounds_check"))  # last: it wraps the loads/stores/atomics patched above
+
+
+class OutOfBoundsAccess(RuntimeError):
+    """An unmasked lane of a kernel's load/store/atomic addressed memory outside every tensor argument."""
+
+
+#: (kernel name, [(argument, first byte, end byte, data pointer, element size)]) of the launches running now
+_LAUNCHES: list[tuple[str, list[tuple[str, int, int, int, int]]]] = []
+
+
+def _extents(it: Any, named: list[tuple[str, Any]]) -> list[tuple[str, int, int, int, int]]:
+    """The bytes each tensor argument's view spans (not its whole storage: a neighbour's data is out of bounds)."""
+    out: list[tuple[str, int, int, int, int]] = []
+    for name, arg in named:
+        if isinstance(arg, tuple):
+            out += _extents(it, [(f"{name}[{i}]", a) for i, a in enumerate(arg)])
+        elif isinstance(arg, it.TensorDescriptor):
+            out += _extents(it, [(f"{name}.base", arg.base)])
+        elif hasattr(arg, "data_ptr"):
+            t = it._unwrap_tensor(arg)
+            if t.numel() == 0:
+                continue
+            es, ptr = t.element_size(), t.data_ptr()
+            neg = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if st < 0)
+            pos = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if st > 0)
+            out.append((name, ptr + neg * es, ptr + (pos + 1) * es, ptr, es))
+    return out
+
+
+def _check_access(it: Any, what: str, ptrs: Any, mask: Any) -> None:
+    """Raise OutOfBoundsAccess if an active lane of `ptrs` (a pointer TensorHandle) leaves every argument."""
+    if not _LAUNCHES or not _LAUNCHES[-1][1]:
+        return
+    kernel, ext = _LAUNCHES[-1]
+    p = np.asarray(ptrs.data)
+    if mask is not None:
+        p = p[np.broadcast_to(np.asarray(mask.data, dtype=bool), p.shape)]
+    if p.size == 0:
+        return
+    size = np.dtype(it._get_np_dtype(ptrs.get_element_ty())).itemsize
+    lo, hi = int(p.min()), int(p.max()) + size
+    if any(a <= lo and hi <= b for _, a, b, _, _ in ext):  # the common case: one argument holds every lane
+        return
+    p = p.astype(np.uint64).ravel()
+    ok = np.zeros(p.shape, dtype=bool)
+    for _, a, b, _, _ in ext:
+        ok |= (p >= np.uint64(a)) & (p + np.uint64(size) <= np.uint64(b))
+    if ok.all():
+        return
+    bad = int(p[~ok][0])
+    name, a, b, ptr, es = min(ext, key=lambda e: min(abs(bad - e[1]), abs(bad - e[2])))
+    raise OutOfBoundsAccess(
+        f"{kernel}: {what} of {int((~ok).sum())} unmasked lane(s) outside every tensor argument; the first at "
+        f"element {(bad - ptr) / es:+g} of the nearest, {name} (it spans elements {(a - ptr) // es} to "
+        f"{(b - ptr) // es - 1})")
+
+
+def _patch_bounds_check(it: Any, enabled: bool) -> None:
+    """Unmasked lanes outside the launch's tensor arguments touched arbitrary host memory: raise instead."""
+    if not enabled or getattr(it, "_moe_bounds_check", False):
+        return
+    B, GE = it.InterpreterBuilder, it.GridExecutor
+    orig_init, orig_call = GE._init_args_hst, GE.__call__
+    orig_load, orig_store, orig_rmw, orig_cas = (B.create_masked_load, B.create_masked_store, B.create_atomic_rmw,
+                                                 B.create_atomic_cas)
+
+    def init_args_hst(self: Any, args_dev: Any, kwargs: Any) -> Any:
+        args_hst, kwargs_hst = orig_init(self, args_dev, kwargs)
+        named = [*zip(self.arg_names, args_hst), *kwargs_hst.items()]
+        _LAUNCHES.append((getattr(self.fn, "__name__", "kernel"), _extents(it, named)))
+        return args_hst, kwargs_hst
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = len(_LAUNCHES)
+        try:
+            return orig_call(self, *args, **kwargs)
+        finally:
+            del _LAUNCHES[depth:]
+
+    def load(self: Any, ptrs: Any, mask: Any, *rest: Any) -> Any:
+        _check_access(it, "load", ptrs, mask)
+        return orig_load(self, ptrs, mask, *rest)
+
+    def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
+        _check_access(it, "store", ptrs, mask)
+        return orig_store(self, ptrs, value, mask, *rest)
+
+    def rmw(self: Any, op: Any, ptr: Any, val: Any, mask: Any, *rest: Any) -> Any:
+        _check_access(it, "atomic", ptr, mask)
+        return orig_rmw(self, op, ptr, val, mask, *rest)
+
+    def cas(self: Any, ptr: Any, *rest: Any) -> Any:
+        _check_access(it, "atomic_cas", ptr, None)
+        return orig_cas(self, ptr, *rest)
+
+    GE._init_args_hst, GE.__call__ = init_args_hst, call
+    B.create_masked_load, B.create_masked_store, B.create_atomic_rmw, B.create_atomic_cas = load, store, rmw, cas
+    it._moe_bounds_check = True
 
 
 def _patch_float_args(it: Any, tl: Any, enabled: bool) -> None:

@@ -6,6 +6,13 @@ Judged `bounded` with the error model of harness.core.errors, propagated through
   GEMM2   e_y = C_DOT * u_acc * sqrt(N) * (|a| . |W2|) + (e_a . |W2|)
   reduce  e   = sum_j |w_j| e_y_j + C_DOT * u32 * sqrt(k) * sum_j |w_j y_j| + C_OUT * u_out * |out|
 The activation's Jacobian comes from autograd on the fp64 intermediates, so every activation gets its own slope.
+Declared roundings are bracketed (harness.core.errors.rounding_bracket): an element pays for one only where the
+kernel's value, within its error of the oracle's, may round to a neighbour; inner activation roundings (act(gate)
+first, every step of swigluoai) step by step (harness.ops.activation.rounded_activation); the re-quantized
+intermediate by its exact code range, and its scale's movement once, on each unit's signed partial dot
+(experts_quant.requant_terms). Loose by design: fp8_mma_promoted (harness.core.errors.FP8_MMA_REL: the tensor core's
+partial sums are not rounded in a documented way, so only a relative worst case on |products| is sound), and the
+quantized schemes' floor: each bracket is paid as a worst case summed over N (docs/BOUNDS.md).
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ from harness.core.case import Case
 from harness.core.errors import C_DOT, C_OUT, FP8_MMA_REL, UNIT_ROUNDOFF, rounding_bracket, unit_roundoff
 from harness.core.sizes import boundary_sizes, limit, local_experts, num_experts, top_k
 from harness.ops import experts_quant as xq
-from harness.ops.activation import inner_rounding_slack, operand_magnitude, oracle_kwargs
+from harness.ops.activation import operand_magnitude, oracle_kwargs, rounded_activation
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim, yes
 from harness.ops.experts_quant import ACTIVATIONS
 from harness.registry import Adapter
 from reference import activations as acts
 from reference import experts as ref
+from reference.quant import QuantRecipe, QuantUnit
 
 #: the seed tables' activation names -> the oracle's
 
@@ -78,6 +86,7 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
         found["topk_ids"] = gen.topk_ids(case, m, e, k, device)
         if yes(case.features["expert_map"]):
             found["expert_map"] = gen.expert_map(case, e, device, routed=found["topk_ids"])
+    xq.tie_rows(case, found["x"])
     sch = xq.scheme(case, {})
     if sch is not None:
         xq.quantize_weights(found, sch, device)
@@ -162,8 +171,9 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     act_kw = {k: v for k, v in kw.items()
               if k not in ("activation", "activation_rounding", "intermediate_rounding", "bias_placement")}
     inner = kw.get("activation_rounding", acts.Rounding.ROUND_ONCE)
-    if inner == acts.Rounding.ROUND_ACTIVATION_FIRST and acts.is_gated(kw["activation"]):
-        a, e_a = _activation_first(h, e_h, kw["activation"], act_kw, conventions, dt)
+    if inner != acts.Rounding.ROUND_ONCE and acts.is_gated(kw["activation"]):
+        # inner roundings (act(gate) first, or every step of swigluoai): bracketed step by step
+        a, e_a = rounded_activation(h, e_h, kw["activation"], act_kw, inner, dt)
     else:
         hg = h.clone().requires_grad_(True)
         a = acts.apply_activation(kw["activation"], hg, **act_kw)
@@ -172,61 +182,39 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
         # fp32 evaluation: relative to the operands where the activation cancels (gelu's negative tail)
         mag = torch.maximum(a.abs(), operand_magnitude(h, kw["activation"], conventions))
         e_a = _gated_sum(grad.abs() * e_h, kw["activation"], conventions) + 64 * UNIT_ROUNDOFF["float32"] * mag
-        # inner roundings of every_step (several operations), not bracketed
-        e_a = e_a + inner_rounding_slack(inner, dt) * a.abs()
     if rounding != ref.IntermediateRounding.NONE:
         # both round a to x.dtype: they differ only where a is within e_a of a rounding boundary
         e_a = rounding_bracket(a, e_a, dt)
         a = a.to(dt).double()
+    scale_rel = None
     if quant is not None and quant.intermediate is not None:
-        # the kernel re-quantizes its own a' (within e_a of a): bracket what that can do to the codes
-        e_a = xq.requant_error(a, e_a, quant.intermediate, ids >= 0, quant.intermediate_global_scale)
+        # the kernel re-quantizes its own a' (within e_a of a): bracket what that can do to the codes, and take
+        # the movement of each unit's scale apart (one factor on the unit's whole dot, not on every |element|)
+        e_a, scale_rel = xq.requant_terms(a, e_a, quant.intermediate, ids >= 0, quant.intermediate_global_scale)
         a = quant.quantize_intermediate(a, ids >= 0)
     e_y = (C_DOT * u_acc * math.sqrt(n) + u_w) * _per_slot_matmul(a.abs(), w2.abs(), ids)
     e_y = e_y + _per_slot_matmul(e_a, w2.abs(), ids)
+    if scale_rel is not None and bool((scale_rel > 0).any()):
+        e_y = e_y + _unit_dots(a, w2, ids, scale_rel, quant.intermediate)
     if rounded_bias and "w2_bias" in cpu and cpu["w2_bias"].shape[0] > 0:
         # the rounding of the GEMM result before the bias, and of the sum: brackets (the oracle rounds the same)
         _, e_y = _add_bias(_per_slot_matmul(a, w2, ids), e_y, cpu["w2_bias"], ids, dt)
     return e_y
 
 
-def _activation_first(h: torch.Tensor, e_h: torch.Tensor, act: str, act_kw: Mapping[str, Any],
-                      conventions: Mapping[str, Any], dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """a = round(act(gate)) * up' and its error bound, with act(gate)'s rounding to x.dtype bracketed: a kernel's
-    act(gate), within e_g of the oracle's, rounds to a different value only near a rounding boundary, so most
-    elements get no slack for it (adding u |a| everywhere made the bound several times looser)."""
-    w1 = h.shape[1]
-    order = acts.GateOrder(act_kw.get("gate_order", acts.GateOrder.GATE_FIRST))
-    layout = act_kw.get("layout") or (acts.GateLayout.INTERLEAVED if act == "swigluoai" else acts.GateLayout.HALVES)
-    cols = torch.arange(w1, dtype=torch.float64)[None, :]
-    gate_idx, up_idx = (t[0].long() for t in acts._split(cols, order, acts.GateLayout(layout)))
-    swiglu = act in ("swigluoai", "swigluoai_uninterleave")
-    beta = float(act_kw.get("beta", acts.SWIGLUOAI_BETA)) if swiglu else 0.0
-    # act(gate) alone: the same activation with every up element set to the value whose transform is 1
-    h1 = h.clone()
-    h1[:, up_idx] = 1.0 - beta
-    hg = h1.requires_grad_(True)
-    g = acts.apply_activation(act, hg, **act_kw)
-    (grad,) = torch.autograd.grad(g.sum(), hg)
-    g = g.detach()
-    gate, up = h[:, gate_idx], h[:, up_idx]
-    u32 = UNIT_ROUNDOFF["float32"]
-    e_g = grad[:, gate_idx].abs() * e_h[:, gate_idx] + 64 * u32 * (g.abs() + gate.abs() * (gate.abs() + 1))
-    rg = g.to(dt).double()
-    # up as the activation multiplies it (clamps, + beta); its slope is 1 inside the clamps, 0 outside
-    limits = [act_kw.get("clamp_limit")]
-    if swiglu:
-        limits.append(act_kw.get("limit", acts.SWIGLUOAI_LIMIT))
-    elif act == "swiglustep":
-        limits.append(act_kw.get("limit", acts.SWIGLUSTEP_LIMIT))
-    up_t = up.clone()
-    for v in limits:
-        if v is not None:
-            up_t = up_t.clamp(-float(v), float(v))
-    up_t = up_t + beta
-    a = rg * up_t
-    e_a = up_t.abs() * rounding_bracket(g, e_g, dt) + rg.abs() * e_h[:, up_idx] + 64 * u32 * a.abs()
-    return a, e_a
+def _unit_dots(a: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, rel: torch.Tensor,
+               recipe: QuantRecipe) -> torch.Tensor:
+    """sum over the quantization units u of a's rows: rel_u * |a_u . W2_u| ([R, K]), the bound on what a scale that
+    moved by at most rel_u (relative) does to GEMM2: every element of the unit is multiplied by the same s' / s, so
+    the unit's signed partial dot moves by that factor (summing rel |a| |W2| per element would pay the cancellation
+    of the dot as if it were error)."""
+    if recipe.unit != QuantUnit.GROUP:  # row or tensor: one factor per row
+        return rel[:, :1] * _per_slot_matmul(a, w2, ids).abs()
+    out = torch.zeros(a.shape[0], w2.shape[1], dtype=a.dtype, device=a.device)
+    for g in range(0, a.shape[1], recipe.group_size):
+        cols = slice(g, g + recipe.group_size)
+        out = out + rel[:, g:g + 1] * _per_slot_matmul(a[:, cols], w2[:, :, cols], ids).abs()
+    return out
 
 
 def _add_bias(r: torch.Tensor, e: torch.Tensor, bias: torch.Tensor, ids: torch.Tensor,

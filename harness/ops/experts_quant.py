@@ -34,7 +34,9 @@ from typing import Any
 
 import torch
 
+from harness.core import inputs as gen
 from harness.core.case import Case
+from harness.ops.group_quant import _midpoints  # the group_quant op's ties, one definition
 from reference import experts as ref
 from reference.quant import (
     QuantDtype,
@@ -120,6 +122,29 @@ def _oracle_codes(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.uint8) if codes.dtype == torch.float8_e4m3fn else codes
 
 
+def tie_rows(case: Case, x: torch.Tensor) -> None:
+    """w8a8 cells: the even rows of x (in place) hold exact ties of the dynamic activation quantization. Each
+    unit's amax is 1.75 * qmax * 2^e, so its scale is exactly 1.75 * 2^e (a divisor with an inexact reciprocal),
+    and its other elements are that scale times a value halfway between two codes. A correctly rounded x / scale
+    lands on the tie (rounded to even); an approximate divide (x * (1 / scale), a fast division) lands an ulp off
+    and takes the other code, which random rows show about once in a thousand elements. Exact in bf16/fp16 (at
+    most 8 significant bits), but for int8 in bf16 (1.75 * 127 needs 10): left random there."""
+    qt, qf = case.features.get("quant_type", "none"), case.features.get("quant_format", "-")
+    if qt not in ("fp8_w8a8", "int8_w8a8") or x.numel() == 0 or (qt == "int8_w8a8" and x.dtype != torch.float16):
+        return
+    qd, qmax, e = ("int8", 127.0, -5) if qt == "int8_w8a8" else ("fp8_e4m3fn", 448.0, -7)
+    flat = x.view(-1, x.shape[-1])
+    r, k = flat.shape
+    seg = 128 if qf == "G128" else k  # G128: K is a multiple of 128
+    g = gen.generator(case, "x_ties")
+    sign = torch.where(torch.rand((r, k), generator=g) < 0.5, -1.0, 1.0)
+    # peaks about 6 and 7: above any randn row, so that a per-tensor amax is a peak too
+    vals = sign * _midpoints(qd, (r, k), g, int8_below=16) * 1.75 * 2.0**e
+    peak = torch.randint(0, seg, (r, -(-k // seg)), generator=g) + torch.arange(0, k, seg)[None, :]
+    vals.scatter_(1, peak, sign.gather(1, peak) * qmax * 1.75 * 2.0**e)
+    flat[0::2] = vals[0::2].to(x.dtype)
+
+
 def quantize_weights(found: dict[str, torch.Tensor], sch: Scheme, device: str) -> None:
     """Replace found['w13'], found['w2'] (float) by their codes and add the scale inputs, per expert."""
     for name in ("w13", "w2"):
@@ -202,17 +227,39 @@ def requant_error(a: torch.Tensor, e_a: torch.Tensor, recipe: QuantRecipe, valid
                   global_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Bound on |dequant(quant(a')) - dequant(quant(a))| for any a' with |a' - a| <= e_a (rows [R, N], float64).
 
-    Rows outside `valid` are zero (no activation). See the module docstring for the method.
+    Rows outside `valid` are zero (no activation). See the module docstring for the method. This is the two
+    terms of `requant_terms` added per element (the scale movement paid on |dequant(quant(a))|); a caller that
+    multiplies the re-quantized rows by a matrix can instead pay the scale term on the signed dot (`requant_terms`).
     """
-    out = torch.zeros_like(a)
+    e_code, rel = requant_terms(a, e_a, recipe, valid, global_scale)
+    if recipe.dtype not in (QuantDtype.FP8_E4M3FN, QuantDtype.INT8) or not bool(valid.any()):
+        return e_code
+    d = torch.zeros_like(a)
+    d[valid] = dequantize(quantize(a[valid].float(), replace(recipe, layout="row_major")), torch.float64)
+    return e_code + d.abs() * rel
+
+
+def requant_terms(a: torch.Tensor, e_a: torch.Tensor, recipe: QuantRecipe, valid: torch.Tensor,
+                  global_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two parts of a kernel's re-quantization error, for any a' with |a' - a| <= e_a (rows [R, N], float64).
+
+    With s, q the oracle's scale and code of an element and s', q' the kernel's,
+        dequant' - dequant = (q' - q) s' + q (s' - s).
+    Returns (e_code, rel), both [R, N]: e_code bounds |q' - q| s' per element (zero unless a' may cross a code
+    boundary: the exact code range of a' / s' over the box of a' and s' is taken), rel bounds |s' - s| / s, the
+    same for every element of a quantization unit (row, group, tensor): the second part is rel times the unit's
+    own dequantized values, one signed factor for the whole unit. Rows outside `valid` are zero. MX/NVFP4
+    (two-level scales): one code step per element, rel = 0.
+    """
+    e_code, rel = torch.zeros_like(a), torch.zeros_like(a)
     if not bool(valid.any()):
-        return out
+        return e_code, rel
     av, ev = a[valid], e_a[valid]
     if recipe.dtype in (QuantDtype.FP8_E4M3FN, QuantDtype.INT8):
-        out[valid] = _bracketed(av, ev, recipe)
+        e_code[valid], rel[valid] = _bracketed(av, ev, recipe)
     else:
-        out[valid] = _one_step(av, ev, recipe)
-    return out
+        e_code[valid] = _one_step(av, ev, recipe)
+    return e_code, rel
 
 
 def _units(t: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
@@ -233,25 +280,34 @@ def _expand(s: torch.Tensor, like: torch.Tensor, recipe: QuantRecipe) -> torch.T
     return s.repeat_interleave(recipe.group_size, dim=1)[:, : like.shape[1]]
 
 
-def _bracketed(a: torch.Tensor, e: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
-    from_amax = recipe.application.value.startswith("qmax_over_amax")
-    fixed = replace(recipe, layout="row_major", application="divide" if from_amax else recipe.application)
+def _code_values(t: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
+    """The code value (as a number, scale 1) each quotient t = a / s rounds to under `recipe` (float64)."""
+    unit = replace(recipe, layout="row_major", application="divide")
+    t32 = t.clamp(-1e30, 1e30).float()  # saturated either way; float32 has no inf to quantize
+    ones = torch.ones_like(_units(t32.abs(), unit))
+    return dequantize(quantize(t32, unit, scales=ones), torch.float64)
+
+
+def _bracketed(a: torch.Tensor, e: torch.Tensor, recipe: QuantRecipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e_code, rel) of `requant_terms` for fp8/int8 (scales from each unit's amax)."""
+    base = dequantize(quantize(a.float(), replace(recipe, layout="row_major")), torch.float64)
     amax = _units(a.abs(), recipe).float()
     amax_lo = _units((a.abs() - e).clamp_min(0), recipe).float()
     amax_hi = _units(a.abs() + e, recipe).float()
-    nominal = scale_from_amax(amax, recipe)
-    candidates = [scale_from_amax(amax_lo, recipe), nominal, scale_from_amax(amax_hi, recipe)]
-    base = dequantize(quantize(a.float(), fixed, scales=nominal), torch.float64)
-    # a scale that moved by a relative r moves every a/s by r|a|/s: widen the interval by it
-    rel = ((candidates[2] - candidates[0]) / nominal.clamp_min(1e-30)).double()
-    widen = e * (1 + 2**-20) + a.abs() * _expand(rel, a, recipe) + 2**-22 * a.abs()
-    worst = torch.zeros_like(a)
-    for s in candidates:
-        for side in (a - widen, a + widen):
-            d = dequantize(quantize(side.float(), fixed, scales=s), torch.float64)
-            worst = torch.maximum(worst, (d - base).abs())
-    # values between the bracket ends: monotone rounding keeps them between the ends' dequantized values
-    return worst + 2**-22 * a.abs()
+    # scales are monotone in amax: the kernel's s' lies in [s_lo, s_hi]
+    s, s_lo, s_hi = (_expand(scale_from_amax(m, recipe), a, recipe).double() for m in (amax, amax_lo, amax_hi))
+    q = base / s.clamp_min(1e-38)
+    # a' / s' is monotone in a' and in s' (direction by sign): its range is spanned by the four corners; 2^-21
+    # relative covers the kernel's form of the quotient (x * fp32(1 / s), qmax / amax factors: fp32 roundings)
+    corners = [(a + side) / sc.clamp_min(1e-38) for side in (-e, e) for sc in (s_lo, s_hi)]
+    t_lo = torch.minimum(torch.minimum(corners[0], corners[1]), torch.minimum(corners[2], corners[3]))
+    t_hi = torch.maximum(torch.maximum(corners[0], corners[1]), torch.maximum(corners[2], corners[3]))
+    q_lo = _code_values(t_lo - 2**-21 * t_lo.abs(), recipe)
+    q_hi = _code_values(t_hi + 2**-21 * t_hi.abs(), recipe)
+    # codes between the ends: monotone rounding keeps them between the ends' codes
+    e_code = torch.maximum((q_lo - q).abs(), (q_hi - q).abs()) * s_hi + 2**-22 * a.abs()
+    rel = torch.maximum(s_hi - s, s - s_lo) / s.clamp_min(1e-38)
+    return e_code, rel
 
 
 def _one_step(a: torch.Tensor, e: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:

@@ -428,3 +428,32 @@ def test_moe_style_ops() -> None:
     assert out[2 * B] == x.max() and out[2 * B + 1] == x.argmax()
     assert out[2 * B + 2] == ((idx.long() << 3) >> 1).sum()
     assert torch.equal(top[:n], torch.sort(x, descending=True).values) and bool((top[n:] == -np.inf).all())
+
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, shift, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    if MASKED:
+        v = tl.load(x_ptr + offs + shift, mask=offs + shift < n, other=0.0)
+    else:
+        v = tl.load(x_ptr + offs + shift)
+    tl.store(y_ptr + offs, v, mask=offs < n)
+
+
+@pytest.mark.skipif(not INTERP or REPORT.status("bounds_check") != "fixed", reason="the interpreter's sanitizer")
+def test_bounds_check_names_the_argument_and_lets_masked_lanes_pass() -> None:
+    """An unmasked lane past a tensor argument raises, naming the kernel, the argument and the element offset; the
+    same access with the lanes masked off (or a view's neighbouring storage untouched) runs."""
+    from harness.engine.interpreter import OutOfBoundsAccess
+
+    big = torch.arange(64, dtype=torch.float32)
+    x, y = big[8:24], torch.zeros(16)  # x: a view; elements 24.. of its storage belong to no argument
+    _copy_kernel[(1,)](x, y, 16, 0, MASKED=False, BLOCK=16)
+    assert torch.equal(y, x)
+    _copy_kernel[(1,)](x, y, 16, 4, MASKED=True, BLOCK=16)
+    assert torch.equal(y[:12], x[4:]) and not y[12:].any()
+    with pytest.raises(Exception) as err:
+        _copy_kernel[(1,)](x, y, 16, 4, MASKED=False, BLOCK=16)
+    chain = [err.value, *(e for e in (err.value.__cause__, getattr(err.value.__cause__, "__cause__", None)) if e)]
+    assert any(isinstance(e, OutOfBoundsAccess) for e in chain), chain
+    assert "_copy_kernel: load of 4 unmasked lane(s)" in str(err.value) and "x_ptr" in str(err.value)

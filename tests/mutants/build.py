@@ -4,7 +4,9 @@ A mutant is a list of exact text replacements applied to the source of one modul
 `kernels.adapters.<stage>`). The patched source is compiled as a new module under its own name (the real kernel
 is never touched) and registered in `linecache`, because Triton reads a kernel's source with `inspect`. The
 adapter module is re-executed with registration disabled, its references to the original kernel module (and to
-functions imported from it) are rebound to the patched copy, and the adapter named `base` in it is returned
+functions imported from it) are rebound to the patched copy (a kernel module the adapter reaches through others,
+e.g. kernels.group_quant through kernels.quant_gemm: those named in `via` are copied and rebound the same way, so
+the bug reaches this adapter only), and the adapter named `base` in it is returned
 under the mutant's name, with its support narrowed to the mutant's focus cells (MUTANTS_UNNARROWED=1: not narrowed,
 to measure what the unnarrowed generic search of CI catches).
 """
@@ -44,6 +46,9 @@ class Mutant:
     bug: str  # the bug class it stands for
     #: axis -> values: the cells the bug lives in (the mutant declares only these); {} = every base cell
     focus: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: modules between the adapter and `module` (the adapter's import first): each is re-executed as a copy that
+    #: calls the patched one, so that a bug planted in a shared kernel reaches this adapter's path only
+    via: tuple[str, ...] = ()
 
 
 class PatchNotFound(AssertionError):
@@ -72,6 +77,18 @@ def _load(name: str, src: str, origin: str) -> types.ModuleType:
     return mod
 
 
+def _rebind(mod: types.ModuleType, swaps: list[tuple[types.ModuleType, types.ModuleType]]) -> None:
+    """Point `mod`'s references to each original module (and to functions/classes imported from it) at its copy."""
+    for original, mutated in swaps:
+        for key, value in list(vars(mod).items()):
+            if value is original:
+                setattr(mod, key, mutated)
+            # defined there: Triton's interpreter leaks its own globals (dataclass, np...) into kernel modules
+            elif (callable(value) and getattr(value, "__module__", None) == original.__name__
+                  and getattr(original, getattr(value, "__name__", ""), None) is value):
+                setattr(mod, key, getattr(mutated, value.__name__))
+
+
 def _adapter_module_of(base: Adapter) -> str:
     return base.run.__module__
 
@@ -82,12 +99,17 @@ def build(m: Mutant) -> Adapter:
     adapter_mod_name = _adapter_module_of(base)
     safe = m.name.replace("-", "_")
     src = patched_source(m)
+    swaps: list[tuple[types.ModuleType, types.ModuleType]] = []
     if m.module == adapter_mod_name:
-        kernel_swap: tuple[types.ModuleType, types.ModuleType] | None = None
         adapter_src = src
     else:
         original = importlib.import_module(m.module)
-        kernel_swap = (original, _load(f"mutants.{safe}.kernel", src, m.module))
+        swaps.append((original, _load(f"mutants.{safe}.kernel", src, m.module)))
+        for i, name in enumerate(reversed(m.via)):  # the module nearest the patched one first
+            orig = importlib.import_module(name)
+            copy = _load(f"mutants.{safe}.via{i}", inspect.getsource(orig), name)
+            _rebind(copy, swaps)
+            swaps.append((orig, copy))
         adapter_src = inspect.getsource(importlib.import_module(adapter_mod_name))
     made: list[Adapter] = []
 
@@ -97,13 +119,7 @@ def build(m: Mutant) -> Adapter:
 
     with mock.patch.object(registry, "register", capture):
         amod = _load(f"mutants.{safe}.adapter", adapter_src, adapter_mod_name)
-    if kernel_swap is not None:
-        original, mutated = kernel_swap
-        for key, value in list(vars(amod).items()):
-            if value is original:
-                setattr(amod, key, mutated)
-            elif callable(value) and getattr(original, getattr(value, "__name__", ""), None) is value:
-                setattr(amod, key, getattr(mutated, value.__name__))
+    _rebind(amod, swaps)
     found = [a for a in made if a.name == m.base]
     if len(found) != 1:
         raise AssertionError(f"mutant {m.name}: adapter {m.base!r} not found in {adapter_mod_name}")

@@ -256,6 +256,19 @@ MUTANTS: tuple[Mutant, ...] = (
         P("grp = (kk * BLOCK_K) // GROUP_K",
           "grp = ((kk * BLOCK_K) // GROUP_K + 1) % ((K + GROUP_K - 1) // GROUP_K)"),),
         "block scales read one K group late (wrapping: in bounds, wrong group)", {"quant_format": ("G128",)}),
+    # blocks past num_tokens_post_padded: expert id -1 / sentinel rows, so their weight reads land before w[0]
+    Mutant("experts-num-post-guard-dropped", "triton-experts", _FE, (
+        P("        if row_start >= tl.load(num_post_ptr):\n            return\n", ""),),
+        "no early return past num_tokens_post_padded: blocks the align stage left unused read weights at expert -1"),
+    Mutant("experts-num-post-guard-off-by-one", "triton-experts", _FE, (
+        P("if row_start >= tl.load(num_post_ptr):", "if row_start > tl.load(num_post_ptr):"),),
+        "off-by-one guard: the first block past num_tokens_post_padded is computed (out-of-bounds weight reads)"),
+    # the experts path's own activation quantizer (kernels.quant_gemm -> kernels.group_quant), not the group_quant op
+    Mutant("experts-input-quant-reciprocal", "triton-experts", _GQ, (
+        P("y = tl.div_rn(x, tl.broadcast_to(safe, x.shape))",
+          "y = x * tl.div_rn(tl.full(safe.shape, 1.0, tl.float32), safe)"),),
+        "activation quantized as x * (1 / scale) (an approximate divide) where x / scale is declared",
+        {"quant_type": ("fp8_w8a8", "int8_w8a8")}, via=("kernels.quant_gemm",)),
     Mutant("experts-scale-group-n-halved", "triton-experts", _FE, (
         P("wsg_ptrs = ws_base + (g_rows // WS_ROW_DIV) * stride_wsn",
           "wsg_ptrs = ws_base + (g_rows // (2 * WS_ROW_DIV)) * stride_wsn"),),
