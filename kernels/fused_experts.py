@@ -161,8 +161,8 @@ def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, 
         else:
             z = tl.full([BLOCK_N], 8, tl.int32)
         q = w.to(tl.int32)
-        if W_CODES == 4:
-            q = (q >> ((offs_k % 2) * 4)[:, None]) & 0xF
+        if W_CODES == 4:  # w: [BLOCK_K / 2, BLOCK_N] bytes, K element 2i in byte i's low nibble, 2i + 1 in its high
+            q = tl.reshape(tl.permute(tl.join(q & 0xF, q >> 4), (0, 2, 1)), (2 * q.shape[0], BLOCK_N))
         w = (q - z[None, :]).to(a.dtype)
     if SCALE_IN_LOOP:
         sw = tl.load(ws_ptrs + grp * stride_wsg)
@@ -247,8 +247,8 @@ def _expert_tile(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + e64 * stride_ae + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_base = w_ptr + e64 * stride_we
-    if W_CODES == 4:
-        wk = offs_k // 2  # byte of each K element; its nibble is k % 2
+    if W_CODES == 4:  # the block's packed bytes, loaded once each (contiguous: vectorized), unpacked per K block
+        wk = tl.arange(0, BLOCK_K // 2)
         w_step = BLOCK_K // 2
     else:
         wk = offs_k
@@ -283,8 +283,12 @@ def _expert_tile(
             wg = tl.load(wg_ptrs)
         else:
             k_ok = offs_k < K - kk * BLOCK_K
+            if W_CODES == 4:
+                w_ok = 2 * wk < K - kk * BLOCK_K
+            else:
+                w_ok = k_ok
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
+            wg = tl.load(wg_ptrs, mask=w_ok[:, None], other=0.0)
         grp = (kk * BLOCK_K) // GROUP_K
         if SCALE_IN_LOOP and A_SCALE:
             sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
@@ -294,7 +298,7 @@ def _expert_tile(
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
-                wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
+                wu = tl.load(wu_ptrs, mask=w_ok[:, None], other=0.0)
             acc_u = _accumulate(acc_u, a, wu, u_rows, offs_k, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
                                 W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N, FP8_FAST)
         a_ptrs += BLOCK_K * stride_ak
