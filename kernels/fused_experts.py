@@ -146,7 +146,7 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
 
 
 @triton.jit
-def _accumulate(acc, a, w, rows, offs_k, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_zpg,
+def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_zpg,
                 W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, INT_DOT: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
                 IEEE: tl.constexpr, TF32: tl.constexpr, BLOCK_N: tl.constexpr, FP8_FAST: tl.constexpr):
     """acc + a . w for one K block of one weight half (gate or up): integer weights offset by their zero point,
@@ -292,14 +292,14 @@ def _expert_tile(
         grp = (kk * BLOCK_K) // GROUP_K
         if SCALE_IN_LOOP and A_SCALE:
             sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
-        acc_g = _accumulate(acc_g, a, wg, g_rows, offs_k, grp, sa, wsg_ptrs, stride_wsg, zpg_ptrs, stride_zpg,
+        acc_g = _accumulate(acc_g, a, wg, g_rows, grp, sa, wsg_ptrs, stride_wsg, zpg_ptrs, stride_zpg,
                             W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N, FP8_FAST)
         if GATED:
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
                 wu = tl.load(wu_ptrs, mask=w_ok[:, None], other=0.0)
-            acc_u = _accumulate(acc_u, a, wu, u_rows, offs_k, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
+            acc_u = _accumulate(acc_u, a, wu, u_rows, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
                                 W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N, FP8_FAST)
         a_ptrs += BLOCK_K * stride_ak
         wg_ptrs += w_step * stride_wk

@@ -223,16 +223,15 @@ def _gemm(moe: VllmMoe, a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.
     grid = (triton.cdiv(em, cfg["BLOCK_SIZE_M"]) * triton.cdiv(w.shape[1], cfg["BLOCK_SIZE_N"]),)
     if a_scale is not None and a_scale.ndim == 0:
         a_scale = a_scale.reshape(1)
-    bs = w_scale
     moe.module.fused_moe_kernel[grid](
-        a, w, c, None, a_scale, bs, topk_weights, sorted_ids, expert_ids, num_post,
+        a, w, c, None, a_scale, w_scale, topk_weights, sorted_ids, expert_ids, num_post,
         w.shape[1], w.shape[2], em, num_tokens, a.stride(0), a.stride(1), w.stride(0), w.stride(2), w.stride(1),
         c.stride(1), c.stride(2),
         a_scale.stride(0) if a_scale is not None and a_scale.ndim == 2 else 0,
         a_scale.stride(1) if a_scale is not None and a_scale.ndim == 2 else 0,
-        bs.stride(0) if bs is not None and bs.ndim >= 2 else 0,
-        bs.stride(2) if bs is not None and bs.ndim == 3 else 0,
-        bs.stride(1) if bs is not None and bs.ndim >= 2 else 0,
+        w_scale.stride(0) if w_scale is not None and w_scale.ndim >= 2 else 0,
+        w_scale.stride(2) if w_scale is not None and w_scale.ndim == 3 else 0,
+        w_scale.stride(1) if w_scale is not None and w_scale.ndim >= 2 else 0,
         0, 0, 0 if block_shape is None else block_shape[0], 0 if block_shape is None else block_shape[1],
         MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=tl.bfloat16 if c.dtype == torch.bfloat16
         else tl.float16, use_fp8_w8a8=fp8, use_int8_w8a8=int8, use_int8_w8a16=False,

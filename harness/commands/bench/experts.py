@@ -182,10 +182,9 @@ def verify_rows(inputs: dict[str, torch.Tensor], out: Callable[[], torch.Tensor]
         used, local = torch.unique(ids, return_inverse=True)
         sub = {"x": inputs["x"][picked], "topk_weights": inputs["topk_weights"][picked],
                "topk_ids": local.to(torch.int32)}
-        for name in ("w13", "w2", "w13_scale", "w2_scale", "w13_zp", "w2_zp"):
+        for name in ("w13", "w2", "w13_scale", "w2_scale", "w13_zp", "w2_zp"):  # each per expert along dim 0
             if name in inputs:
-                t = inputs[name]
-                sub[name] = t[used] if t.dim() > 1 or name in ("w13", "w2") else t[used] if t.numel() > 1 else t
+                sub[name] = inputs[name][used]
         features = {**_FEATURES, "quant_type": scheme[0], "quant_format": scheme[1]}
         case = Case(op="experts", adapter=adapter, features=features, seed=0,
                     shapes={"M": len(picked), "E": len(used), "k": ids.shape[1], "K": sub["x"].shape[1],
