@@ -85,6 +85,9 @@ class Config:
     num_stages: int = 3
     #: blocks whose valid rows fit in half the block run a block_m/2-row tile (see _moe_gemm_kernel)
     split_tail: bool = False
+    #: gated GEMM1: the gate and up columns of a tile as one dot over 2*block_n interleaved weight rows (one
+    #: accumulator, one MMA twice as wide), split in the epilogue; otherwise two block_n-wide dots
+    joint_gate_up: bool = False
 
 
 def _pow2(v: int, lo: int, hi: int) -> int:
@@ -129,7 +132,7 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
     if dtype == torch.float32:
         bk //= 2
     if fp8 and rows_per_expert > 24:
-        # fp8 operands (H100 sweeps, scripts/probe_fp8_experts.py; results/sm90/probe/): 64-row blocks with 128x128
+        # fp8 operands (H100 sweeps, scripts/probe_experts.py; results/sm90/probe/): 64-row blocks with 128x128
         # tiles (128-deep K blocks: fp8 elements are half as wide). DeepSeek-V3 M=4096, 128x128 block scales:
         # 3608 against 5966 us with the bf16 tables' 128-row tiles (M=1024: 1433 against 2051); per-channel
         # scales: 2624 against 4204. Block-scaled GEMM1 wants 8 warps, per-channel 4.
@@ -149,8 +152,8 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
 def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_zpg,
                 W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, INT_DOT: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
                 IEEE: tl.constexpr, TF32: tl.constexpr, BLOCK_N: tl.constexpr, FP8_FAST: tl.constexpr):
-    """acc + a . w for one K block of one weight half (gate or up): integer weights offset by their zero point,
-    K-block scales (G128) applied per block, exact int32 dots for int8."""
+    """acc + a . w for one K block of one weight tile (BLOCK_N weight rows): integer weights offset by their zero
+    point, K-block scales (G128) applied per block, exact int32 dots for int8."""
     if W_CODES != 0:
         if HAS_ZP:
             z = tl.load(zp_ptrs + grp * stride_zpg).to(tl.int32)
@@ -160,10 +163,34 @@ def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_z
             z = tl.full([BLOCK_N], 128, tl.int32)
         else:
             z = tl.full([BLOCK_N], 8, tl.int32)
-        q = w.to(tl.int32)
-        if W_CODES == 4:  # w: [BLOCK_K / 2, BLOCK_N] bytes, K element 2i in byte i's low nibble, 2i + 1 in its high
-            q = tl.reshape(tl.permute(tl.join(q & 0xF, q >> 4), (0, 2, 1)), (2 * q.shape[0], BLOCK_N))
-        w = (q - z[None, :]).to(a.dtype)
+        # Codes to floats without int->float conversions (16 a clock per SM: they bounded decode): a code ORed
+        # into the mantissa of a float whose unit in the last place is 1 is that float plus the code, and
+        # subtracting (that float + z) leaves q - z exactly (an integer of at most 9 bits).
+        if W_CODES == 4:
+            if a.dtype == tl.float16:
+                magic = 1024.0
+                bits = 0x6400
+            else:
+                magic = 128.0
+                bits = 0x4300
+            zf = (z.to(tl.float32) + magic).to(a.dtype)[None, :]
+            # w: [BLOCK_K / 2, BLOCK_N] bytes, K element 2i in byte i's low nibble, 2i + 1 in its high nibble;
+            # the even and odd K elements of a meet the low and high nibbles in two half-depth dots
+            w_lo = ((w & 0xF).to(tl.uint16) | bits).to(tl.uint16).to(a.dtype, bitcast=True) - zf
+            w_hi = ((w >> 4).to(tl.uint16) | bits).to(tl.uint16).to(a.dtype, bitcast=True) - zf
+            a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], a.shape[1] // 2, 2)))
+            if SCALE_IN_LOOP:
+                sw = tl.load(ws_ptrs + grp * stride_wsg)
+                acc += tl.dot(a_odd, w_hi, tl.dot(a_even, w_lo)) * sw[None, :]
+            else:
+                acc = tl.dot(a_odd, w_hi, tl.dot(a_even, w_lo, acc))
+            return acc
+        if a.dtype == tl.float16:  # 1024 + q exact in fp16
+            w = (w.to(tl.uint16) | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True) - (z.to(tl.float32) + 1024.0).to(
+                tl.float16)[None, :]
+        else:  # 2**23 + q exact in fp32; q - z then rounds exactly to bf16
+            w = ((w.to(tl.uint32) | 0x4B000000).to(tl.uint32).to(tl.float32, bitcast=True)
+                 - (z.to(tl.float32) + 8388608.0)[None, :]).to(a.dtype)
     if SCALE_IN_LOOP:
         sw = tl.load(ws_ptrs + grp * stride_wsg)
         if INT_DOT:
@@ -206,10 +233,12 @@ def _expert_tile(
     A_SCALE: tl.constexpr, W_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     GROUP_K: tl.constexpr, WS_ROW_DIV: tl.constexpr, INT_DOT: tl.constexpr,
     W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr, FP8_FAST: tl.constexpr,
+    JOINT: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N output tile of expert e: rows from `row_start` (standard: an offset into
     sorted_ids; batched: the expert's first row, valid below `count`; PER_SLOT: the slot), columns of tile
-    pid_n. BLOCK_M may be half the layout's block (a tail block whose valid rows fit in its first half)."""
+    pid_n. BLOCK_M may be half the layout's block (a tail block whose valid rows fit in its first half).
+    JOINT (gated): one accumulator over 2*BLOCK_N weight rows, gate and up of each column side by side."""
     offs_r = tl.arange(0, BLOCK_M)
     if BATCHED:
         r = row_start + offs_r
@@ -234,16 +263,27 @@ def _expert_tile(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_nw = offs_n % N  # wrapped columns: weight loads need no mask, the store masks them
-    if GATED:
+    if JOINT:  # tile column 2j is column j's gate row, 2j + 1 its up row
+        TILE_N: tl.constexpr = 2 * BLOCK_N
+        offs_t = tl.arange(0, TILE_N)
+        col = (pid_n * BLOCK_N + offs_t // 2) % N
         if INTERLEAVED:
-            g_rows = 2 * offs_nw
-            u_rows = g_rows + 1
+            g_rows = 2 * col + offs_t % 2
+        else:
+            g_rows = col + (offs_t % 2) * N
+        u_rows = g_rows
+    else:
+        TILE_N: tl.constexpr = BLOCK_N
+        if GATED:
+            if INTERLEAVED:
+                g_rows = 2 * offs_nw
+                u_rows = g_rows + 1
+            else:
+                g_rows = offs_nw
+                u_rows = offs_nw + N
         else:
             g_rows = offs_nw
-            u_rows = offs_nw + N
-    else:
-        g_rows = offs_nw
-        u_rows = offs_nw
+            u_rows = offs_nw
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + e64 * stride_ae + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_base = w_ptr + e64 * stride_we
@@ -275,8 +315,8 @@ def _expert_tile(
         else:
             zpg_ptrs = zp_base + g_rows * stride_zpn
             zpu_ptrs = zp_base + u_rows * stride_zpn
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_M, TILE_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, TILE_N], dtype=tl.float32)
     for kk in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
@@ -293,14 +333,14 @@ def _expert_tile(
         if SCALE_IN_LOOP and A_SCALE:
             sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
         acc_g = _accumulate(acc_g, a, wg, g_rows, grp, sa, wsg_ptrs, stride_wsg, zpg_ptrs, stride_zpg,
-                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N, FP8_FAST)
-        if GATED:
+                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, TILE_N, FP8_FAST)
+        if GATED and not JOINT:
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
                 wu = tl.load(wu_ptrs, mask=w_ok[:, None], other=0.0)
             acc_u = _accumulate(acc_u, a, wu, u_rows, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
-                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, BLOCK_N, FP8_FAST)
+                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, TILE_N, FP8_FAST)
         a_ptrs += BLOCK_K * stride_ak
         wg_ptrs += w_step * stride_wk
         wu_ptrs += w_step * stride_wk
@@ -311,7 +351,7 @@ def _expert_tile(
         else:
             sa = tl.full([BLOCK_M], 1.0, tl.float32)
         acc_g = acc_g * (sa[:, None] * tl.load(wsg_ptrs)[None, :])
-        if GATED:
+        if GATED and not JOINT:
             acc_u = acc_u * (sa[:, None] * tl.load(wsu_ptrs)[None, :])
     if WEIGHT_MODE == 1:
         rw = tl.load(rw_ptr + w_rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -320,8 +360,10 @@ def _expert_tile(
     if HAS_BIAS:
         b_base = bias_ptr + e64 * stride_be
         acc_g += tl.load(b_base + g_rows * stride_bn).to(tl.float32)[None, :]
-        if GATED:
+        if GATED and not JOINT:
             acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]
+    if JOINT:
+        acc_g, acc_u = tl.split(tl.reshape(acc_g, (BLOCK_M, BLOCK_N, 2)))
     # Activations in fp32, inlined (nested jit calls cost a lot in the interpreter). silu(g) = g / (1 + exp(-g)),
     # gelu(g) = g/2 (1 + erf(g / sqrt 2)).
     if ACT == 1:
@@ -372,6 +414,7 @@ def _moe_gemm_kernel(
     GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
     W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
     SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False, FP8_FAST: tl.constexpr = False,
+    JOINT: tl.constexpr = False,
 ):
     """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
 
@@ -393,6 +436,8 @@ def _moe_gemm_kernel(
 
     SPLIT_TAIL: a block whose valid rows fit in its first half (an expert's last, mostly empty block) runs a
     BLOCK_M/2-row tile: half the MMA work, the same weight reads.
+
+    JOINT (gated only): gate and up in one dot over 2*BLOCK_N interleaved weight rows (Config.joint_gate_up).
     """
     pid = tl.program_id(0)
     in_group = GROUP_M * num_pid_n
@@ -433,14 +478,16 @@ def _moe_gemm_kernel(
                          stride_asm, stride_asg, stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn,
                          stride_zpg, alpha, beta, limit, ACT, GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED,
                          IEEE, TF32, EVEN_K, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K,
-                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST)
+                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST,
+                 JOINT)
             return
     _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e, row_start, count,
                  pid_n, num_valid, N, K, rows_per_expert, a_row_div, stride_ae, stride_am, stride_ak, stride_we,
                  stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn, stride_asm, stride_asg,
                  stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT,
                  GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, TF32, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
-                 A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST)
+                 A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST,
+                 JOINT)
 
 
 @triton.jit(do_not_specialize=["M", "top_k"])
@@ -597,6 +644,7 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         PER_SLOT=bool(st and st.per_slot), SLOT_MAP=bool(st and st.mapped),
         SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot), FP8_FAST=fp8_fast,
+        JOINT=cfg.joint_gate_up and act in GATED,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(q.constexprs(cfg.block_k) if q else {}),
     )
 

@@ -135,12 +135,14 @@ def tie_rows(case: Case, x: torch.Tensor) -> None:
     qd, qmax, e = ("int8", 127.0, -5) if qt == "int8_w8a8" else ("fp8_e4m3fn", 448.0, -7)
     flat = x.view(-1, x.shape[-1])
     r, k = flat.shape
-    seg = 128 if qf == "G128" else k  # G128: K is a multiple of 128
+    seg = 128 if qf == "G128" else k
     g = gen.generator(case, "x_ties")
     sign = torch.where(torch.rand((r, k), generator=g) < 0.5, -1.0, 1.0)
     # peaks about 6 and 7: above any randn row, so that a per-tensor amax is a peak too
     vals = sign * _midpoints(qd, (r, k), g, int8_below=16) * 1.75 * 2.0**e
-    peak = torch.randint(0, seg, (r, -(-k // seg)), generator=g) + torch.arange(0, k, seg)[None, :]
+    starts = torch.arange(0, k, seg)
+    # one peak in each group (a ragged last group of G128 is narrower)
+    peak = torch.randint(0, seg, (r, len(starts)), generator=g) % (k - starts).clamp(max=seg) + starts
     vals.scatter_(1, peak, sign.gather(1, peak) * qmax * 1.75 * 2.0**e)
     flat[0::2] = vals[0::2].to(x.dtype)
 

@@ -126,6 +126,44 @@ def test_weight_on_input_with_non_unit_weights() -> None:
     assert cmp.passed, cmp.reason
 
 
+
+# GEMM1 with gate and up in one dot (Config.joint_gate_up) against the op spec: tiles small enough that N=40 has
+# a wrapped column tile (G128 needs N = 128), BLOCK_K 32 so ragged K (unquantized, w4a16 A), several K groups
+# (G128) and w4's half-depth dots are exercised
+_JOINT = (fk.Config(32, 16, 32, group_m=1, num_warps=4, num_stages=2, split_tail=True, joint_gate_up=True),
+          fk.Config(32, 32, 32, group_m=1, num_warps=4, num_stages=2, split_tail=True))
+_JOINT_CASES = [
+    dict(features={"activation": "silu", "bias": "Y", "expert_map": "Y"}, params={"local_experts": 4}, K=72),
+    dict(features={"activation": "swigluoai", "bias": "Y", "dtype": "float16"}, K=72),
+    dict(features={"activation": "gelu", "dtype": "float32", "apply_weight_on_input": "Y"}, k=1, K=72),
+    dict(features={"quant_type": "fp8_w8a8", "quant_format": "G128", "activation": "swigluoai"}, N=128),
+    dict(features={"quant_type": "fp8_w8a8", "quant_format": "T", "expert_map": "Y"}, params={"local_experts": 4}),
+    dict(features={"quant_type": "int8_w8a8", "quant_format": "A", "bias": "Y"}),
+    dict(features={"quant_type": "w8a16_zp", "quant_format": "G128", "dtype": "float16"}, N=128),
+    dict(features={"quant_type": "w4a16", "quant_format": "A", "activation": "swigluoai"}, K=200),
+    dict(features={"quant_type": "w4a16_zp", "quant_format": "G128", "dtype": "float16"}, N=128),
+    dict(features={"format": "batched", "quant_type": "w4a16", "quant_format": "G128"}, N=128),
+]
+
+
+@pytest.mark.parametrize("case", _JOINT_CASES, ids=lambda d: "-".join(f"{v}" for v in d["features"].values()))
+def test_joint_gate_up_tile(case: dict) -> None:
+    features = case["features"]
+    batched = features.get("format") == "batched"
+
+    def run(c: Case, inputs: dict, outputs: dict) -> None:
+        if batched:
+            bk.batched_experts(inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"],
+                               activation=ea.ACTIVATIONS[c.features["activation"]], out=outputs["out"],
+                               quant=ea._quant(c.features, inputs), configs=_JOINT)
+        else:
+            ea._run_standard("triton-experts", ea.TRITON_STANDARD, c, inputs, outputs, configs=_JOINT)
+
+    adapter = dataclasses.replace(ea.TRITON_BATCHED_ADAPTER if batched else ea.TRITON, run=run)
+    rows = {"max_tokens": 11} if batched else {"M": 13, "k": case.get("k", 2)}
+    shapes = {"E": 6, "K": case.get("K", 256), "N": case.get("N", 40), **rows}
+    _judge(adapter, seed=4, features=features, shapes=shapes, params=case.get("params"))
+
 def test_triton_batched_counts_zero_and_full() -> None:
     torch.manual_seed(3)
     e, t, hidden, n = 4, 19, 40, 24
