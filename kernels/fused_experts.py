@@ -163,53 +163,49 @@ def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_z
             z = tl.full([BLOCK_N], 128, tl.int32)
         else:
             z = tl.full([BLOCK_N], 8, tl.int32)
-        # Codes to floats without int->float conversions (16 a clock per SM: they bounded decode): a code ORed
-        # into the mantissa of a float whose unit in the last place is 1 is that float plus the code, and
-        # subtracting (that float + z) leaves q - z exactly (an integer of at most 9 bits).
-        if W_CODES == 4:
-            if a.dtype == tl.float16:
-                magic = 1024.0
-                bits = 0x6400
-            else:
-                magic = 128.0
-                bits = 0x4300
-            zf = (z.to(tl.float32) + magic).to(a.dtype)[None, :]
-            # w: [BLOCK_K / 2, BLOCK_N] bytes, K element 2i in byte i's low nibble, 2i + 1 in its high nibble;
-            # the even and odd K elements of a meet the low and high nibbles in two half-depth dots
-            w_lo = ((w & 0xF).to(tl.uint16) | bits).to(tl.uint16).to(a.dtype, bitcast=True) - zf
-            w_hi = ((w >> 4).to(tl.uint16) | bits).to(tl.uint16).to(a.dtype, bitcast=True) - zf
-            a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], a.shape[1] // 2, 2)))
-            if SCALE_IN_LOOP:
-                sw = tl.load(ws_ptrs + grp * stride_wsg)
-                acc += tl.dot(a_odd, w_hi, tl.dot(a_even, w_lo)) * sw[None, :]
-            else:
-                acc = tl.dot(a_odd, w_hi, tl.dot(a_even, w_lo, acc))
-            return acc
-        if a.dtype == tl.float16:  # 1024 + q exact in fp16
-            w = (w.to(tl.uint16) | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True) - (z.to(tl.float32) + 1024.0).to(
-                tl.float16)[None, :]
-        else:  # 2**23 + q exact in fp32; q - z then rounds exactly to bf16
-            w = ((w.to(tl.uint32) | 0x4B000000).to(tl.uint32).to(tl.float32, bitcast=True)
-                 - (z.to(tl.float32) + 8388608.0)[None, :]).to(a.dtype)
-    if SCALE_IN_LOOP:
-        sw = tl.load(ws_ptrs + grp * stride_wsg)
-        if INT_DOT:
-            part = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
-        elif FP8_FAST:  # the tensor core's reduced-precision sum over the whole K block, promoted per block
-            part = tl.dot(a, w)
+    if W_CODES == 4:
+        # w: [BLOCK_K / 2, BLOCK_N] bytes, K element 2i in byte i's low nibble, 2i + 1 in its high nibble. Codes
+        # become floats without int->float conversions (16 a clock per SM: they bounded w4 decode): a nibble ORed
+        # into the mantissa of a float whose last place is 1 (128 in bf16, 1024 in fp16) is that float plus the
+        # nibble, and subtracting (that float + z) leaves q - z exactly. The even and odd K elements of a meet
+        # the low and high nibbles in two half-depth dots (no shuffle of the weights).
+        if a.dtype == tl.float16:
+            magic = 1024.0
+            bits = 0x6400
         else:
-            part = tl.dot(a, w, max_num_imprecise_acc=0)
-        acc += part * (sa[:, None] * sw[None, :])
-    elif INT_DOT:
-        acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
-    elif IEEE:
-        acc = tl.dot(a, w, acc, input_precision="ieee")
-    elif TF32:  # fp32 operands read as TF32 by the tensor cores (fused_experts(fp32_precision="tf32"))
-        acc = tl.dot(a, w, acc, input_precision="tf32")
-    elif FP8_FAST:  # the K block's reduced-precision sum, added to the fp32 accumulator (promoted per block)
-        acc += tl.dot(a, w)
+            magic = 128.0
+            bits = 0x4300
+        zf = (z.to(tl.float32) + magic).to(a.dtype)[None, :]
+        w_lo = ((w & 0xF).to(tl.uint16) | bits).to(tl.uint16).to(a.dtype, bitcast=True) - zf
+        w_hi = ((w >> 4).to(tl.uint16) | bits).to(tl.uint16).to(a.dtype, bitcast=True) - zf
+        a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], a.shape[1] // 2, 2)))
+        if SCALE_IN_LOOP:
+            sw = tl.load(ws_ptrs + grp * stride_wsg)
+            acc += tl.dot(a_odd, w_hi, tl.dot(a_even, w_lo)) * sw[None, :]
+        else:
+            acc = tl.dot(a_odd, w_hi, tl.dot(a_even, w_lo, acc))
     else:
-        acc = tl.dot(a, w, acc, max_num_imprecise_acc=0)
+        if W_CODES == 8:  # (a float-mantissa trick measured slower here than the conversion: 1097 vs 975 us)
+            w = (w.to(tl.int32) - z[None, :]).to(a.dtype)
+        if SCALE_IN_LOOP:
+            sw = tl.load(ws_ptrs + grp * stride_wsg)
+            if INT_DOT:
+                part = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
+            elif FP8_FAST:  # the tensor core's reduced-precision sum over the whole K block, promoted per block
+                part = tl.dot(a, w)
+            else:
+                part = tl.dot(a, w, max_num_imprecise_acc=0)
+            acc += part * (sa[:, None] * sw[None, :])
+        elif INT_DOT:
+            acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
+        elif IEEE:
+            acc = tl.dot(a, w, acc, input_precision="ieee")
+        elif TF32:  # fp32 operands read as TF32 by the tensor cores (fused_experts(fp32_precision="tf32"))
+            acc = tl.dot(a, w, acc, input_precision="tf32")
+        elif FP8_FAST:  # the K block's reduced-precision sum, added to the fp32 accumulator (promoted per block)
+            acc += tl.dot(a, w)
+        else:
+            acc = tl.dot(a, w, acc, max_num_imprecise_acc=0)
     return acc
 
 
