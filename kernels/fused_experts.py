@@ -9,7 +9,8 @@ Launches, no host synchronization:
    convention); the reduce skips them. Decode batches of at most PER_SLOT_MAX slots skip it: each slot is
    its own block (PER_SLOT), its expert read by the GEMM from topk_ids.
 2. `_moe_gemm_kernel` as GEMM1: gathers rows x[id // k], multiplies by W13[e]^T with the gate and up tiles of
-   the same activation columns in two fp32 accumulators, applies the router weight (apply-on-input: on the fp32
+   the same activation columns in two fp32 accumulators (or, with `Config.joint_gate_up`, in one dot over their
+   interleaved rows, split in the epilogue), applies the router weight (apply-on-input: on the fp32
    accumulator before the bias, which equals weighting x in exact arithmetic), adds b13, applies the activation in
    fp32 and stores `a` rounded once to x.dtype, one row per (token, slot).
 3. `_moe_gemm_kernel` as GEMM2: a . W2[e]^T in fp32, + b2, times the router weight on the fp32 accumulator
@@ -132,11 +133,15 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
     if dtype == torch.float32:
         bk //= 2
     if fp8 and rows_per_expert > 24:
-        # fp8 operands (H100 sweeps, scripts/probe_experts.py; results/sm90/probe/): 64-row blocks with 128x128
-        # tiles (128-deep K blocks: fp8 elements are half as wide). DeepSeek-V3 M=4096, 128x128 block scales:
-        # 3608 against 5966 us with the bf16 tables' 128-row tiles (M=1024: 1433 against 2051); per-channel
-        # scales: 2624 against 4204. Block-scaled GEMM1 wants 8 warps, per-channel 4.
-        return Config(64, 128, 128, group_m=8, num_warps=8 if gated and fp8 == "G128" else 4, num_stages=3)
+        # fp8 operands (H100 sweeps, scripts/probe_experts.py; results/sm90/probe/): 64-row blocks with 128-deep K
+        # blocks (fp8 elements are half as wide). DeepSeek-V3 M=4096, 128x128 block scales: 3608 against 5966 us
+        # with the bf16 tables' 128-row tiles. A gated GEMM1 runs gate and up as one 128-wide joint dot
+        # (session 11, every shape faster than two 128-wide accumulators with 8 warps; G128 M=4096, fast / default
+        # accumulation: DeepSeek-V3 2116 / 3359 against 2313 / 3817 us, Qwen3 785 / 1329 against 911 / 1483,
+        # Mixtral 2354 / 4765 (4 stages) against 2800 / 5264; Mixtral fp8 A fast 2017 against 2291).
+        if gated:
+            return Config(64, 64, 128, group_m=8, num_warps=4, num_stages=3, joint_gate_up=True)
+        return Config(64, 128, 128, group_m=8, num_warps=4, num_stages=3)
     if max_block_k:
         bk = min(bk, max_block_k)
     return Config(bm, bn, bk, group_m=1 if bm <= 32 else 8, num_warps=warps, num_stages=stages,

@@ -229,6 +229,7 @@ def test_tile_heuristic_invariants(gpu_branch: bool, monkeypatch: pytest.MonkeyP
                     assert c1.block_m == c2.block_m >= 16
                     assert min(c1.block_n, c1.block_k, c2.block_n, c2.block_k) >= 16
                     assert not cap or (cap % c1.block_k == 0 and cap % c2.block_k == 0)
+                    assert not c2.joint_gate_up  # GEMM2 has no gate
                     fk.gemm_configs((c1, c2), rows, 512, 7168, dt, act=1, experts=experts, quant=None)
 
 
