@@ -105,10 +105,11 @@ _MIN_PROGRAMS = 264
 
 
 def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *, gated: bool,
-                  experts: int = 0, max_block_k: int = 0, fp8: str = "") -> Config:
+                  experts: int = 0, max_block_k: int = 0, fp8: str = "", fp8_fast: bool = False) -> Config:
     """Tiles for one GEMM whose output has `n` columns and whose reduction is `k` long; `experts`: the expert
     blocks the layout will hold (about min(E, M*k); 0 if unknown); `max_block_k`: a cap on BLOCK_K (a K-group
-    scale that BLOCK_K must divide; 0: none); `fp8`: the scale format of fp8 operands (G128, A, T; "": not fp8).
+    scale that BLOCK_K must divide; 0: none); `fp8`: the scale format of fp8 operands (G128, A, T; "": not fp8);
+    `fp8_fast`: fp8 dots with fast accumulation (fused_experts(fp8_fast_accum=True)).
 
     Heuristic (from the sweep in results/sm90/tune/, H200):
     - interpreter: one program per expert block and few, large tiles (numpy cost is per program);
@@ -135,11 +136,16 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
     if fp8 and rows_per_expert > 24:
         # fp8 operands (H100 sweeps, scripts/probe_experts.py; results/sm90/probe/): 64-row blocks with 128-deep K
         # blocks (fp8 elements are half as wide). DeepSeek-V3 M=4096, 128x128 block scales: 3608 against 5966 us
-        # with the bf16 tables' 128-row tiles. A gated GEMM1 runs gate and up as one 128-wide joint dot
-        # (session 11, every shape faster than two 128-wide accumulators with 8 warps; G128 M=4096, fast / default
-        # accumulation: DeepSeek-V3 2116 / 3359 against 2313 / 3817 us, Qwen3 785 / 1329 against 911 / 1483,
-        # Mixtral 2354 / 4765 (4 stages) against 2800 / 5264; Mixtral fp8 A fast 2017 against 2291).
-        if gated:
+        # with the bf16 tables' 128-row tiles. A gated GEMM1 runs gate and up as one 128-wide joint dot (session
+        # 11, M=4096, each pair timed in one run) where that won at every shape probed:
+        # - G128, both accumulations (fast / default): DeepSeek-V3 2116 / 3359 against 2313 / 3817 us with two
+        #   128-wide accumulators and 8 warps, Qwen3 785 / 1329 against 911 / 1483, Mixtral 2354 / 4765 (4 stages)
+        #   against 2800 / 5264;
+        # - per-channel/per-tensor scales with fast accumulation: Mixtral A 1999 against 2182, DeepSeek-V3 A 2036
+        #   against 2136, Qwen3 T 761 against 818;
+        # - but not per-channel/per-tensor with the default accumulation, which keeps two 128-wide accumulators
+        #   (Mixtral A 3280 against 3464 joint, DeepSeek-V3 A 2604 against 2802, Qwen3 T 1044 against 1110).
+        if gated and (fp8 == "G128" or fp8_fast):
             return Config(64, 64, 128, group_m=8, num_warps=4, num_stages=3, joint_gate_up=True)
         return Config(64, 128, 128, group_m=8, num_warps=4, num_stages=3)
     if max_block_k:
@@ -564,14 +570,16 @@ def sort_tokens(topk_ids: torch.Tensor, num_local: int, block_m: int,
 
 
 def gemm_configs(configs: tuple[Config, Config] | None, rows_per_expert: float, n: int, k_dim: int,
-                 dtype: torch.dtype, *, act: int, experts: int, quant: ExpertsQuant | None) -> tuple[Config, Config]:
+                 dtype: torch.dtype, *, act: int, experts: int, quant: ExpertsQuant | None,
+                 fp8_fast: bool = False) -> tuple[Config, Config]:
     """The (GEMM1, GEMM2) tiles: the caller's, checked, or `choose_config`'s. A quantized scheme with K-group
-    scales (G128) caps BLOCK_K at 128: its scales are applied per K block, so BLOCK_K must divide the group."""
+    scales (G128) caps BLOCK_K at 128: its scales are applied per K block, so BLOCK_K must divide the group.
+    fp8_fast: the fp8 dots use fast accumulation (it changes the best tiles)."""
     if configs is None:
         cap = 128 if quant is not None and quant.quant_format == "G128" else 0
         fp8 = quant.quant_format if quant is not None and quant.quant_type == "fp8_w8a8" else ""
         configs = (choose_config(rows_per_expert, n, k_dim, dtype, gated=act in GATED, experts=experts,
-                                 max_block_k=cap, fp8=fp8),
+                                 max_block_k=cap, fp8=fp8, fp8_fast=fp8_fast),
                    choose_config(rows_per_expert, k_dim, n, dtype, gated=False, experts=experts, max_block_k=cap,
                                  fp8=fp8))
     if configs[0].block_m != configs[1].block_m:
@@ -713,7 +721,7 @@ def fused_experts(
     if num_local == 0:  # no local expert: the partial sum is zero
         return out.zero_()
     c1, c2 = gemm_configs(configs, numel / min(num_local, numel), n, k_dim, x.dtype, act=act,
-                          experts=min(num_local, numel), quant=quant)
+                          experts=min(num_local, numel), quant=quant, fp8_fast=fp8_fast_accum)
     ids = topk_ids.reshape(-1).contiguous()
     if numel <= PER_SLOT_MAX:
         st = slot_blocks(ids, c1.block_m, expert_map)

@@ -222,10 +222,12 @@ def test_tile_heuristic_invariants(gpu_branch: bool, monkeypatch: pytest.MonkeyP
     for rows in (1, 8, 9, 16, 17, 25, 64, 300, 5000):
         for dt in (torch.bfloat16, torch.float32):
             for experts in (0, 2, 256):
-                for cap, fp8 in ((0, ""), (128, ""), (128, "G128"), (0, "A"), (0, "T")):
-                    c1 = fk.choose_config(rows, 512, 7168, dt, gated=True, experts=experts, max_block_k=cap, fp8=fp8)
+                for cap, fp8, fast in ((0, "", False), (128, "", False), (128, "G128", False), (0, "A", False),
+                                       (0, "T", False), (128, "G128", True), (0, "A", True)):
+                    c1 = fk.choose_config(rows, 512, 7168, dt, gated=True, experts=experts, max_block_k=cap, fp8=fp8,
+                                          fp8_fast=fast)
                     c2 = fk.choose_config(rows, 7168, 512, dt, gated=False, experts=experts, max_block_k=cap,
-                                          fp8=fp8)
+                                          fp8=fp8, fp8_fast=fast)
                     assert c1.block_m == c2.block_m >= 16
                     assert min(c1.block_n, c1.block_k, c2.block_n, c2.block_k) >= 16
                     assert not cap or (cap % c1.block_k == 0 and cap % c2.block_k == 0)

@@ -256,14 +256,15 @@ def _ours(p: _Point) -> Iterator[BenchCase]:
 
     s, (qt, qf), out = p.s, p.scheme, torch.empty_like(p.inp["x"])
     numel = p.m * s["k"]
-    configs = gemm_configs(None, numel / min(s["E"], numel), s["N"], s["K"], torch.bfloat16, act=1,
-                           experts=min(s["E"], numel), quant=p.quant)
     variants = [("triton-experts", {})] + ([(FAST, {"fp8_fast_accum": True})] if qt == "fp8_w8a8" else [])
     for adapter, options in variants:
+        configs = gemm_configs(None, numel / min(s["E"], numel), s["N"], s["K"], torch.bfloat16, act=1,
+                               experts=min(s["E"], numel), quant=p.quant, fp8_fast=bool(options))
+
         def run(options=options) -> torch.Tensor:
             return fused_experts(*p.args, out=out, quant=p.quant, **options)
 
-        def rerun(sub: dict[str, torch.Tensor], options=options) -> torch.Tensor:
+        def rerun(sub: dict[str, torch.Tensor], options=options, configs=configs) -> torch.Tensor:
             q = None if qt == "none" else ExpertsQuant(qt, qf, sub["w13_scale"], sub["w2_scale"], sub.get("w13_zp"),
                                                        sub.get("w2_zp"))
             return fused_experts(sub["x"], sub["w13"], sub["w2"], sub["topk_weights"], sub["topk_ids"], quant=q,
