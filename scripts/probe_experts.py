@@ -139,19 +139,24 @@ def probe_m(name: str, s: dict, m: int, weights, qw: dict, scheme: tuple[str, st
             lambda: fused_experts(*call, out=out, quant=quant, configs=(cfg(b1), cfg(b2)),
                                   fp8_fast_accum=modes[-1]))})
     if moe is not None and quant is not None and quant.w8a8:
-        from harness.commands.bench import _vllm
+        probe_vllm(name, s, m, call, qw, quant, floor, moe, record)
 
-        vcfg, source = moe.config(m, s["E"], s["N"], s["K"], s["k"], quant.quant_type,
-                                  [128, 128] if quant.quant_format == "G128" else None)
 
-        def vllm(call=call, vcfg=vcfg):
-            return _vllm.fused_experts(moe, *call, quant_type=quant.quant_type, quant_format=quant.quant_format,
-                                       w13_scale=qw["w13_scale"], w2_scale=qw["w2_scale"], config=vcfg)
+def probe_vllm(name: str, s: dict, m: int, call: tuple, qw: dict, quant, floor: float, moe, record) -> None:
+    """vLLM's kernel (its config for this device, or its default) on the same inputs, and its profile."""
+    from harness.commands.bench import _vllm
 
-        t = do_bench_graph(vllm, reps=20)
-        record({"shape": name, "M": m, "which": "vllm", "config": source, "cfg": vcfg,
-                "us": round(t * 1e6, 1), "pct_floor": round(100 * floor / t, 1)})
-        record({"shape": name, "M": m, "which": "breakdown-vllm", "kernels": breakdown(vllm)})
+    vcfg, source = moe.config(m, s["E"], s["N"], s["K"], s["k"], quant.quant_type,
+                              [128, 128] if quant.quant_format == "G128" else None)
+
+    def vllm():
+        return _vllm.fused_experts(moe, *call, quant_type=quant.quant_type, quant_format=quant.quant_format,
+                                   w13_scale=qw["w13_scale"], w2_scale=qw["w2_scale"], config=vcfg)
+
+    t = do_bench_graph(vllm, reps=20)
+    record({"shape": name, "M": m, "which": "vllm", "config": source, "cfg": vcfg,
+            "us": round(t * 1e6, 1), "pct_floor": round(100 * floor / t, 1)})
+    record({"shape": name, "M": m, "which": "breakdown-vllm", "kernels": breakdown(vllm)})
 
 
 def main() -> int:

@@ -192,9 +192,10 @@ MUTANTS: tuple[Mutant, ...] = (
         {"weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
     # ------------------------------------------------------------------------------------------ experts
     Mutant("experts-gate-up-swapped", "triton-experts", _FE, (
-        P("            g_rows = offs_nw\n            u_rows = offs_nw + N\n",
-          "            g_rows = offs_nw + N\n            u_rows = offs_nw\n"),),
-        "gate and up swapped", {"activation": ("silu", "gelu")}),
+        P("                g_rows = offs_nw\n                u_rows = offs_nw + N\n",
+          "                g_rows = offs_nw + N\n                u_rows = offs_nw\n"),
+        P("            g_rows = col + (offs_t % 2) * N\n", "            g_rows = col + (1 - offs_t % 2) * N\n")),
+        "gate and up swapped (both tile layouts)", {"activation": ("silu", "gelu")}),
     Mutant("experts-swigluoai-not-interleaved", "triton-experts", _FE, (
         P('launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=activation == "swigluoai",',
           "launch_gemm(x, w13, w13_bias, inter, rw, c1, act=act, interleaved=False,"),),
@@ -234,7 +235,8 @@ MUTANTS: tuple[Mutant, ...] = (
         P('SWIGLUOAI_PARAMS = {"alpha": 1.702,', 'SWIGLUOAI_PARAMS = {"alpha": 1.5,'),),
         "swigluoai's alpha constant wrong in the kernel", {"activation": ("swigluoai",)}),
     *(Mutant(f"experts-g128-weight-scale-{pct}pct", "triton-experts", _FE, (
-        P("sw = tl.load(ws_ptrs + grp * stride_wsg)", f"sw = tl.load(ws_ptrs + grp * stride_wsg) * {1 + pct / 100}"),),
+        P("sw = tl.load(ws_ptrs + grp * stride_wsg)\n            if INT_DOT:",
+          f"sw = tl.load(ws_ptrs + grp * stride_wsg) * {1 + pct / 100}\n            if INT_DOT:"),),
         f"G128 weight block scales {pct}% too large", {"quant_format": ("G128",), "quant_type": ("fp8_w8a8",)})
       for pct in (2, 5, 10)),
     Mutant("experts-channel-weight-scale-2pct", "triton-experts", _FE, (
@@ -246,8 +248,8 @@ MUTANTS: tuple[Mutant, ...] = (
           "    if HAS_BIAS:\n        b_base = bias_ptr + e64 * stride_be\n        if WEIGHT_MODE == 1:\n"
           "            acc_g = acc_g / rw[:, None]\n            if GATED:\n"
           "                acc_u = acc_u / rw[:, None]\n"),
-        P("        if GATED:\n            acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]\n",
-          "        if GATED:\n            acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]\n"
+        P("            acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]\n",
+          "            acc_u += tl.load(b_base + u_rows * stride_bn).to(tl.float32)[None, :]\n"
           "        if WEIGHT_MODE == 1:\n            acc_g = acc_g * rw[:, None]\n            if GATED:\n"
           "                acc_u = acc_u * rw[:, None]\n")),
         "GEMM1 bias multiplied by the router weight when it is applied on the input (vLLM's divergence)",
