@@ -243,6 +243,12 @@ MUTANTS: tuple[Mutant, ...] = (
         P("acc_g = acc_g * (sa[:, None] * tl.load(wsg_ptrs)[None, :])",
           "acc_g = acc_g * (sa[:, None] * tl.load(wsg_ptrs)[None, :] * 1.02)"),),
         "per-channel weight scales 2% too large (gate half)", {"quant_format": ("A",), "quant_type": ("fp8_w8a8",)}),
+    Mutant("experts-w4-nibbles-swapped", "triton-experts", _FE, (
+        P("a_even, a_odd = tl.split(", "a_odd, a_even = tl.split("),),
+        "w4 codes: the low nibble taken as the odd K element", {"quant_type": ("w4a16", "w4a16_zp")}),
+    Mutant("experts-w4-zero-point-wrong-nibble", "triton-experts", _FE, (
+        P("z = (z >> ((rows % 2) * 4)) & 0xF", "z = (z >> (((rows + 1) % 2) * 4)) & 0xF"),),
+        "w4 zero points: the neighbouring row's nibble", {"quant_type": ("w4a16_zp",)}),
     Mutant("experts-bias-times-router-weight", "triton-experts", _FE, (
         P("    if HAS_BIAS:\n        b_base = bias_ptr + e64 * stride_be\n",
           "    if HAS_BIAS:\n        b_base = bias_ptr + e64 * stride_be\n        if WEIGHT_MODE == 1:\n"
