@@ -8,10 +8,7 @@ OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 L=/tmp/bench-logs; rm -rf "$L"; mkdir -p "$L"
 T0=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-  echo "commit: ${MOE_HARNESS_COMMIT:-unknown}"; } > "$L/device.txt" 2>&1
-cat "$L/device.txt"
+. scripts/_device_info.sh; device_info "$L/device.txt"
 if [[ -z "${SKIP_TESTS:-}" ]]; then
   HYPOTHESIS_PROFILE=gpu timeout ${TESTS_S:-150} python -m pytest -n 8 -q -p no:cacheprovider \
     tests/kernels/test_experts_kernels.py -rfE > "$L/kernel_tests.log" 2>&1

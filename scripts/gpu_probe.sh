@@ -7,10 +7,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 T0=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-  echo "commit: ${MOE_HARNESS_COMMIT:-unknown}"; } > "$OUT/device.txt" 2>&1
-cat "$OUT/device.txt"
+. scripts/_device_info.sh; device_info "$OUT/device.txt"
 i=0
 while IFS= read -r line; do
   [[ -z "${line// }" ]] && continue

@@ -9,10 +9,7 @@ OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; rm -rf "$R"; mkdir -p "$R"
 T0=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-  echo "commit: ${MOE_HARNESS_COMMIT:-unknown}"; } > "$OUT/device.txt" 2>&1
-cat "$OUT/device.txt"
+. scripts/_device_info.sh; device_info "$OUT/device.txt"
 if [[ -z "${SKIP_TESTS:-}" ]]; then
   HYPOTHESIS_PROFILE=gpu timeout ${TESTS_S:-200} python -m pytest -n 8 -q -p no:cacheprovider --moe-results-dir "$R/pytest" \
     tests/kernels/test_experts_kernels.py harness/plugin/generic.py ${GENERIC_ADAPTERS:---moe-adapter triton-experts} \

@@ -7,9 +7,7 @@ OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/examples/fused_moe_style
 R=/tmp/res; rm -rf "$R"; mkdir -p "$R"
 T0=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-  echo "commit: ${MOE_HARNESS_COMMIT:-unknown}"; } > "$OUT/device.txt" 2>&1
+. scripts/_device_info.sh; device_info "$OUT/device.txt" > /dev/null
 if [[ " ${STEPS:-matrix tests} " == *" matrix "* ]]; then
   timeout 300 python -m harness matrix --profile quick --results-dir "$R/matrix" --case-timeout 60 \
     --out "$OUT/matrix_all.md" > "$OUT/matrix.log" 2>&1; echo "matrix rc=$? $(( $(date +%s) - T0 ))s"
