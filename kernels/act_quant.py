@@ -1,4 +1,4 @@
-"""Triton fused gated activation + per-token-group fp8 (e4m3fn) quantization (SEMANTICS.md sections 2 and 4).
+"""Triton fused gated activation + per-token-group fp8 (e4m3fn) quantization (docs/SEMANTICS.md §2 and §4).
 
 `act_quant(x, activation)` reads `x [T, 2N]` once and writes `codes [T, N]` (float8_e4m3fn) and one scale per
 group of `group_size` columns of each row, in one of the scale layouts of reference.scales: row_major fp32

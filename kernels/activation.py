@@ -1,4 +1,4 @@
-"""Triton gated activations of MoE experts (SEMANTICS.md section 4).
+"""Triton gated activations of MoE experts (docs/SEMANTICS.md §4).
 
 `gated_activation(x, activation)` computes `act(gate) * up` for `x [T, 2N]` (or `act(x)` for the `*_no_mul`
 activations on `x [T, N]`) into `out [T, N]` of x's dtype (fp16, bf16, fp32). Everything is computed in fp32 and

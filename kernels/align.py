@@ -1,4 +1,4 @@
-"""Triton `moe_align_block_size`: the sorted-token layout of a tiled MoE GEMM (SEMANTICS.md section 3).
+"""Triton `moe_align_block_size`: the sorted-token layout of a tiled MoE GEMM (docs/SEMANTICS.md §3).
 
 Output (numel = M*k, sentinel = numel, capacity = numel + E*(block_size-1)):
   sorted_token_ids int32 [capacity]: for each kept expert in ascending global id, its flattened indices t*k+j

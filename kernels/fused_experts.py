@@ -4,7 +4,7 @@
 
 Launches, no host synchronization:
 1. `kernels.align.moe_align_block_size` (the align stage kernel, two or three launches): the sorted-token layout
-   (SEMANTICS.md 3): each local expert's slots in ascending flattened index, sentinel padding up to a multiple
+   (docs/SEMANTICS.md §3): each local expert's slots in ascending flattened index, sentinel padding up to a multiple
    of BLOCK_M, and each block's local expert id. Slots of non-local experts get no block at all (the EXCLUDE
    convention); the reduce skips them. Decode batches of at most PER_SLOT_MAX slots skip it: each slot is
    its own block (PER_SLOT), its expert read by the GEMM from topk_ids.

@@ -1,4 +1,4 @@
-"""Dynamic 8-bit quantization of activations: per-token-group, per-token and per-tensor (SEMANTICS.md 2).
+"""Dynamic 8-bit quantization of activations: per-token-group, per-token and per-tensor (docs/SEMANTICS.md §2).
 
 `group_quant(x, ...)` quantizes x [M, K] (bf16/fp16/fp32, any strides) to fp8 e4m3fn or int8 codes [M, K] and
 float32 scales (or DeepGEMM packed UE8M0 int32 words). Numeric conventions (what the oracle must use to judge it):

@@ -1,4 +1,4 @@
-"""Triton unpermute-reduce: out[t] = routed_scaling_factor * sum_j w[t, j] * y[t, j] (SEMANTICS.md section 5).
+"""Triton unpermute-reduce: out[t] = routed_scaling_factor * sum_j w[t, j] * y[t, j] (docs/SEMANTICS.md §5).
 
 `expert_out [M, k, K]` holds one row per (token, slot) (already unpermuted). One program computes BLOCK
 contiguous columns of one token: the k rows are loaded (all issued before the adds, k is a compile-time

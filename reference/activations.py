@@ -1,4 +1,4 @@
-"""Gated activations of MoE experts (SEMANTICS.md section 4).
+"""Gated activations of MoE experts (docs/SEMANTICS.md §4).
 
 A gated activation takes the GEMM1 output `x [T, 2N]`, splits it into a *gate* half and an *up* half, and
 returns `act(gate) * up` of shape `[T, N]`. The `*_no_mul` activations take `x [T, N]` and apply the

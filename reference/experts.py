@@ -1,4 +1,4 @@
-"""End-to-end MoE experts, unquantized and quantized (SEMANTICS.md sections 2, 5 and 6).
+"""End-to-end MoE experts, unquantized and quantized (docs/SEMANTICS.md §2, §5 and §6).
 
 For each token t and slot j with expert e = topk_ids[t, j] (a global id):
 
@@ -131,7 +131,7 @@ class ExpertIntermediates:
 
 @dataclass(frozen=True)
 class ExpertsQuant:
-    """A quantized experts scheme (SEMANTICS.md 6): weights quantized ahead of time, activations dynamically.
+    """A quantized experts scheme (docs/SEMANTICS.md §6): weights quantized ahead of time, activations dynamically.
 
     w13, w2: one `QuantizedTensor` per local expert, logical shapes [W1, K] and [K, N] (per-expert scales: a
     per-tensor weight scale is one scale per expert). act: the recipe that quantizes x before GEMM1, with the

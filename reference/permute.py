@@ -1,4 +1,4 @@
-"""Permute layouts: how the (token, slot) pairs of a routing are arranged in expert order (SEMANTICS.md §3).
+"""Permute layouts: how the (token, slot) pairs of a routing are arranged in expert order (docs/SEMANTICS.md §3).
 
 A routing is `topk_ids [M, k]` (int32 or int64) holding *global* expert ids in [0, E). Its M*k entries are
 numbered by their flattened index `i = t * k + j` (token t, slot j); that number is what the sorted-token layout

@@ -1,4 +1,4 @@
-"""Quantization and dequantization of activations and weights (SEMANTICS.md section 2).
+"""Quantization and dequantization of activations and weights (docs/SEMANTICS.md §2).
 
 One object, `QuantRecipe`, states an adapter's whole convention (element dtype, unit, group size, scale rule,
 eps, how the scale is applied, int8 rounding, scale layout, ...); `quantize(x, recipe)` returns a
@@ -666,7 +666,7 @@ def _recipe_float_scale(extent: torch.Tensor, qmax: float, recipe: QuantRecipe) 
 
 def dequantize(qt: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Values of qt: (q - zero_point) * scale per element (zero_point 0 except w4a16/w8a16), multiplied in
-    out_dtype: float32 (default, the SEMANTICS.md convention) or float64 (exact products, for the experts oracle;
+    out_dtype: float32 (default, docs/SEMANTICS.md §2) or float64 (exact products, for the experts oracle;
     scales themselves, e.g. NVFP4's block scale times global scale, are still formed in float32).
 
     Validates codes, scales (in the recipe's layout), zero points and global scale against qt.shape and

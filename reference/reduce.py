@@ -1,4 +1,4 @@
-"""Unpermute-reduce: combine each token's k expert outputs into one row (SEMANTICS.md §5).
+"""Unpermute-reduce: combine each token's k expert outputs into one row (docs/SEMANTICS.md §5).
 
     out[t] = routed_scaling_factor * sum over slots j of w[t, j] * y[t, j]
 

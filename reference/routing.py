@@ -1,4 +1,4 @@
-"""Routing oracle: which k experts each token goes to, and with what weight (SEMANTICS.md section 1).
+"""Routing oracle: which k experts each token goes to, and with what weight (docs/SEMANTICS.md §1).
 
 Every function takes `router_logits [M, E]` (fp16, bf16, fp32 or fp64) and computes in fp32, or in fp64 when
 the logits are fp64. Routing functions return `(topk_weights [M, k] fp32, topk_ids [M, k] int32)`; M = 0 gives

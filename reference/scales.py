@@ -1,4 +1,4 @@
-"""Scale rules, scale application and scale layouts of quantized MoE kernels (SEMANTICS.md section 2).
+"""Scale rules, scale application and scale layouts of quantized MoE kernels (docs/SEMANTICS.md §2).
 
 Scale rules (`ScaleRule`), all computed in float32 from amax = max |x| over a quantization unit:
 - `float`: scale = max(amax, eps) / qmax (`EpsPlacement.AMAX`, vLLM/SGLang kernels with eps 1e-10, DeepGEMM's

@@ -1,6 +1,6 @@
 """Every convention an adapter can declare, per op: its key, its values, what each means, who uses it.
 
-An adapter's `conventions` tell the oracle how its kernel computes where libraries differ (SEMANTICS.md). This
+An adapter's `conventions` tell the oracle how its kernel computes where libraries differ (docs/SEMANTICS.md). This
 module is the one list of them: the registry validates every adapter against it (an unknown key or value is an
 error naming the valid ones, never silently the oracle's default), and `python -m harness conventions` renders it
 (docs/CONVENTIONS.md). The values of an enum-backed key come from the reference enum itself, so the list cannot

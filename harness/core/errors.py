@@ -1,4 +1,4 @@
-"""The error model (SEMANTICS.md section 7): per-element bounds derived from formats and magnitudes.
+"""The error model (docs/SEMANTICS.md §7): per-element bounds derived from formats and magnitudes.
 
 A fixed atol/rtol lets a kernel that writes zeros pass when outputs are small and fails correct kernels at large K.
 Instead each element gets a bound built from the unit roundoff of the formats involved, the reduction length, and

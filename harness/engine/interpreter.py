@@ -31,8 +31,14 @@ import numpy as np
 
 Status = Literal["fixed", "not-needed", "unfixed"]
 
-# Triton versions whose interpreter was read and probed; the fixes are only applied to these.
-VERIFIED_VERSIONS: frozenset[str] = frozenset({"3.9.0"})
+#: the feature every Triton kernel depends on in the interpreter: unverifiable when the Triton release is not verified
+TRITON_VERSION = "triton_version"
+
+# Triton versions whose interpreter was read and probed (the interpreter, kernel and planted-bug tests pass under
+# each); the fixes are only applied to these. They are the Triton releases that torch 2.11 to 2.15 pin.
+VERIFIED_VERSIONS: frozenset[str] = frozenset({"3.6.0", "3.7.0", "3.7.1", "3.8.0", "3.9.0"})
+#: the same, as the requirement pip understands (pyproject.toml declares it; a test keeps the two equal)
+SUPPORTED_SPEC = "triton>=3.6,<3.10"
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class _Issue:
     fixable: bool = True  # False: a known gap this layer cannot close (stays unfixed on every version)
     exact: bool = True
     present: bool = True  # False: checked and found correct in the verified versions (not-needed there)
+    only_in: frozenset[str] | None = None  # the verified versions that have the defect (None: all of them)
 
 
 # libdevice symbols (without the ``__nv_`` prefix and the fp32 ``f`` suffix) emulated in float64 numpy.
@@ -151,6 +158,12 @@ def _fixable_issues() -> list[_Issue]:
                "module not patched); now the common fp32/fp64 functions are emulated in float64 and rounded "
                "(libdevice differs by up to its documented ulp bounds)",
                f({f"libdevice_{n}" for n in _LIBDEVICE}), exact=False),
+        _Issue("bf16_constant", "a Python scalar meeting a bf16 tensor (x * 2, tl.where(m, x, 0.5)) raised: the "
+               "builder had no get_bf16; now rounded to fp32, then to bf16 (RNE), as later Triton releases do",
+               f({"bf16_arith"}), only_in=f({"3.6.0", "3.7.0", "3.7.1", "3.8.0"})),
+        _Issue("scalar_index", "a one-element tensor used as a Python int (range(0, n) with a loaded n) raised "
+               "under numpy >= 2.4 (int() of a 1-d array); now its single element is read", f({"load_store"}),
+               only_in=f({"3.6.0"})),
         _Issue("autotune", "@triton.autotune with several configs raised (benchmarking needs a GPU driver); "
                "now no benchmark runs and the first pruned config is used", f({"autotune"})),
         _Issue("float_args", "float kernel arguments stayed Python floats, so scalar methods a compiled kernel "
@@ -165,6 +178,9 @@ def _fixable_issues() -> list[_Issue]:
         _Issue("load_store_reduce", "masked tl.load with other, int64 offsets, fp32 sum/max/argmax (leftmost "
                "tie), tl.where, cumsum, fp32 atomic_add, tl.sort/topk, tl.erf/exp/sigmoid on fp32: checked, "
                "correct to the ulp (exp/sigmoid differ by GPU approx ulps)", f({"load_store", "reduce_fp32"}),
+               present=False),
+        _Issue("triton_version", "this Triton release's interpreter was read and probed by moe-harness (on any other "
+               "release every fix is left out and its Triton kernels are not verifiable)", f({TRITON_VERSION}),
                present=False),
         # Known gaps that no runtime patch can close: the interpreter is *more* precise than sm_90 here.
         _Issue("fp8_dot_fast_accum", "sm_90 accumulates fp8 wgmma in reduced precision "
@@ -202,7 +218,7 @@ def install(triton_version: str | None = None) -> FidelityReport:
     # HARNESS_INTERP_DISABLE=name,name leaves those fixes out (to watch their tests fail, or to rule one out).
     disabled = frozenset(n.strip() for n in os.environ.get("HARNESS_INTERP_DISABLE", "").split(",") if n.strip())
     if interpreting and verified:
-        _apply_patches(disabled)
+        _apply_patches(disabled, version)
     for issue in _fixable_issues():
         description = issue.description
         if not interpreting:
@@ -212,7 +228,8 @@ def install(triton_version: str | None = None) -> FidelityReport:
         elif issue.name in disabled:
             status, description = "unfixed", description + " [fix disabled by HARNESS_INTERP_DISABLE]"
         else:
-            status = "fixed" if issue.present else "not-needed"
+            present = issue.present and (issue.only_in is None or version in issue.only_in)
+            status = "fixed" if present else "not-needed"
         issues.append(IssueStatus(issue.name, status, description, issue.features, issue.exact))
     report = FidelityReport(version, interpreting, verified, issues)
     _STATE["report"] = report
@@ -237,6 +254,28 @@ def unverifiable_features(report: FidelityReport) -> set[str]:
         if issue.status == "unfixed":
             out |= set(issue.features)
     return out
+
+
+def version_notice(report: FidelityReport | None = None) -> str | None:
+    """One line for the start of a run when the interpreter in use is a Triton release this layer does not know:
+    what is installed, what is supported, and the command that fixes it (None when there is nothing to say)."""
+    if report is None:
+        if not _interpreting():
+            return None
+        report = install()
+    if not report.interpreting or report.verified:
+        return None
+    return (f"moe-harness: Triton {report.triton_version}'s interpreter is not verified (verified: "
+            f"{', '.join(sorted(VERIFIED_VERSIONS))}), so Triton kernels are recorded not-verifiable on the CPU; "
+            f"fix: pip install '{SUPPORTED_SPEC}' (or a torch that pins one of them)")
+
+
+def unverified_reason() -> str:
+    """The not-verifiable reason of a Triton kernel's case under an unverified interpreter release."""
+    report = _STATE.get("report")
+    version = report.triton_version if report else "?"
+    return (f"Triton {version}'s interpreter is not verified by moe-harness (verified: "
+            f"{', '.join(sorted(VERIFIED_VERSIONS))}; pip install '{SUPPORTED_SPEC}')")
 
 
 def unverifiable_here() -> set[str]:
@@ -347,8 +386,9 @@ def f64_to_fp8_bits(x: np.ndarray, e4m3: bool) -> np.ndarray:
 # The patches. Each wraps one interpreter entry point and falls through to the original for everything else.
 
 
-def _apply_patches(disabled: frozenset[str]) -> None:
-    """Apply the fixes in a fixed order; a fix named in ``disabled`` is left out (install() reports it unfixed)."""
+def _apply_patches(disabled: frozenset[str], version: str) -> None:
+    """Apply the fixes in a fixed order; a fix named in ``disabled`` is left out (install() reports it unfixed), and
+    a fix whose defect this version does not have is not applied."""
     import triton.language as tl
     from triton.runtime import autotuner as at
     from triton.runtime import interpreter as it
@@ -358,6 +398,8 @@ def _apply_patches(disabled: frozenset[str]) -> None:
     cast_fmts = {t: f for t, f in fmts.items() if on("bf16_cast" if t == tl.bfloat16 else "fp8_cast")}
     dot_fmts = {t: f for t, f in fmts.items() if on("bf16_dot" if t == tl.bfloat16 else "fp8_dot_operands")}
     _patch_bf16_arith(it, tl, on("bf16_arith"))
+    _patch_bf16_constant(it, tl, on("bf16_constant") and not hasattr(it.InterpreterBuilder, "get_bf16"))
+    _patch_scalar_index(it, on("scalar_index") and version == "3.6.0")
     _patch_cast_impl(it, tl, fmts, cast_fmts)
     _patch_fp_to_int(it, fmts, on("fp_to_int"))
     _late_bind_casts(it)
@@ -536,6 +578,30 @@ def _patch_bf16_arith(it: Any, tl: Any, enabled: bool) -> None:
         B.unary_op = unary_op(B.unary_op)
         for name in ("create_fma", "create_clampf", "create_erf", "create_rsqrt"):
             setattr(B, name, bf16_via_f32(getattr(B, name)))
+
+
+def _patch_bf16_constant(it: Any, tl: Any, enabled: bool) -> None:
+    """Releases before 3.9 have no InterpreterBuilder.get_bf16, so a scalar operand of a bf16 op raised: add it."""
+    if not enabled:
+        return
+
+    def get_bf16(self: Any, value: float) -> Any:
+        return self.create_fp_trunc(self.get_fp32(value), tl.bfloat16)
+
+    it.InterpreterBuilder.get_bf16 = get_bf16
+
+
+def _patch_scalar_index(it: Any, enabled: bool) -> None:
+    """Triton 3.6 converted a scalar tensor with int(<1-d array>), an error in numpy >= 2.4: read the element."""
+    if not enabled:
+        return
+    orig = it._patch_lang_tensor
+
+    def patch_lang_tensor(tensor: Any, scope: Any) -> None:
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    it._patch_lang_tensor = patch_lang_tensor
 
 
 def _patch_cast_impl(it: Any, tl: Any, fmts: dict[Any, _Fmt], cast_fmts: dict[Any, _Fmt]) -> None:

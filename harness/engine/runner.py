@@ -30,6 +30,7 @@ from harness.core.case import Case
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set
 from harness.core.device import DeviceInfo
 from harness.core.result import Result
+from harness.engine.interpreter import TRITON_VERSION, unverified_reason
 from harness.ops.base import Check, OutputSpec
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -136,6 +137,22 @@ def _guard_checks(bands: Mapping[str, Band], run: str) -> list[Comparison]:
 
 
 #: frames of the judge itself, skipped when naming where a kernel raised
+_INTERPRETER_FILE = os.path.join("triton", "runtime", "interpreter.py")
+
+
+def _from_interpreter(e: BaseException) -> bool:
+    """Whether an exception came out of Triton's interpreter itself (any frame of it, or its own error type)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "InterpreterError":
+            return True
+        if any(f.filename.endswith(_INTERPRETER_FILE) for f in traceback.extract_tb(e.__traceback__)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 _JUDGE_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, "")
                     for d in ("engine", "core"))
 
@@ -454,6 +471,8 @@ class _Judging:
                                                   f"{why_case}")
         if self.unverifiable and adapter.interp_features and device.generation == "interp":
             blocked = sorted(set(adapter.interp_features(self.case.features)) & self.unverifiable)
+            if TRITON_VERSION in self.unverifiable:
+                return self.result("not-verifiable", unverified_reason())
             if blocked:
                 return self.result("not-verifiable",
                                    f"the Triton interpreter cannot be made faithful for {', '.join(blocked)}")
@@ -481,6 +500,8 @@ class _Judging:
 
     def raised(self, e: Exception, run: str) -> Result:
         msg = _describe(e)
+        if self.unverified_interpreter() and _from_interpreter(e):  # the interpreter's crash, not the kernel's
+            return self.result("not-verifiable", f"{unverified_reason()}; it raised {msg}")
         if not self.declared:
             return self.result("unsupported", f"rejected undeclared cell ({self.why_not}): {msg}", exception=msg)
         frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_JUDGE_DIRS)]
@@ -488,6 +509,9 @@ class _Judging:
         kind = "rejected a declared cell" if isinstance(e, Unsupported) else "raised"
         where = f" (at {tb.filename}:{tb.lineno})" if tb else ""
         return self.result("error", f"kernel {kind}{'' if run == 'first run' else ' on its ' + run}: {msg}{where}")
+
+    def unverified_interpreter(self) -> bool:
+        return bool(self.unverifiable) and TRITON_VERSION in self.unverifiable and self.device.generation == "interp"
 
     def run(self) -> Result:
         if (gated := self.gate()) is not None:

@@ -1,4 +1,4 @@
-"""Op spec `act_quant`: fused gated activation + per-token-group fp8 quantization (SEMANTICS.md 2 and 4).
+"""Op spec `act_quant`: fused gated activation + per-token-group fp8 quantization (docs/SEMANTICS.md §2 and §4).
 
 What vLLM's silu_and_mul + per_token_group_quant_fp8 fusion and DeepGEMM's / SGLang's fused variants compute.
 

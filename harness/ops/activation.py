@@ -1,4 +1,4 @@
-"""Op spec `activation`: gated activations and the no-mul variants (SEMANTICS.md 4).
+"""Op spec `activation`: gated activations and the no-mul variants (docs/SEMANTICS.md §4).
 
 Judged `bounded` against the oracle's unrounded fp32 result computed with the adapter's conventions: the bound is
 one rounding of the output format plus a few dozen fp32 ulps (the GPU's exp/erf/tanh are approximations).

@@ -1,4 +1,4 @@
-"""Op spec `align`: the sorted-token layout of a tiled MoE GEMM (`moe_align_block_size`, SEMANTICS.md 3).
+"""Op spec `align`: the sorted-token layout of a tiled MoE GEMM (`moe_align_block_size`, docs/SEMANTICS.md §3).
 
 The order of entries within an expert is free (CUDA kernels use atomics), so `sorted_token_ids` is judged by the
 layout's invariants (reference.permute.layout_invariant_violations); `expert_ids` and `num_tokens_post_padded` are

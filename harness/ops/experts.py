@@ -1,4 +1,4 @@
-"""Op spec `experts`: end-to-end fused experts, standard (sorted-token) and batched formats (SEMANTICS.md 6).
+"""Op spec `experts`: end-to-end fused experts, standard (sorted-token) and batched formats (docs/SEMANTICS.md §6).
 
 Judged `bounded` with the error model of harness.core.errors, propagated through the layer:
   GEMM1   e_h = C_DOT * u_acc * sqrt(K) * (|x| . |W13|)            (+ u_in * |h| if h is stored rounded)

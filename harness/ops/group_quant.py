@@ -1,5 +1,5 @@
 """Op spec `group_quant`: dynamic quantization of activations per token group, per token or per tensor
-(SEMANTICS.md 2): 8-bit (fp8 e4m3fn, int8) with float or power-of-two fp32 scales, the MX formats (mxfp8,
+(docs/SEMANTICS.md §2): 8-bit (fp8 e4m3fn, int8) with float or power-of-two fp32 scales, the MX formats (mxfp8,
 mxfp4: groups of 32 along K with e8m0 scale codes) and NVFP4 (groups of 16, e4m3 block scales, a global scale).
 
 Inputs: x [M, K] (bfloat16/float16/float32; rows possibly non-contiguous), finite (inputs with NaN/Inf are outside

@@ -1,4 +1,4 @@
-"""Op spec `reduce`: weighted unpermute-reduce over the k slots (SEMANTICS.md 5).
+"""Op spec `reduce`: weighted unpermute-reduce over the k slots (docs/SEMANTICS.md §5).
 
 With fp32 accumulation the only error a correct kernel may add is the final rounding (1 u of the output format)
 plus a random-walk fp32 term, so a kernel that accumulates in bf16 where fp32 is declared falls outside the bound.

@@ -1,6 +1,6 @@
 """Op specs `routing` (plain top-k, Llama-4 top-1) and `grouped_routing` (DeepSeek grouped top-k).
 
-Contract (SEMANTICS.md 1): ids are judged as a set - any id set whose selection scores are the k largest is valid
+Contract (docs/SEMANTICS.md §1): ids are judged as a set - any id set whose selection scores are the k largest is valid
 (ties), and every row, NaN rows included, must hold k distinct ids in [0, E). Weights are judged against the
 oracle's unbiased scores gathered at the *kernel's* ids, in the kernel's order, renormalized and scaled as the
 contract says, within a few fp32 ulps (softmax sums over E terms). An adapter declaring `score_dtype="input"`
@@ -95,7 +95,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     cpu_inputs = {n: t.detach().cpu() for n, t in inputs.items()}
     m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
     finite_rows = logits.float().isfinite().all(dim=1)
-    # Non-finite rows follow the oracle's rule only where the adapter declares that rule (SEMANTICS.md 1).
+    # Non-finite rows follow the oracle's rule only where the adapter declares that rule (docs/SEMANTICS.md §1).
     judged_rows = finite_rows | torch.tensor(conventions.get("nonfinite") == "zero")
     sel = selection_scores(case, cpu_inputs)
     scores = unbiased_scores(case, cpu_inputs).to(torch.float64)

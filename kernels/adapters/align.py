@@ -34,5 +34,6 @@ register(Adapter(
     properties=frozenset({"deterministic"}),
     # more than 32 chunks of 1024 ids: the separate scan kernel; past 65536 ids: chunks of 4096 (with k = 1)
     limits={"cross_M": (32769, 65537)},
+    interp_features=lambda f: {"load_store", "reduce_fp32"},
     description="histogram per chunk, scan of padded counts, stable in-chunk sort and scatter (2-3 launches)",
 ))

@@ -19,6 +19,15 @@ from harness.ops.routing import GROUPED_AXES, ROUTING_AXES
 from harness.registry import Adapter, Unsupported, register
 from kernels import routing as kr
 
+
+def _interp_features(features: Mapping[str, str]) -> set[str]:
+    """Interpreter fixes the kernels rely on: loads/stores, fp32 reductions, libdevice exp, casts of bf16 logits."""
+    need = {"load_store", "reduce_fp32", "libdevice_exp"}
+    if features.get("logits_dtype") == "bfloat16":
+        need.add("bf16_cast")
+    return need
+
+
 _SOURCE = "kernels.routing"
 _COMMON = dict(
     source=_SOURCE,
@@ -26,6 +35,7 @@ _COMMON = dict(
     properties=frozenset({"deterministic", "batch_invariant"}),
     limits={"max_E": kr.MAX_E, "max_k": kr.MAX_K},
     generations=tuple(g for g in GENERATIONS if g != "cpu"),  # Triton needs a GPU or its interpreter
+    interp_features=_interp_features,
 )
 
 

@@ -24,7 +24,7 @@ from reference.activations import (
 
 GATED = [a for a in Activation if not a.value.endswith("_no_mul")]
 NO_MUL = [a for a in Activation if a.value.endswith("_no_mul")]
-DEFAULT_PARAMS = {  # the documented defaults, restated here (SEMANTICS.md section 4)
+DEFAULT_PARAMS = {  # the documented defaults, restated here (docs/SEMANTICS.md §4)
     Activation.SWIGLUOAI: dict(alpha=1.702, beta=1.0, limit=7.0),
     Activation.SWIGLUOAI_UNINTERLEAVE: dict(alpha=1.702, beta=1.0, limit=7.0),
     Activation.SWIGLUSTEP: dict(limit=7.0),

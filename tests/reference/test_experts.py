@@ -1,4 +1,4 @@
-"""reference.experts against a float64 loop over tokens and slots, written here from SEMANTICS.md section 6."""
+"""reference.experts against a float64 loop over tokens and slots, written here from docs/SEMANTICS.md §6."""
 
 from __future__ import annotations
 
@@ -324,7 +324,7 @@ def test_validation_messages() -> None:
 
 
 def _fp8_fake_quant_rows(v: torch.Tensor, unit: str) -> torch.Tensor:
-    """fp8 e4m3 quantize-dequantize written from SEMANTICS.md 2 (float rule, eps 1e-10, divide), float64 out."""
+    """fp8 e4m3 quantize-dequantize written from docs/SEMANTICS.md §2 (float rule, eps 1e-10, divide), float64 out."""
     v32 = v.float().double()
     amax = v32.abs().amax() if unit == "tensor" else v32.abs().amax(dim=-1, keepdim=True)
     s = (amax.clamp(min=float(torch.tensor(1e-10))) / 448.0).float().double()

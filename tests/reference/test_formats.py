@@ -79,7 +79,7 @@ def _sweep_points(fmt: FloatFormat) -> torch.Tensor:
     return torch.cat([v, -v])
 
 
-#: torch's eager fp32 -> e4m3fn cast saturates from 2.13 on (SEMANTICS.md 2: <= 2.12 gives NaN above 464).
+#: torch's eager fp32 -> e4m3fn cast saturates from 2.13 on (docs/SEMANTICS.md §2: <= 2.12 gives NaN above 464).
 TORCH_E4M3FN_SATURATES = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 
 
@@ -202,7 +202,7 @@ def test_e8m0_nearest_away_matches_torch_on_positive_normal_values() -> None:
 # ------------------------------------------------------------------ pins of torch 2.13's eager cast behaviour
 
 _PIN = ("torch's eager cast changed ({what}). The oracle does not depend on it (it encodes from bit fields), but "
-        "tests and adapters that use torch's casts may: update this pin and SEMANTICS.md's note on torch casts.")
+        "tests and adapters that use torch's casts may: update this pin and docs/SEMANTICS.md §2 (torch's casts).")
 
 
 def test_pin_torch_e4m3fn_cast_overflow() -> None:
