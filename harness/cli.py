@@ -21,10 +21,10 @@ COMMANDS = (matrix, replay, diff, bisect, bench, golden, conventions)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    # the subparsers list the commands: the description is the first line only, not the docstring's list again
+    p = argparse.ArgumentParser(prog="python -m harness", description=(__doc__ or "").strip().splitlines()[0])
     p.add_argument("--version", action="version", version=f"moe-harness {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for command in COMMANDS:
         command.add_parser(sub)
     return p

@@ -28,12 +28,13 @@ def example_on_path(monkeypatch):  # type: ignore[no-untyped-def]
     return registry.resolve(SPEC)
 
 
-def test_generic_tests_pass_on_the_example(example_on_path, device_info, unverifiable, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_generic_tests_pass_on_the_example(example_on_path, device_info, unverifiable, tmp_path, request) -> None:  # type: ignore[no-untyped-def]
     adapter = example_on_path
     assert adapter.name == "my-silu-mul" and adapter.source == "my_moe_kernel.swiglu"
     with ResultStore(tmp_path, run_id="example") as store:
-        generic.test_declared_cases_pass(adapter.name, (0, 1), device_info, store, unverifiable, PROFILES["ci"])
-        generic.test_undeclared_cells_rejected_cleanly(adapter.name, device_info, store, unverifiable)
+        generic.test_declared_cases_pass(adapter.name, (0, 1), device_info, store, unverifiable, PROFILES["ci"],
+                                         request)
+        generic.test_undeclared_cells_rejected_cleanly(adapter.name, device_info, store, unverifiable, request)
     verdicts = {r.verdict for r in load_results([tmp_path])}
     assert verdicts <= {"pass", "unsupported", "not-verifiable"} and "pass" in verdicts
 

@@ -53,7 +53,7 @@ def _judge(adapter: registry.Adapter, device_info, unverifiable, features: dict,
 
 @pytest.mark.parametrize("name", list(SPECS))
 def test_generic_tests_pass_on_both_adapters(name: str, style, device_info, unverifiable, tmp_path,  # type: ignore[no-untyped-def]
-                                             monkeypatch) -> None:
+                                             monkeypatch, request) -> None:
     """The plugin's generic tests. In the interpreter, the experts adapter's fp8 G128 cells are judged on a pinned
     case instead of drawn ones: the strategies draw one to three K and N groups of 128, and an fp8 case at K = N = 384
     takes 20 s to 2 min in the interpreter (every cell, fp8 included, is drawn on a GPU: same test, same adapter)."""
@@ -66,8 +66,8 @@ def test_generic_tests_pass_on_both_adapters(name: str, style, device_info, unve
         monkeypatch.setitem(registry._REGISTRY, unquantized.name, unquantized)
         drawn = unquantized.name
     with ResultStore(tmp_path, run_id="style") as store:
-        generic.test_declared_cases_pass(drawn, (0, 1), device_info, store, unverifiable, PROFILES["ci"])
-        generic.test_undeclared_cells_rejected_cleanly(name, device_info, store, unverifiable)
+        generic.test_declared_cases_pass(drawn, (0, 1), device_info, store, unverifiable, PROFILES["ci"], request)
+        generic.test_undeclared_cells_rejected_cleanly(name, device_info, store, unverifiable, request)
         if drawn != name:
             for k in (3, 1):  # moe_sum's sequential rule, and the fp32 sum
                 fp8 = {"quant_type": "fp8_w8a8", "quant_format": "G128", "dtype": "float16", "expert_map": "Y"}

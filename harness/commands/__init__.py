@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,31 @@ def positive(kind: type) -> Callable[[str], float]:
     return parse
 
 
-def note_skipped(path: Path, why: str) -> None:
-    """The one-line note for a JSONL file in a results folder that holds other data (tuning sweeps)."""
-    print(f"note: skipped {path}: not a results file ({why})", file=sys.stderr)
+class SkippedFiles:
+    """Collects the JSONL files of result folders that hold other data (tuning sweeps, probes): one summary line
+    instead of one line each (`verbose` lists them)."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        self.verbose = verbose
+        self.found: list[tuple[Path, str]] = []
+
+    def __call__(self, path: Path, why: str) -> None:
+        self.found.append((Path(path), why))
+
+    def report(self) -> None:
+        if not self.found:
+            return
+        where = _rel(Path(os.path.commonpath([os.path.abspath(p.parent) for p, _ in self.found])))
+        n = len(self.found)
+        print(f"note: skipped {n} file{'s' if n > 1 else ''} that hold{'s' if n == 1 else ''} no verdicts (tuning or "
+              f"probe data) under {where}" + (":" if self.verbose else "; --verbose lists them"), file=sys.stderr)
+        for p, why in self.found if self.verbose else ():
+            print(f"  {_rel(p)}: {why}", file=sys.stderr)
+
+
+def _rel(p: Path) -> str:
+    try:
+        rel = os.path.relpath(p)
+    except ValueError:  # another drive
+        return str(p)
+    return str(p) if rel.startswith("..") else rel

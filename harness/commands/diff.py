@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.commands import note_skipped
+from harness.commands import SkippedFiles
 from harness.store.results import Result, ResultsFileError, load, result_files
 
 #: a cell's verdict is the first of these present among its cases
@@ -41,14 +41,16 @@ class Side:
         return sorted({g for g, _ in self.results})
 
 
-def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str | None = None) -> Side:
-    """Read result files/folders into a `Side` (raises ResultsFileError for a bad file)."""
+def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str | None = None,
+              on_skip: SkippedFiles | None = None) -> Side:
+    """Read result files/folders into a `Side` (raises ResultsFileError for a bad file); JSONL files of other data
+    are told to `on_skip` (default: a warning each)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     side = Side(label or ", ".join(map(str, paths)))
     for root in map(Path, paths):
         for f in result_files([root]):  # .jsonl and .jsonl.gz
-            for r in load([f], on_skip=note_skipped)[0]:
+            for r in load([f], on_skip=on_skip)[0]:
                 key = (r.generation, r.case.case_id)
                 old = side.results.get(key)
                 rank = ("marker" not in r.metrics, r.timestamp)
@@ -201,14 +203,17 @@ def to_markdown(result: Diff, *, cases_dir: str | os.PathLike = "results/diff-ca
 
 def run(args: argparse.Namespace) -> int:
 
+    skipped = SkippedFiles(args.verbose)
     try:
-        a, b = load_side(args.a), load_side(args.b)
+        a, b = load_side(args.a, on_skip=skipped), load_side(args.b, on_skip=skipped)
         for side, path in ((a, args.a), (b, args.b)):
             if not side.results:  # an empty or wholly unreadable side would make "no cell differs" a lie
                 raise ResultsFileError(f"no results in {path}")
     except (ResultsFileError, ValueError) as e:
+        skipped.report()
         print(f"error: {e}", file=sys.stderr)
         return 2
+    skipped.report()
     d = diff(a, b)
     text = to_markdown(d, cases_dir=args.cases_dir, list_all=args.all)
     if args.out:
@@ -232,4 +237,5 @@ def add_parser(sub: Any) -> None:
                    help="where case files are written for failing cases that have none next to their results")
     d.add_argument("--all", action="store_true", help="also list cells run on one side only")
     d.add_argument("--out", help="write the markdown here instead of printing it")
+    d.add_argument("--verbose", action="store_true", help="list the files of result folders that hold no verdicts")
     d.set_defaults(func=run)

@@ -6,20 +6,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.commands import note_skipped, positive
+from harness.commands import SkippedFiles, positive
 from harness.core.device import prepare_interpreter
 
 # -- command line -------------------------------------------------------------------------------------------------
 
-DEFAULT_OUT = "docs/SUPPORT_MATRIX.md"
+#: git-ignored: a run never rewrites the committed matrix (docs/SUPPORT_MATRIX.md is rendered on purpose, with --out)
+DEFAULT_OUT = "results/local/SUPPORT_MATRIX.md"
 
 
 def _matrix_command(args: argparse.Namespace) -> str:
-    """The command line that regenerates the output (shown in the rendered header)."""
+    """The command line that regenerates the content (shown in the rendered header). Where it is written is left
+    out: the same results rendered anywhere give the same files."""
     import shlex
 
     words = ["python", "-m", "harness", "matrix"]
@@ -33,8 +36,8 @@ def _matrix_command(args: argparse.Namespace) -> str:
             words += ["--adapter", a]
         if args.shard:
             words += ["--shard", args.shard]
-    if args.out not in (None, DEFAULT_OUT):
-        words += ["--out", args.out]
+        if args.only_this_run:
+            words += ["--only-this-run"]
     return shlex.join(words)
 
 
@@ -54,26 +57,39 @@ def run(args: argparse.Namespace) -> int:
     return _sweep_and_render(args, shard, out)
 
 
+def _note_kept(kept: list[Path]) -> None:
+    folder = os.path.relpath(kept[0].parent)
+    print(f"note: kept {len(kept)} case file(s) in {folder} that an earlier render wrote and this one does not list: "
+          "they are committed, or git could not tell (`git rm` them if this matrix is to be committed)",
+          file=sys.stderr)
+
+
 def _render_only(args: argparse.Namespace) -> int:
     from harness.store.render import render_files
     from harness.store.results import ResultsFileError
 
     out = args.out if args.out is not None else DEFAULT_OUT
+    skipped = SkippedFiles(args.verbose)
     try:
-        md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args), on_skip=note_skipped)
+        md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args), on_skip=skipped,
+                                             on_kept=_note_kept)
     except (ResultsFileError, ValueError) as e:
+        skipped.report()
         print(f"error: {e}", file=sys.stderr)
         return 2
+    skipped.report()
     print(f"rendered {n} verdicts from {len(args.sources)} source(s) into {md_path} and {json_path}")
     return 0
 
 
 def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
+    started = time.monotonic()
     prepare_interpreter(args.device)
     from harness import registry
     from harness.core.device import detect
     from harness.store.results import new_run_id
     from harness.sweep import VerdictsLost, run_sweep
+    from harness.sweep.progress import duration
 
     try:
         dev = detect(args.device)
@@ -88,7 +104,13 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}{suffix}"
     print(f"moe-harness {__version__}: sweeping {len(specs)} adapter(s) on {dev.generation} ({dev.device_name}), "
           f"profile {args.profile}" + (f", shard {shard}" if shard else ""), file=sys.stderr)
+    if dev.generation == "interp":
+        from harness.engine.interpreter import version_notice
+
+        if notice := version_notice():
+            print(notice, file=sys.stderr)
     command = _matrix_command(args)
+    swept = time.monotonic()
     try:
         totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
                            case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard)
@@ -99,73 +121,60 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     bad = sum(c["fail"] + c["error"] for c in totals.values())
+    judged, swept = sum(sum(c.values()) for c in totals.values()), time.monotonic() - swept
     run_files = sorted(Path(args.results_dir).glob(f"{run_id}-*.jsonl"))
-    print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl "
-          f"({sum(sum(c.values()) for c in totals.values())} verdicts)")
+    print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl ({judged} verdicts)")
     if out and run_files:
-        _render_run(args, dev.generation, run_id, run_files, out, command)
+        _render_run(args, run_id, run_files, out, command)
     elif shard:
         print(f"shard {shard}: merge the shards' result folders with `python -m harness matrix --from DIR ...`")
     if bad:
         print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
+    wall = time.monotonic() - started
+    print(f"judged {judged} cases in {duration(wall)} ({duration(swept)} judging, {duration(wall - swept)} setting up "
+          "and rendering)")
     return 1 if bad else 0
 
 
-def _render_run(args: argparse.Namespace, generation: str, run_id: str, run_files: list[Path], out: str,
-                command: str) -> None:
-    """Render this run, with the other generations' committed results (a CPU run must not drop sm90)."""
+def _render_run(args: argparse.Namespace, run_id: str, run_files: list[Path], out: str, command: str) -> None:
+    """Render this run with every committed result (the same files `--from` reads in the committed matrix's
+    command): a run on one device never drops another's columns, and its verdicts join the committed ones of its
+    own generation by the render's rules (a verdict judged on another Triton interpreter is shown apart)."""
     from harness.store.render import render_files
 
-    others = [] if args.only_this_run else committed_other_generations(generation, args.results_dir)
-    supplement, extra = ((), ()), []
-    if not args.only_this_run:
-        supplement, extra = committed_of_missing_libraries(run_files, generation, args.results_dir)
-    folders = sorted({os.path.relpath(f.parent) for f in others + extra})
-    md_path, json_path, _ = render_files(run_files + others, out, command=command, supplement=supplement,
+    others = [] if args.only_this_run else committed_results(args.results_dir)
+    skipped = SkippedFiles(args.verbose)
+    folders = committed_folders(others)
+    md_path, json_path, _ = render_files(run_files + others, out, command=command, on_skip=skipped,
+                                         on_kept=_note_kept,
                                          shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
+    skipped.report()
     print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
                                                   if folders else ""))
 
 
-def _committed_matrix_files(results_dir: str, root: str | None) -> list[tuple[Path, str]]:
-    """(file, generation in its name) of the matrix result files committed under `root` (default: the repository's
-    results/), outside `results_dir` and results/local."""
-    import re
+def _results_root(root: str | os.PathLike | None) -> Path:
+    return Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
 
-    base = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "results"
+
+def committed_results(results_dir: str, root: str | os.PathLike | None = None) -> list[Path]:
+    """Every result file committed under `root` (default: the repository's results/), of every generation and
+    kind (sweeps, the pytest plugin's verdicts; .jsonl and .jsonl.gz), outside `results_dir` and outside folders
+    named `local` (git-ignored: runs of this machine)."""
+    from harness.store.results import result_files
+
+    base = _results_root(root)
     if not base.is_dir():
         return []
-    skip = {Path(results_dir).resolve(), (base / "local").resolve()}
-    found = []
-    for f in sorted([*base.rglob("matrix-*.jsonl"), *base.rglob("matrix-*.jsonl.gz")]):
-        m = re.match(r"matrix-([a-z0-9]+)-", f.name)
-        if m and not any(f.resolve().is_relative_to(d) for d in skip):
-            found.append((f, m.group(1)))
-    return found
+    mine = Path(results_dir).resolve()
+    return [f for f in result_files([base]) if "local" not in f.relative_to(base).parts[:-1]
+            and not f.resolve().is_relative_to(mine)]
 
 
-def committed_of_missing_libraries(run_files: list[Path], generation: str, results_dir: str,
-                                   root: str | None = None) -> tuple[tuple[list, list], list[Path]]:
-    """The committed results of this generation for the adapters whose library this run did not have (every case
-    `not-installed`): a machine without vLLM keeps the committed vLLM rows. ((results, metadata), files read)."""
-    from harness.store.results import load
-
-    mine, _ = load(run_files, strict=False)
-    adapters = {r.adapter for r in mine if r.verdict == "not-installed"}
-    adapters -= {r.adapter for r in mine if r.verdict != "not-installed"}
-    if not adapters:
-        return ((), ()), []
-    files = [f for f, g in _committed_matrix_files(results_dir, root) if g == generation]
-    results, meta = load(files, strict=False)
-    results = [r for r in results if r.adapter in adapters]
-    meta = [m for m in meta if m.get("kind") != "adapter" or m.get("adapter") in adapters]
-    return (results, meta), (files if results else [])
-
-
-def committed_other_generations(generation: str, results_dir: str, root: str | None = None) -> list:
-    """Matrix result files committed under `root` (default: the repository's results/) for generations other
-    than `generation`, outside `results_dir` and results/local: what a fresh sweep's rendering merges in."""
-    return [f for f, g in _committed_matrix_files(results_dir, root) if g != generation]
+def committed_folders(files: list[Path], root: str | os.PathLike | None = None) -> list[str]:
+    """The top folders under results/ that hold `files` (results/interp, results/sm90), as a user would name them."""
+    base = _results_root(root)
+    return sorted({os.path.relpath(base / f.relative_to(base).parts[0]) for f in files})
 
 
 def add_parser(sub: Any) -> None:
@@ -184,8 +193,9 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--from", dest="sources", nargs="+", metavar="RESULTS",
                    help="render from these result files/folders (several generations merge); runs nothing")
     m.add_argument("--out", default=None,
-                   help=f"markdown output (the JSON goes next to it, .json; default {DEFAULT_OUT}, none for a "
-                        "--shard run); '' to skip rendering")
+                   help=f"markdown output (the JSON goes next to it, .json, the failing cases' files in "
+                        f"<name>.cases/; default {DEFAULT_OUT}, none for a --shard run; docs/SUPPORT_MATRIX.md is the "
+                        "committed one); '' to skip rendering")
     m.add_argument("--shard", metavar="K/N",
                    help="run shard K of N (1 <= K <= N): a deterministic 1/N of the cells, the same on every machine; "
                         "merge the shards' results with --from")
@@ -194,8 +204,9 @@ def add_parser(sub: Any) -> None:
                    help="continue an interrupted sweep (e.g. matrix-sm90-20261121T074027-fa1972, the prefix of its "
                         "result files in --results-dir): cases it already judged are not run again")
     m.add_argument("--only-this-run", action="store_true",
-                   help="render only this sweep's results (default: also the committed results under results/ of "
-                        "the other generations, so a CPU run keeps the GPU columns)")
+                   help="render only this sweep's results (default: also every committed result under results/, "
+                        "so a CPU run keeps the GPU columns)")
+    m.add_argument("--verbose", action="store_true", help="list the files of result folders that hold no verdicts")
     m.add_argument("--jobs", type=positive(int), default=None,
                    help="worker processes (default: the CPU count; on CUDA six per GPU, at most the CPU count)")
     m.add_argument("--case-timeout", type=positive(float), default=300.0,

@@ -94,8 +94,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         if adapter.library is not None and adapter.not_installed() is not None:
             missing.setdefault(f"{adapter.library.distribution} {adapter.library.written_for}: "
                                f"{adapter.library.install}", []).append(name)
-    return [f"moe-harness: not installed here, recorded as not-installed: {', '.join(names)} ({how})"
-            for how, names in sorted(missing.items())]
+    from harness.engine.interpreter import version_notice
+
+    notice = version_notice()  # None unless Triton's interpreter is in use and its release is not verified
+    return [notice] * (notice is not None) + [
+        f"moe-harness: not installed here, recorded as not-installed: {', '.join(names)} ({how})"
+        for how, names in sorted(missing.items())]
 
 
 def is_installed() -> bool:
@@ -152,18 +156,76 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_active(config):
         return
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
-    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "absent") is None:
-        # the xdist controller chooses the run's uid now, so that it knows its workers' results files
-        config.option.testrunuid = uuid.uuid4().hex
-    timeout = config.getoption("moe_case_timeout")
-    if timeout < 0:
-        raise pytest.UsageError(f"--moe-case-timeout must be >= 0, got {timeout:g}")
-    os.environ["HARNESS_CASE_TIMEOUT"] = f"{timeout:g}"  # runner.judge reads it; xdist workers inherit it
+    _check_options(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_VerifiedCount(), "moe-harness-verified")
+        if getattr(config.option, "testrunuid", "absent") is None:
+            # the xdist controller chooses the run's uid now, so that it knows its workers' results files
+            config.option.testrunuid = uuid.uuid4().hex
+    os.environ["HARNESS_CASE_TIMEOUT"] = f"{config.getoption('moe_case_timeout'):g}"  # xdist workers inherit it
     device = worker_device(config)
     if device.startswith("cuda:"):
         import torch
 
         torch.cuda.set_device(int(device.split(":")[1]))  # kernels that allocate on "cuda" follow the worker
+
+
+def _check_options(config: pytest.Config) -> None:
+    """Bad option values end the session now, as usage errors (one line, exit 4), instead of erroring each generic
+    test later."""
+    from harness.engine.profiles import PROFILES
+
+    profile = config.getoption("moe_profile")
+    if profile is not None and profile not in PROFILES:
+        raise pytest.UsageError(f"--moe-profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    shards = config.getoption("moe_shards")
+    if shards < 1:
+        raise pytest.UsageError(f"--moe-shards must be >= 1, got {shards}")
+    timeout = config.getoption("moe_case_timeout")
+    if timeout < 0:
+        raise pytest.UsageError(f"--moe-case-timeout must be >= 0, got {timeout:g}")
+    _check_device(config)
+    if not hasattr(config, "workerinput") and not getattr(config.option, "help", False):
+        selected_adapters(config)  # xdist workers take the controller's word for it
+
+
+def _check_device(config: pytest.Config) -> None:
+    """`--moe-device cuda[:N]` names a GPU this machine has (`auto` falls back to the CPU by itself)."""
+    requested = config.getoption("moe_device")
+    device = worker_device(config)  # a malformed value or --moe-gpus is a usage error there
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise pytest.UsageError(f"--moe-device {requested}: torch sees no CUDA device here (use auto or cpu)")
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise pytest.UsageError(f"--moe-device {requested}: GPU {index} does not exist here ({count} visible)")
+
+
+#: the user property in which a generic test that verified only some of its cases reports the count
+VERIFIED_PROPERTY = "moe_verified"
+
+
+class _VerifiedCount:
+    """On the controller: the passed generic tests that verified only part of their cases (the others were
+    not-verifiable or not-installed here), listed in the terminal summary: a pass must not hide what went unchecked."""
+
+    def __init__(self) -> None:
+        self.partly: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and report.passed:
+            self.partly.update((report.nodeid, str(v)) for k, v in report.user_properties if k == VERIFIED_PROPERTY)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.partly:
+            return
+        terminalreporter.write_sep("=", "moe-harness: passed, but not every case was verified here")
+        for nodeid, what in self.partly.items():
+            terminalreporter.write_line(f"PARTLY VERIFIED {nodeid}: {what}")
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
@@ -234,9 +296,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "moe_adapter_name" in metafunc.fixturenames:
         metafunc.parametrize("moe_adapter_name", selected_adapters(metafunc.config))
     if "moe_shard" in metafunc.fixturenames:
-        shards = metafunc.config.getoption("moe_shards")
-        if shards < 1:
-            raise pytest.UsageError(f"--moe-shards must be >= 1, got {shards}")
+        shards = metafunc.config.getoption("moe_shards")  # >= 1: checked at configure
         metafunc.parametrize("moe_shard", [(i, shards) for i in range(shards)],
                              ids=[f"shard{i}" for i in range(shards)])
 
@@ -265,9 +325,7 @@ def moe_profile(request: pytest.FixtureRequest) -> Any:
     """The hypothesis settings of the generic tests (never loaded globally: the repository's own profiles stay)."""
     from harness.engine.profiles import PROFILES, choose
 
-    name = request.config.getoption("moe_profile")
-    if name is not None and name not in PROFILES:
-        raise pytest.UsageError(f"--moe-profile must be one of {', '.join(PROFILES)}, got {name!r}")
+    name = request.config.getoption("moe_profile")  # a known one: checked at configure
     return PROFILES[choose(name, request.config.getoption("hypothesis_profile", default=None),
                            os.environ.get("MOE_HARNESS_PROFILE"), os.environ.get("HYPOTHESIS_PROFILE"))]
 
@@ -303,16 +361,22 @@ def _run_id() -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """On the xdist controller: the cases its crashed workers were judging get their error verdicts and case
-    files (each worker left a `pending` record before running one)."""
+    files (each worker left a `pending` record before running one); not when the session was interrupted."""
     config = session.config
     uid = getattr(config.option, "testrunuid", None)
     if hasattr(config, "workerinput") or not uid or not is_active(config):
         return
     from harness.store.results import resolve_pending
 
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        # Ctrl-C (or SIGINT) reached the workers too: what they were running was cut short by the user, not by a
+        # kernel, so it stays without a verdict (not run) instead of becoming an error blamed on the kernel
+        if reporter is not None:
+            reporter.write_line("moe-harness: session interrupted; the cases that were running have no verdict")
+        return
     folder = config.getoption("moe_results_dir") or config.getini("moe_results_dir")
     dead = resolve_pending(folder, f"pytest-{uid[:12]}", "an xdist worker died")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
     for r in dead:
         if reporter is not None:
             reporter.write_line(f"moe-harness: {r.case.case_id} ({r.adapter}) recorded as error: {r.reason}")

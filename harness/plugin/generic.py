@@ -24,6 +24,7 @@ from harness.core.result import Result
 from harness.core.sizes import scale
 from harness.engine import runner
 from harness.engine import strategies as hs
+from harness.plugin import VERIFIED_PROPERTY
 
 pytestmark = pytest.mark.moe_generic
 
@@ -44,13 +45,45 @@ REGRESSIONS: dict[str, list[Case]] = {
 }
 
 
+#: verdicts that verified nothing: the case could not be judged here (an unfaithful interpreter, a missing library)
+UNVERIFIED = ("not-verifiable", "not-installed")
+
+
+def unverified_reasons(results: list[Result], limit: int = 3, width: int = 120) -> str:
+    """The distinct reasons of the results that verified nothing, each cut to `width` characters, the first
+    `limit` of them."""
+    seen = list(dict.fromkeys(f"{r.verdict}: {r.reason}" for r in results if r.verdict in UNVERIFIED))
+    cut = [text if len(text) <= width else text[: width - 3] + "..." for text in seen[:limit]]
+    return "; ".join(cut) + (f" (and {len(seen) - limit} more)" if len(seen) > limit else "")
+
+
+def nothing_verified(results: list[Result]) -> str | None:
+    """Why none of `results` verified anything (None when one did, or there are none): a run that judged only
+    not-verifiable or not-installed cases has checked nothing and must not read as a pass."""
+    if not results or any(r.verdict not in UNVERIFIED for r in results):
+        return None
+    return f"could not verify any of its {len(results)} cases here: {unverified_reasons(results)}"
+
+
+def _skip_or_count_unverified(request: pytest.FixtureRequest, name: str, results: list[Result]) -> None:
+    """After a generic test of adapter `name` passed: skipped with the reasons when nothing was verified; when only
+    some cases were, the count goes into a user property, listed in the terminal summary."""
+    if (why := nothing_verified(results)) is not None:
+        pytest.skip(f"{name}: {why}")
+    verified = sum(r.verdict not in UNVERIFIED for r in results)
+    if verified < len(results):
+        request.node.user_properties.append(
+            (VERIFIED_PROPERTY, f"verified {verified} of {len(results)} cases; the others: "
+                                f"{unverified_reasons(results)}"))
+
+
 def _explain(r: Result) -> str:
     return (f"{r.verdict}: {r.reason}\n  case: {r.case.to_json()}\n"
             f"  replay: save the case JSON to case.json and run `python -m harness replay case.json`")
 
 
 def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_results, moe_unverifiable,  # type: ignore[no-untyped-def]
-                             moe_profile) -> None:
+                             moe_profile, request) -> None:
     adapter = registry.resolve(moe_adapter_name)
     moe_device = adapter.device_for(moe_device)  # a CPU-native kernel is judged on `cpu`, not `interp`
     cells = hs.declared_cells(adapter, moe_device)
@@ -86,6 +119,7 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
         test = settings(moe_profile)(test)
     test()
     _fail_on_vacuous_cells(judged, deliberate)
+    _skip_or_count_unverified(request, moe_adapter_name, judged)
 
 
 def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]], device, results) -> None:  # type: ignore[no-untyped-def]
@@ -143,7 +177,7 @@ def _normalized(text: str) -> str:
 
 
 def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_results,  # type: ignore[no-untyped-def]
-                                           moe_unverifiable) -> None:
+                                           moe_unverifiable, request) -> None:
     adapter = registry.resolve(moe_adapter_name)
     moe_device = adapter.device_for(moe_device)
     spec = ops.get(adapter.op)
@@ -153,6 +187,7 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
     if (missing := adapter.not_installed()) is not None:
         pytest.skip(f"{moe_adapter_name}: not installed (its declared cells are recorded as such): {missing}")
     problems = []
+    judged: list[Result] = []
     for cell in cells[:12]:
         fields = spec.boundary(adapter, cell)[1]
         case = runner.Case(op=adapter.op, adapter=adapter.name, features=cell, **fields)
@@ -161,6 +196,7 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
         # an interpreted bf16 tl.dot returns garbage
         r = runner.judge(case, adapter, moe_device, unverifiable=moe_unverifiable)
         moe_results.append(r)
+        judged.append(r)
         if r.verdict in ("pass", "not-verifiable"):
             continue  # works but not claimed (reported by the matrix), or not checkable by this interpreter
         if r.verdict != "unsupported":
@@ -171,3 +207,4 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
         if not any(w in msg for w in words):
             problems.append(f"undeclared cell {cell} rejected with a message naming no feature: {r.reason}")
     assert not problems, "\n".join(problems)
+    _skip_or_count_unverified(request, moe_adapter_name, judged)

@@ -5,7 +5,9 @@ refuse that, and under plain `pytest` it would end the session with the kernel's
 run with no tests after it. So, at the earliest plugin hook (before torch or CUDA is touched), the plugin starts
 the same command line again as a child process and only waits: the child runs the session and tells the parent,
 through an inherited pipe, which test it is in and, at the very end, that the session closed. A session that ends
-without closing exits 1 (or the signal's 128+N) with a line naming the test it was in. A child process, not a
+without closing exits 1 (or the signal's 128+N) with a line naming the test it was in, and the case it was judging
+is recorded as an error; unless the session was stopped from outside (SIGTERM or SIGHUP relayed by the parent, or the
+child ended by SIGINT, SIGTERM or SIGHUP): then nothing is blamed and that case has no verdict. A child process, not a
 fork: a fork after CUDA initialisation breaks CUDA in the child (seen on an H100). pytest-xdist sessions need none
 of this (xdist reports a worker that dies), nor do in-process `pytest.main()` calls; `--moe-no-supervise` or
 MOE_HARNESS_SUPERVISE=0 turns it off.
@@ -22,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +34,8 @@ _ENV = "MOE_HARNESS_SUPERVISE"
 _FD_ENV = "MOE_HARNESS_SUPERVISOR_FD"
 #: the results run id the parent chooses for its child, so that it can find the child's pending case
 RUN_ID_ENV = "MOE_HARNESS_RUN_ID"
+#: signals that stop a session from outside (a user, a job's time limit): a child they end blames no test
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 #: in the supervised child: the results run id its parent chose (taken once, hidden from subprocesses)
@@ -121,9 +126,15 @@ def _watch(proc: subprocess.Popen, channel: int, on_unclosed: Callable[[int], No
     """The parent: relay signals, follow the child's messages, and return the exit status this process ends with.
     `on_unclosed(status)` runs when the child died without closing."""
     child = proc.pid
+    relayed: list[int] = []
+
+    def relay(signum: int, frame: Any) -> None:
+        relayed.append(signum)
+        os.kill(child, signum)
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child from the terminal; it reports it
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: os.kill(child, signum))
+        signal.signal(sig, relay)
     buffered, current, closed, eof = b"", "", False, False
     status = None
     while status is None:
@@ -150,6 +161,12 @@ def _watch(proc: subprocess.Popen, channel: int, on_unclosed: Callable[[int], No
     if closed:
         return shell_code
     where = f" during {current}" if current else ""
+    stopped_by = relayed[0] if relayed else -code if -code in _INTERRUPTS else 0
+    if stopped_by:  # the session was stopped from outside: nothing is blamed on the test it was in
+        sys.stderr.write(f"\nmoe-harness: the pytest session was interrupted ({signal.Signals(stopped_by).name})"
+                         f"{where}; the case that was running has no verdict (not run).\n")
+        sys.stderr.flush()
+        return shell_code or 128 + stopped_by
     sys.stderr.write(f"\nmoe-harness: the pytest session ended without closing ({exit_cause(code)}){where}. A test "
                      "ended the process (a kernel's exit or crash in C code); its verdict and those of every later "
                      "test are missing. Run with -n 1 (pytest-xdist) to have the crash reported and the rest run.\n")

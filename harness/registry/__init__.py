@@ -325,7 +325,10 @@ def _as_adapters(obj: Any, origin: str, *, any_callable: bool = True) -> list[Ad
         if not (any_callable or getattr(obj, "__moe_harness_adapter_factory__", False)):
             raise ValueError(f"{origin} names a callable that is not marked with harness.adapters.adapter_factory; "
                              "name an Adapter (or a list of them), or mark the factory")
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as e:
+            raise AdapterImportError(f"{origin}: its factory raised {_one_line(e)}") from None
     if isinstance(obj, Adapter):
         return [obj]
     if isinstance(obj, (list, tuple)) and obj and all(isinstance(a, Adapter) for a in obj):
@@ -348,7 +351,15 @@ DEADLY: dict[str, str] = {}
 
 
 class AdapterImportError(ValueError, ImportError):
-    """Importing an adapter module tried to end the process (refused)."""
+    """Importing an adapter module failed: it raised (any exception: a syntax error, a NameError, a RuntimeError) or
+    tried to end the process (refused). A ValueError, so that every front end reports it as bad input, in one line
+    naming the module and the error."""
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """`Type: message` of an exception on one line (a multi-line message is joined), at most `limit` characters."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @contextlib.contextmanager
@@ -404,8 +415,8 @@ def load_builtin_and_plugins() -> None:
         try:
             with _watched_import(module_name):
                 importlib.import_module(module_name)
-        except ImportError as e:  # triton missing: the kernels' adapters are unavailable, the rest still works
-            LOAD_FAILURES[module_name] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # triton missing, a broken provider: its adapters are unavailable, the rest works
+            LOAD_FAILURES[module_name] = _one_line(e)
             warnings.warn(f"built-in adapters of {module_name} unavailable: {e}", stacklevel=2)
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if _deadly(f"entry-point {ep.name}", f"entry point {ep.name} ({ep.value})",
@@ -428,14 +439,21 @@ def probe_imports(specs: Iterable[str]) -> None:
     in a child process first (`harness.registry.probe`): one whose import ends or hangs that child is recorded in
     `DEADLY` and never imported here, so an exit from C code at import cannot end this process with no report.
     For a process that imports every adapter it runs (the matrix parent); a no-op once adapters are loaded."""
-    from harness.registry.probe import probe
+    from harness.registry.probe import ProbeNotStarted, probe
 
     if _loaded:
         return
     origins = [("module", m) for m in BUILTIN_PROVIDERS]
     origins += [("entry-point", ep.name) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
     origins += [("module", s.partition(":")[0]) for s in specs if ":" in s and s not in _REGISTRY]
-    DEADLY.update(probe(origins))
+    try:
+        DEADLY.update(probe(origins))
+    except ProbeNotStarted as e:  # nothing is known of the origins it had: they are imported here, unprobed
+        import warnings
+
+        DEADLY.update(e.found)
+        warnings.warn(f"{e}; the adapter modules it did not probe are imported in this process unprobed",
+                      stacklevel=2)
 
 
 def entry_point_adapters() -> list[Adapter]:
@@ -456,8 +474,9 @@ def resolve(spec: str) -> Adapter:
         with _watched_import(f"module {module_name!r}") as defined:
             try:
                 module = importlib.import_module(module_name)
-            except ImportError as e:
-                raise ValueError(f"adapter {spec!r}: cannot import module {module_name!r} ({e})") from None
+            except Exception as e:  # not only ImportError: a module that raises anything is not importable
+                raise AdapterImportError(f"adapter {spec!r}: cannot import module {module_name!r} "
+                                         f"({_one_line(e)})") from None
             obj = module
             for part in attr.split("."):
                 if not hasattr(obj, part):

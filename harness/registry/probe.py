@@ -5,51 +5,123 @@ The registry's own watched import refuses exits made from Python (`os._exit`, `S
 cannot be refused, only survived by not being in that process. `probe(origins)` imports each origin in turn in one
 child, which prints a line before and after each; when the child ends early, the origin it had started is the one
 that killed it (recorded in `registry.DEADLY`, never imported by this process) and a fresh child goes on with the
-origins after it. Used by `python -m harness matrix`, whose parent process imports every adapter it sweeps.
+origins after it. A child that ends or hangs before its first import blames nothing: `ProbeNotStarted` says so.
+Used by `python -m harness matrix`, whose parent process imports every adapter it sweeps.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from harness.core.exits import exit_cause
 
-#: seconds the child may take for all its imports (a module whose import hangs is named as such)
+#: seconds one import may take in the child, counted from its start (a module whose import hangs is named as such)
 PROBE_TIMEOUT_S = 180.0
+#: seconds the child may take to start (Python, torch, the harness: slow on a loaded machine) before its first import
+START_TIMEOUT_S = 600.0
 
 
-def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S) -> dict[str, str]:
-    """Import each `(kind, target)` origin in a child process, in order: kind "entry-point" (target: the entry
-    point's name) or "module" (target: a module name). Returns `{"kind target": why}` for the origins whose import
-    ended or hung the child; the others imported (or raised, which the caller's own import reports)."""
-    deadly: dict[str, str] = {}
-    rest = list(origins)
+class ProbeNotStarted(RuntimeError):
+    """A probe child ended or hung before it started its first import, so no origin can be blamed. `found` holds
+    the deadly origins that earlier children named."""
+
+    def __init__(self, message: str, found: dict[str, str]):
+        super().__init__(message)
+        self.found = found
+
+
+@dataclass
+class _Child:
+    lines: list[str]
+    code: int | None  # exit status; None: killed past its deadline
+    stderr: str
+
+
+def _command(origins: Sequence[tuple[str, str]]) -> list[str]:
+    return [sys.executable, "-m", "harness.registry", json.dumps(list(origins))]
+
+
+def _follow(proc: subprocess.Popen, timeout: float, start_timeout: float) -> tuple[list[str], bool]:
+    """The child's output lines until it ends or prints `probe-end` (False), or overruns its deadline (True):
+    `start_timeout` until its first `probe-start`, then `timeout` from each `probe-start`."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    lines: list[str] = []
+    buffered = b""
+    deadline = time.monotonic() + start_timeout
+    while "probe-end" not in lines:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return lines, True
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        *new, buffered = (buffered + data).split(b"\n")
+        for raw in new:
+            lines.append(raw.decode(errors="replace"))
+            if lines[-1].startswith("probe-start "):
+                deadline = time.monotonic() + timeout
+    return lines, False
+
+
+def _run_child(origins: Sequence[tuple[str, str]], timeout: float, start_timeout: float) -> _Child:
     # the child finds modules where this process does (a caller may have extended sys.path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    while rest:
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(_command(origins), stdout=subprocess.PIPE, stderr=err, env=env)
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.registry", json.dumps(rest)],
-                                  capture_output=True, text=True, timeout=timeout, env=env)
-            out, code = proc.stdout, proc.returncode
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            code = None
-        lines = out.splitlines()
-        if "probe-end" in lines:
+            lines, overran = _follow(proc, timeout, start_timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            code = proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+        err.seek(0)
+        stderr = err.read()[-4000:].decode(errors="replace")
+    return _Child(lines, None if overran else code, stderr)
+
+
+def _why_not_started(child: _Child, start_timeout: float) -> str:
+    last = next((line.strip() for line in reversed(child.stderr.splitlines()) if line.strip()), "")
+    what = (f"did not start within {start_timeout:g} s" if child.code is None else
+            f"ended before its first import ({exit_cause(child.code)})")
+    return f"the import probe child process {what}" + (f": {last}" if last else "")
+
+
+def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S,
+          start_timeout: float = START_TIMEOUT_S) -> dict[str, str]:
+    """Import each `(kind, target)` origin in a child process, in order: kind "entry-point" (target: the entry
+    point's name) or "module" (target: a module name). Returns `{"kind target": why}` for the origins whose import
+    ended the child or ran past `timeout` seconds from its start; the others imported (or raised, which the
+    caller's own import reports). A child that does not reach its first import (`start_timeout`) raises
+    `ProbeNotStarted`."""
+    deadly: dict[str, str] = {}
+    rest = list(origins)
+    while rest:
+        child = _run_child(rest, timeout, start_timeout)
+        if "probe-end" in child.lines:
             break
-        started = [int(w.split()[1]) for w in lines if w.startswith("probe-start ")]
-        finished = {int(w.split()[1]) for w in lines if w.startswith("probe-done ")}
-        if not started or started[-1] in finished:
-            # died outside any import (the child's own startup): nothing to blame, let the real import report it
-            break
+        started = [int(w.split()[1]) for w in child.lines if w.startswith("probe-start ")]
+        finished = {int(w.split()[1]) for w in child.lines if w.startswith("probe-done ")}
+        if not started:
+            raise ProbeNotStarted(_why_not_started(child, start_timeout), deadly)
+        if started[-1] in finished:
+            break  # died outside any import (between two, or at exit): nothing to blame
         culprit = started[-1]
         kind, target = rest[culprit]
-        deadly[f"{kind} {target}"] = (f"importing it hung (no answer within {timeout:g} s)" if code is None else
-                                      f"importing it ended the process ({exit_cause(code)}), in a probe child "
-                                      "process; not imported here")
+        deadly[f"{kind} {target}"] = (
+            f"importing it hung (no answer within {timeout:g} s of its start)" if child.code is None else
+            f"importing it ended the process ({exit_cause(child.code)}), in a probe child process; not imported here")
         rest = rest[culprit + 1:]
     return deadly

@@ -1,9 +1,14 @@
 """Render the kernel-feature support matrix from result files (markdown for people, JSON for tools).
 
 Nothing is recomputed: every statement comes from recorded verdicts (and the metadata records the sweep writes
-next to them). Several generations (and runs) merge; when the same case was judged more than once on the same
-generation, the latest real verdict counts (a verdict recorded by the parent for a hung or dead worker yields to a
-real one).
+next to them). Several generations (and runs) merge; when the same case was judged more than once in the same
+lineage, the latest verified verdict counts (a verdict recorded by the parent for a hung or dead worker yields to a
+real one, and a not-verifiable or not-installed verdict never replaces a verified one: it only fills a cell that
+nothing verified).
+
+A lineage is a generation plus what decides its fidelity (`FIDELITY`): for `interp`, the Triton release whose
+interpreter ran the kernels. Verdicts of two lineages are never merged into one: when a generation holds several,
+each is shown as a generation of its own, named with it (`interp (Triton 3.9.0)`).
 
 The rule for a feature value (a value of one axis of an op, for one adapter): the cases that exercised it are
 those whose cell has that value and whose verdict is pass, fail or error (a clean rejection of an undeclared cell
@@ -13,6 +18,7 @@ footnote (which generation, where, how many) when some failed; it is not listed 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -35,28 +41,66 @@ CASE_FILES_PER_NOTE = 2
 
 # -- loading ------------------------------------------------------------------------------------------------------
 
-def _key(r: Result) -> tuple[str, str]:
-    return r.generation, r.case.to_json()
+#: verdicts that judged the case (a clean rejection included); not-verifiable and not-installed judged nothing
+VERIFIED = ("pass", "fail", "error", "unsupported")
+#: generation -> (device key, name) of what besides the generation decides a verdict there
+FIDELITY: dict[str, tuple[str, str]] = {"interp": ("triton_version", "Triton")}
+
+
+def lineage(r: Result) -> tuple[str, str]:
+    """(generation, what decides its fidelity, e.g. the Triton release of an `interp` verdict; "" elsewhere)."""
+    key = FIDELITY.get(r.generation)
+    return r.generation, (str(r.device.get(key[0]) or "unknown") if key else "")
+
+
+def _key(r: Result) -> tuple[str, str, str]:
+    return (*lineage(r), r.case.to_json())
+
+
+def _rank(r: Result) -> tuple[int, bool, float]:
+    """Verified beats not-verifiable beats not-installed (a run that judged nothing says nothing about one that
+    did), then a real verdict beats a parent's marker, then the latest wins."""
+    tier = 2 if r.verdict in VERIFIED else 1 if r.verdict == "not-verifiable" else 0
+    return tier, "marker" not in r.metrics, r.timestamp
+
+
+def _cell_key(r: Result) -> tuple[str, str, str, str]:
+    return (r.adapter, *lineage(r), json.dumps(r.case.features, sort_keys=True))
 
 
 def dedupe(results: Iterable[Result]) -> list[Result]:
-    """One result per (generation, case): a real verdict beats a parent's marker, then the latest wins."""
-    best: dict[tuple[str, str], Result] = {}
+    """One result per (lineage, case), ranked by `_rank`; a not-verifiable case only fills a cell its lineage
+    verified nothing of, a not-installed one only an adapter its lineage ran nothing of."""
+    best: dict[tuple[str, str, str], Result] = {}
     for r in results:
-        k = _key(r)
-        old = best.get(k)
-        # a library missing in one run says nothing about the verdict of a run that had it
-        rank = (r.verdict != "not-installed", "marker" not in r.metrics, r.timestamp)
-        if old is None or rank >= (old.verdict != "not-installed", "marker" not in old.metrics, old.timestamp):
-            best[k] = r
-    ran = {(r.adapter, r.generation) for r in best.values() if r.verdict != "not-installed"}
-    # where some run had the library, the cases of another run that lacked it are not shown as missing
-    kept = [r for r in best.values() if r.verdict != "not-installed" or (r.adapter, r.generation) not in ran]
-    return sorted(kept, key=lambda r: (r.adapter, r.generation, r.case.to_json()))
+        old = best.get(_key(r))
+        if old is None or _rank(r) >= _rank(old):
+            best[_key(r)] = r
+    ran = {_cell_key(r)[:3] for r in best.values() if r.verdict != "not-installed"}
+    verified = {_cell_key(r) for r in best.values() if r.verdict in VERIFIED}
+    kept = [r for r in best.values() if not (r.verdict == "not-installed" and _cell_key(r)[:3] in ran)
+            and not (r.verdict == "not-verifiable" and _cell_key(r) in verified)]
+    return sorted(kept, key=lambda r: (r.adapter, r.generation, _key(r)))
+
+
+def _by_lineage(rs: Sequence[Result]) -> list[Result]:
+    """The results, those of a generation with several lineages labelled with theirs (`interp (Triton 3.9.0)`)."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for r in rs:
+        seen[r.generation].add(lineage(r)[1])
+    split = {g for g, found in seen.items() if len(found) > 1}
+    return [dataclasses.replace(r, generation=f"{r.generation} ({FIDELITY[r.generation][1]} {lineage(r)[1]})")
+            if r.generation in split else r for r in rs]
+
+
+def _base(label: str) -> str:
+    """The generation of a label (`interp (Triton 3.9.0)` -> `interp`)."""
+    return label.split(" (", 1)[0]
 
 
 def _gen_order(g: str) -> tuple[int, str]:
-    return (GENERATIONS.index(g) if g in GENERATIONS else len(GENERATIONS), g)
+    base = _base(g)
+    return (GENERATIONS.index(base) if base in GENERATIONS else len(GENERATIONS), g)
 
 
 def _cell(v: Any) -> str:
@@ -98,9 +142,10 @@ class _CaseFiles:
 
     def add(self, r: Result) -> str:
         # names come from results files: never let one steer the path out of the folder
-        stem = re.sub(r"[^A-Za-z0-9._-]", "_", f"{r.adapter}-{r.generation}-{r.case.case_id}").lstrip(".")
+        label = re.sub(r"[^A-Za-z0-9.]+", "-", r.generation).strip("-")  # interp (Triton 3.9.0): interp-Triton-3.9.0
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", f"{r.adapter}-{label}-{r.case.case_id}").lstrip(".")
         path = f"{self.folder}/{stem}.json"
-        self.files[path] = {"case": r.case.to_dict(), "generation": r.generation, "verdict": r.verdict,
+        self.files[path] = {"case": r.case.to_dict(), "generation": _base(r.generation), "verdict": r.verdict,
                             "declared": r.declared, "reason": r.reason}
         return path
 
@@ -259,7 +304,7 @@ def _generation_info(g: str, rs: Sequence[Result], runs: Sequence[Mapping[str, A
                       | {m["profile"] for m in run_meta if m.get("profile")})
     names = sorted({(d.get("device_name") or d.get("device") or "?")
                     + (f" (sm_{d['capability'][0]}{d['capability'][1]})" if d.get("capability") else "")
-                    + (", Triton interpreter" if g == "interp" else "") for d in dev_list})
+                    + (", Triton interpreter" if _base(g) == "interp" else "") for d in dev_list})
     return {
         "generation": g, "devices": names,
         "torch": sorted({str(d.get("torch_version")) for d in dev_list}),
@@ -419,7 +464,7 @@ def _not_installed_rows(name: str, recs: Sequence[Result]) -> list[dict[str, Any
 def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, command: str = "",
           sources: Sequence[str] = (), cases_folder: str = "SUPPORT_MATRIX.cases") -> dict[str, Any]:
     """The support matrix as a JSON-serializable dict (`to_markdown` renders it)."""
-    rs = dedupe(results)
+    rs = _by_lineage(dedupe(results))
     meta = list(meta)
     runs = [m for m in meta if m.get("kind") == "run"]
     infos, selection = _collect_meta(meta)
@@ -538,7 +583,8 @@ def _op_section(title: str, op_adapters: Sequence[Mapping[str, Any]], notes: Map
 def _header(model: Mapping[str, Any]) -> list[str]:
     """Title, how to regenerate, the results read, the generations' provenance and how to read the tables."""
     out = [f"# {model['title']}", "",
-           "Generated from recorded verdicts; do not edit by hand. Regenerate with:", "",
+           "Generated from recorded verdicts; do not edit by hand. Regenerate with (`--out PATH` picks where it is "
+           "written):", "",
            "```bash", model["command"] or "python -m harness matrix", "```", ""]
     if model["sources"]:
         out += ["Results read: " + ", ".join(f"`{s}`" for s in model["sources"]) + f" ({model['verdicts']} verdicts).",
@@ -555,7 +601,9 @@ def _header(model: Mapping[str, Any]) -> list[str]:
             "`*` marks a value that works but that the kernel does not declare; \"N non-vacuous\" counts the passing "
             "cases whose expected output was not all zeros or empty (cases that could have failed). Quick runs sweep "
             "a pairwise covering set of the cells of large ops (every pair of values of two axes appears in some "
-            "cell), full runs every cell; not-applicable combinations are never swept or shown.", ""]
+            "cell), full runs every cell; not-applicable combinations are never swept or shown. A generation whose "
+            "verdicts come from several Triton releases of the interpreter is shown once per release (`interp "
+            "(Triton 3.9.0)`): the interpreter's fidelity depends on it.", ""]
     return out
 
 
@@ -687,13 +735,12 @@ def to_markdown(model: Mapping[str, Any]) -> str:
 def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, command: str = "",
                  strict: bool = True, shown_sources: Sequence[str] | None = None,
                  on_skip: Callable[[Path, str], None] | None = None,
-                 supplement: tuple[Sequence[Result], Sequence[Mapping[str, Any]]] = ((), ())
-                 ) -> tuple[Path, Path, int]:
+                 on_kept: Callable[[list[Path]], None] | None = None) -> tuple[Path, Path, int]:
     """Render result files into `out` (markdown), `out` with .json, and the failing cases' files; returns
     (markdown path, JSON path, number of verdicts). JSONL files of other data under the given folders are skipped
-    (`on_skip(path, why)`, default a warning)."""
+    (`on_skip(path, why)`, default a warning). Case files the previous render into `out` wrote and this one does
+    not are removed, unless git tracks them: those are kept and passed to `on_kept`."""
     results, meta = load(paths, strict=strict, on_skip=on_skip)
-    results, meta = [*results, *supplement[0]], [*meta, *supplement[1]]
     if not results:
         raise ValueError(f"no results in {', '.join(map(str, paths))}")
     md_path = Path(out)
@@ -701,17 +748,63 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     sources = list(shown_sources) if shown_sources is not None else [str(p) for p in paths]
     model = build(results, meta, command=command, sources=sources, cases_folder=folder)
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(to_markdown(model), encoding="utf-8")
     json_path = md_path.with_suffix(".json")
-    json_path.write_text(json.dumps(model, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     case_dir = md_path.parent / folder
-    if case_dir.is_dir():
-        for old in case_dir.glob("*.json"):
-            old.unlink()
+    previous = _previous_case_files(json_path, case_dir)
+    md_path.write_text(to_markdown(model), encoding="utf-8")
+    json_path.write_text(json.dumps(model, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    written = set()
     for rel, record in model["case_files"].items():
         p = md_path.parent / rel
         if not p.resolve().is_relative_to(case_dir.resolve()):
             raise ValueError(f"case file {rel!r} would be written outside {case_dir}")
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        written.add(p.resolve())
+    kept = _remove_stale(sorted(previous - written), case_dir)
+    if kept and on_kept is not None:
+        on_kept(kept)
     return md_path, json_path, model["verdicts"]
+
+
+def _previous_case_files(json_path: Path, case_dir: Path) -> set[Path]:
+    """The case files the render that wrote `json_path` wrote (only those inside `case_dir`: the JSON could have
+    been edited by anyone)."""
+    try:
+        listed = json.loads(json_path.read_text(encoding="utf-8")).get("case_files", {})
+    except (OSError, ValueError, AttributeError):
+        return set()
+    inside = case_dir.resolve()
+    found = {(json_path.parent / rel).resolve() for rel in listed if isinstance(rel, str)}
+    return {p for p in found if p.suffix == ".json" and p.parent == inside}
+
+
+def _remove_stale(stale: Sequence[Path], case_dir: Path) -> list[Path]:
+    """Remove stale case files of an earlier render that git does not track; return the tracked ones (kept)."""
+    if not stale:
+        return []
+    tracked = _git_tracked(case_dir)
+    if tracked is None:  # cannot tell what is committed: remove nothing
+        return [p for p in stale if p.exists()]
+    kept = []
+    for p in stale:
+        if p.name in tracked:
+            kept.append(p)
+        else:
+            p.unlink(missing_ok=True)
+    return kept
+
+
+def _git_tracked(folder: Path) -> set[str] | None:
+    """Names of the files git tracks in `folder`; empty outside a repository, None when git cannot answer."""
+    import subprocess
+
+    if not folder.is_dir():
+        return set()
+    try:
+        done = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=folder, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return set() if b"not a git repository" in done.stderr else None
+    return {Path(n).name for n in done.stdout.decode("utf-8", "replace").split("\0") if n and "/" not in n}

@@ -22,7 +22,7 @@ from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
 from harness.store.results import ResultStore, load_results, new_run_id
-from harness.sweep.progress import Progress, counted_as
+from harness.sweep.progress import Progress, WorkerWarnings, counted_as
 from harness.sweep.selection import (
     CASES_PER_CELL,
     QUICK_ALL_CELLS,
@@ -33,11 +33,10 @@ from harness.sweep.selection import (
     plan,
     select_cells,
 )
-from harness.sweep.workers import WorkerPool, _Chunk, default_jobs, judge_safely
+from harness.sweep.workers import SweepInterrupted, WorkerPool, _Chunk, default_jobs, judge_safely
 
-__all__ = ["CASES_PER_CELL", "QUICK_ALL_CELLS", "Plan", "Shard", "VerdictsLost", "adapter_record", "default_jobs",
-           "pairwise_cover",
-           "plan", "run_sweep", "select_cells", "sweep"]
+__all__ = ["CASES_PER_CELL", "QUICK_ALL_CELLS", "Plan", "Shard", "SweepInterrupted", "VerdictsLost", "adapter_record",
+           "default_jobs", "pairwise_cover", "plan", "run_sweep", "select_cells", "sweep"]
 
 
 @dataclass
@@ -155,6 +154,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     resume: continue run `run_id` (its files in results_dir): cases it already judged are counted, not re-run,
     so a sweep cut short (a time limit, a lost machine) finishes in a later call.
     shard: judge only this shard of the cells (the metadata still describes the whole plan, so shards merge).
+    Ctrl-C or SIGTERM raises `SweepInterrupted` (a KeyboardInterrupt) once the workers are stopped: the cases they
+    were running get no verdict (the user stopped them, not their kernels) and `resume` judges them later.
     """
     run_id = run_id or f"matrix-{device.generation}-{new_run_id()}"
     results_dir = os.path.abspath(results_dir)  # fixed now: a kernel that changes the cwd cannot move the results
@@ -175,15 +176,18 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
         print(f"resuming {run_id}: {len(finished)} of {len(run.cases)} cases already judged", file=out, flush=True)
     for index, r in finished:
         run.account(index, r.verdict, r.declared)
+    warned = WorkerWarnings(Path(results_dir) / f"{run_id}-warnings.log")
     try:
         WorkerPool(chunks, device, results_dir, run_id, n_jobs, case_timeout, run.progress, run.cases,
-                   run.account, run.mark).run()
+                   run.account, run.mark, warnings_log=str(warned.path)).run()
     finally:
         run.progress.finish()
         run.main.append_meta("run_end", {"generation": device.generation, "verdicts": run.progress.done,
                                          "wall_s": round(run.progress.elapsed(), 2),
-                                         "counts": dict(run.progress.counts)})
+                                         "counts": dict(run.progress.counts), "warnings": warned.count()})
         run.main.close()
+        if out is not None and warned.summary():
+            print(warned.summary(), file=out, flush=True)
     _check_recorded(results_dir, run_id, run)
     return run.totals
 

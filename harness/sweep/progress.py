@@ -1,12 +1,27 @@
-"""Progress of a sweep: cells done, verdict counts and ETA (a bar on a terminal, a line now and then in a log)."""
+"""Progress of a sweep: cells done, verdict counts and ETA (a bar on a terminal, a line now and then in a log), and
+the worker processes' Python warnings kept out of it (logged next to the results, counted at the end)."""
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Mapping
-from typing import IO
+from pathlib import Path
+from typing import IO, Any
+
+
+def duration(seconds: float) -> str:
+    """A wall time as people read it: 45s, 1m32s, 2h05m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
 
 
 def counted_as(verdict: str, declared: bool) -> str:
@@ -73,4 +88,39 @@ class Progress:
         if self.out is not None:
             if self.tty:
                 print(file=self.out)
-            print(f"done: {self.line()}", file=self.out, flush=True)
+            print(f"done: judged {self.done} of {self.total} cases in {duration(self.elapsed())} "
+                  f"({self.cells_done}/{self.cells_total} cells; "
+                  + (", ".join(f"{v} {k}" for k, v in sorted(self.counts.items())) or "no verdicts") + ")",
+                  file=self.out, flush=True)
+
+
+class WorkerWarnings:
+    """The worker processes' Python warnings (numpy overflows in Triton's interpreter, deprecations) go to one log
+    file next to the results, one line each, instead of their stderr, where they would cut the progress lines."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def count(self) -> int:
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                return sum(1 for _ in fh)
+        except OSError:
+            return 0
+
+    def summary(self) -> str:
+        """One line for the end of the sweep ("" when no worker warned)."""
+        n = self.count()
+        return f"{n} warning(s) from the worker processes (Python, Triton): {self.path}" if n else ""
+
+
+def log_warnings_to(log: str) -> None:
+    """In a worker process: every warning it shows is appended to `log` as one line, not written to its stderr."""
+    import warnings
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        text = " ".join(f"{category.__name__}: {message} ({filename}:{lineno})".split())
+        with open(log, "a", encoding="utf-8") as fh:  # append: workers share the file, one short write each
+            fh.write(f"{text} [pid {os.getpid()}]\n")
+
+    warnings.showwarning = show

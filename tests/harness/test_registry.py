@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from harness import registry
+from harness import cli, registry
 from harness.core.device import detect
 
 # a module-level adapter, resolvable as "tests.harness.test_registry:EXTERNAL"
@@ -75,3 +75,23 @@ def test_module_object_calls_only_marked_factories() -> None:
     for spec in (f"{__name__}:unmarked_factory", "os:abort", "builtins:print"):
         with pytest.raises(ValueError, match=r"not marked with harness\.adapters\.adapter_factory"):
             registry.resolve(spec)
+
+
+@pytest.mark.parametrize(("module", "source", "error"), [
+    ("moe_broken_syntax", "x = (\n", "SyntaxError: '(' was never closed"),
+    ("moe_broken_name", "ADAPTER = undefined_name\n", "NameError: name 'undefined_name' is not defined"),
+    ("moe_broken_runtime", "raise RuntimeError('needs a GPU\\nto import')\n", "RuntimeError: needs a GPU to import"),
+])
+def test_a_module_that_raises_anything_on_import_is_one_line_naming_it(
+        module: str, source: str, error: str, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Not only an ImportError: whatever the module raises becomes a bad-input error of the front ends."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(registry.AdapterImportError) as raised:  # a ValueError
+        registry.resolve(f"{module}:ADAPTER")
+    assert f"adapter '{module}:ADAPTER': cannot import module '{module}' ({error}" in str(raised.value)
+    assert "\n" not in str(raised.value)
+    code = cli.main(["matrix", "--device", "cpu", "--adapter", f"{module}:ADAPTER", "--out", ""])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert f"module '{module}'" in err and error in err, err

@@ -5,12 +5,19 @@ garbage on undeclared cells, a reference adapter) renders to the expected markdo
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
+
 from harness import cli
+from harness.core.case import Case
+from harness.core.result import Result
 from harness.store.render import build, render_files, to_markdown
 from harness.store.results import load_meta, load_results
 
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
 RESULTS = FIXTURES / "matrix_results.jsonl"
 EXPECTED = FIXTURES / "expected_matrix.md"
@@ -79,21 +86,118 @@ def test_cli_renders_from_files_with_json_and_case_files(tmp_path: Path) -> None
     assert render_files([RESULTS], out)[2] == 20
 
 
-def test_a_fresh_sweep_merges_the_committed_results_of_other_generations(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from harness.commands.matrix import committed_other_generations
+def test_a_sweep_merges_every_committed_result_file(tmp_path: Path) -> None:
+    """The sweep once merged only `matrix-*` files of the other generations: the pytest plugin's verdicts and the
+    cpu generation inside `matrix-interp-*` files were dropped from every matrix a sweep rendered."""
+    from harness.commands.matrix import committed_folders, committed_results
 
     for rel in ("interp/matrix-interp-1-a-main.jsonl", "sm90/matrix/matrix-sm90-2-b-w1.jsonl",
                 "sm100/matrix-sm100-3-c-w2.jsonl", "local/matrix-sm90-4-d-w3.jsonl", "sm90/pytest/pytest-x.jsonl",
-                "sm100/full/matrix-sm100-5-e-w4.jsonl.gz"):
+                "sm100/full/matrix-sm100-5-e-w4.jsonl.gz", "external/local/matrix-interp-6-f-w5.jsonl",
+                "sm90/run/matrix-sm90-7-g-main.jsonl", "sm90/notes.txt"):
         f = tmp_path / rel
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text("")
-    names = [f.name for f in committed_other_generations("sm90", str(tmp_path / "local"), root=str(tmp_path))]
-    # not sm90, not local, not pytest; gzipped archives too
-    assert sorted(names) == ["matrix-interp-1-a-main.jsonl", "matrix-sm100-3-c-w2.jsonl",
-                             "matrix-sm100-5-e-w4.jsonl.gz"]
-    names = [f.name for f in committed_other_generations("interp", str(tmp_path / "elsewhere"), root=str(tmp_path))]
-    assert sorted(names) == ["matrix-sm100-3-c-w2.jsonl", "matrix-sm100-5-e-w4.jsonl.gz", "matrix-sm90-2-b-w1.jsonl"]
+    found = committed_results(str(tmp_path / "sm90" / "run"), root=str(tmp_path))
+    # every generation (this one too), pytest verdicts, gzipped archives; not local folders nor this run's folder
+    assert sorted(f.relative_to(tmp_path).as_posix() for f in found) == [
+        "interp/matrix-interp-1-a-main.jsonl", "sm100/full/matrix-sm100-5-e-w4.jsonl.gz",
+        "sm100/matrix-sm100-3-c-w2.jsonl", "sm90/matrix/matrix-sm90-2-b-w1.jsonl", "sm90/pytest/pytest-x.jsonl"]
+    assert [Path(f).name for f in committed_folders(found, root=str(tmp_path))] == ["interp", "sm100", "sm90"]
+
+
+def test_a_sweep_reads_the_committed_files_the_committed_matrix_was_rendered_from() -> None:
+    from harness.commands.matrix import committed_results
+    from harness.store.results import result_files
+
+    sources = json.loads((ROOT / "docs" / "SUPPORT_MATRIX.json").read_text(encoding="utf-8"))["sources"]
+    rendered_from = {p.resolve() for p in result_files([ROOT / s for s in sources])}
+    assert {p.resolve() for p in committed_results(str(ROOT / "results" / "local"))} == rendered_from
+
+
+def test_the_committed_matrix_re_renders_byte_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/SUPPORT_MATRIX.md, .json and case files are what the committed results render to, wherever rendered."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "elsewhere" / "SUPPORT_MATRIX.md"
+    assert cli.main(["matrix", "--from", "results/interp", "results/sm90", "--out", str(out)]) == 0
+    docs = ROOT / "docs"
+    for name in ("SUPPORT_MATRIX.md", "SUPPORT_MATRIX.json"):
+        assert (out.parent / name).read_bytes() == (docs / name).read_bytes(), f"docs/{name} is stale"
+    cases = sorted(p.name for p in (out.parent / "SUPPORT_MATRIX.cases").iterdir())
+    assert cases == sorted(p.name for p in (docs / "SUPPORT_MATRIX.cases").iterdir())
+    for name in cases:
+        assert (out.parent / "SUPPORT_MATRIX.cases" / name).read_bytes() == \
+            (docs / "SUPPORT_MATRIX.cases" / name).read_bytes(), name
+
+
+def _interp(verdict: str, triton: str, seconds: float, seed: int = 1, activation: str = "silu_and_mul") -> Result:
+    case = Case(op="activation", adapter="k", features={"activation": activation, "dtype": "float32"},
+                shapes={"M": seed}, seed=seed)
+    return Result(case=case, verdict=verdict, reason=f"{verdict} on {triton}", generation="interp",
+                  device={"triton_version": triton}, timestamp=1000.0 + seconds)
+
+
+def test_a_verdict_of_another_triton_interpreter_is_shown_apart_never_merged() -> None:
+    """A fresh machine's interpreter (another Triton) once replaced the committed interp verdicts and made
+    false "claimed but failing" rows; each Triton's verdicts are their own generation now, named with it."""
+    committed = [_interp("pass", "3.9.0", 0, seed) for seed in (1, 2)]
+    local = [_interp("fail", "3.10.0", 100, 1), _interp("not-verifiable", "3.10.0", 100, 2)]
+    model = build(committed + local)
+    gens = [g["generation"] for g in model["generations"]]
+    assert gens == ["interp (Triton 3.10.0)", "interp (Triton 3.9.0)"]
+    assert [g["triton"] for g in model["generations"]] == [["3.10.0"], ["3.9.0"]]
+    row = model["adapters"][0]["generations"]
+    assert row["interp (Triton 3.9.0)"]["status"] == "pass" and row["interp (Triton 3.9.0)"]["exercised"] == 2
+    assert [r["generation"] for r in model["declared_vs_verified"]["claimed_but_failing"]] == \
+        ["interp (Triton 3.10.0)"]
+    [record] = model["case_files"].values()
+    assert record["generation"] == "interp" and all("Triton-3.10.0" in p for p in model["case_files"])
+    assert "| interp (Triton 3.9.0) " in to_markdown(model)
+    assert [g["generation"] for g in build(committed)["generations"]] == ["interp"]  # one Triton: as before
+
+
+def test_a_not_verifiable_verdict_never_replaces_a_verified_one() -> None:
+    """Later not-verifiable verdicts of the same interpreter fill only cells that nothing verified."""
+    earlier = [_interp("pass", "3.9.0", 0, 1), _interp("fail", "3.9.0", 0, 2)]
+    later = [_interp("not-verifiable", "3.9.0", 100, seed) for seed in (1, 2, 3)]  # seed 3: same cell, new case
+    elsewhere = _interp("not-verifiable", "3.9.0", 100, 1, activation="gelu_and_mul")  # a cell nothing verified
+    model = build(earlier + later + [elsewhere])
+    counts = model["adapters"][0]["generations"]["interp"]["counts"]
+    assert counts == {"fail": 1, "not-verifiable": 1, "pass": 1}
+    assert [r["cases"] for r in model["declared_vs_verified"]["not_verifiable"]] == [1]
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=folder, check=True,
+                   capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_render_deletes_only_its_own_stale_case_files_and_never_committed_ones(tmp_path: Path) -> None:
+    """A render once deleted every *.json of the case folder: committed case files and files of others too."""
+    _git(tmp_path, "init", "-q")
+    out = tmp_path / "docs" / "MATRIX.md"
+    assert cli.main(["matrix", "--from", str(RESULTS), "--out", str(out)]) == 0
+    committed = sorted((tmp_path / "docs" / "MATRIX.cases").iterdir())
+    assert committed
+    _git(tmp_path, "add", "docs")
+    _git(tmp_path, "commit", "-q", "-m", "matrix")
+    foreign = tmp_path / "docs" / "MATRIX.cases" / "kept-by-hand.json"
+    foreign.write_text("{}")
+    other = tmp_path / "other.jsonl"  # the same failures judged again: other case ids, other case files
+    lines = [json.loads(line) for line in RESULTS.read_text(encoding="utf-8").splitlines()]
+    for d in lines:
+        if "case" in d:
+            d["case"]["seed"] += 100
+    other.write_text("".join(json.dumps(d) + "\n" for d in lines), encoding="utf-8")
+    assert cli.main(["matrix", "--from", str(other), "--out", str(out)]) == 0
+    second = set((tmp_path / "docs" / "MATRIX.cases").iterdir()) - set(committed) - {foreign}
+    assert second and all(p.exists() for p in committed)  # committed: kept although no longer listed
+    passing = tmp_path / "passing.jsonl"
+    passing.write_text("".join(json.dumps(d) + "\n" for d in lines if d.get("verdict") == "pass"), encoding="utf-8")
+    assert cli.main(["matrix", "--from", str(passing), "--out", str(out)]) == 0
+    assert not any(p.exists() for p in second)  # its own stale outputs, never committed: removed
+    assert all(p.exists() for p in committed) and foreign.exists()
 
 
 def test_selection_names_the_adapters_swept_in_full_next_to_a_pairwise_run() -> None:
@@ -115,17 +219,23 @@ def test_from_skips_other_jsonl_in_result_folders_with_a_note(tmp_path: Path, ca
     folder = tmp_path / "results"
     (folder / "tune").mkdir(parents=True)
     (folder / "run.jsonl").write_text(RESULTS.read_text(encoding="utf-8"), encoding="utf-8")
-    (folder / "tune" / "split.jsonl").write_text('{"shape": "deepseek-v3", "M": 1, "us": 65.0}\n', encoding="utf-8")
+    for name in ("split.jsonl", "tune.jsonl"):
+        (folder / "tune" / name).write_text('{"shape": "deepseek-v3", "M": 1, "us": 65.0}\n', encoding="utf-8")
     out = tmp_path / "MATRIX.md"
     assert cli.main(["matrix", "--from", str(folder), "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert err.count("note: skipped") == 1 and "split.jsonl: not a results file" in err
+    # one line for them all, naming where; --verbose lists them
+    assert err.count("note: skipped") == 1 and "skipped 2 files that hold no verdicts" in err
+    assert f"under {folder / 'tune'}; --verbose lists them" in err and "split.jsonl" not in err
+    assert cli.main(["matrix", "--from", str(folder), "--out", str(out), "--verbose"]) == 0
+    assert "split.jsonl: its first line is not a result record" in capsys.readouterr().err
     alone = tmp_path / "alone.md"
     assert cli.main(["matrix", "--from", str(RESULTS), "--out", str(alone)]) == 0
     assert json.loads(out.with_suffix(".json").read_text())["adapters"] == \
         json.loads(alone.with_suffix(".json").read_text())["adapters"]
     assert cli.main(["diff", str(folder), str(RESULTS)]) == 0
-    assert "split.jsonl: not a results file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("note: skipped") == 1 and "skipped 2 files" in err
 
     lines = RESULTS.read_text(encoding="utf-8").splitlines()
     (folder / "run.jsonl").write_text("\n".join([lines[0], '{"case": 1}', *lines[1:]]) + "\n", encoding="utf-8")

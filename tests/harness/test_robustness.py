@@ -140,6 +140,50 @@ def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -
     assert (tmp_path / "cases" / f"{dead[0].case.case_id}.json").exists()
 
 
+HANGS = "tests.harness.fixtures.fake_adapters:HANGS"
+
+
+def _stopped_session(tmp_path: Path, extra: list[str], sig: int, to_group: bool) -> tuple[int, str]:
+    """A pytest session of the generic test for an adapter whose every case hangs, stopped with `sig` (sent to its
+    whole process group, as Ctrl-C or `timeout` do, or to the pytest process alone) once a case is running."""
+    from harness.plugin import is_installed
+
+    pidfile, log = tmp_path / "pids", tmp_path / "log"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *([] if is_installed() else ["-p",
+           "harness.plugin"]), "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir",
+           str(tmp_path / "results"), "--moe-adapter", HANGS, *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MOE_TEST_PIDFILE=str(pidfile))
+    env.pop("MOE_HARNESS_SUPERVISE", None)
+    with open(log, "w") as out:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (pidfile.exists() and pidfile.read_text().strip()):  # the kernel runs: its case is pending
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(p.pid, sig) if to_group else p.send_signal(sig)
+        p.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # whatever is left of the session
+        except ProcessLookupError:
+            pass
+    return p.returncode, log.read_text()
+
+
+@pytest.mark.parametrize(("extra", "sig", "to_group", "status"), [
+    (["-n", "2"], signal.SIGINT, True, pytest.ExitCode.INTERRUPTED),  # Ctrl-C in an xdist session
+    ([], signal.SIGTERM, False, 128 + signal.SIGTERM),  # a supervised one-process session, its parent terminated
+], ids=["ctrl-c-xdist", "sigterm-supervised"])
+def test_an_interrupted_session_blames_no_kernel(tmp_path: Path, extra: list[str], sig: int, to_group: bool,
+                                                 status: int) -> None:
+    code, out = _stopped_session(tmp_path, extra, sig, to_group)
+    assert code == status, (code, out[-3000:])
+    assert "interrupted" in out and "recorded as error" not in out, out[-3000:]
+    assert [r.verdict for r in load_results([tmp_path / "results"]) if r.verdict == "error"] == [], out[-3000:]
+    assert not (tmp_path / "results" / "cases").exists()
+
+
 # ---------------------------------------------------------------------------------------------------- CLI
 
 

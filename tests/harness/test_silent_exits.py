@@ -5,6 +5,7 @@ from C code does not exit 0."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,46 @@ def test_the_probe_names_the_imports_that_end_or_hang_the_process_and_goes_on_af
     assert set(found) == {f"module {C_EXIT}", f"module {HANG}"}, found
     assert "ended the process (exit status 0)" in found[f"module {C_EXIT}"]
     assert "hung" in found[f"module {HANG}"]
+
+
+def test_a_hanging_import_is_named_however_slow_the_child_is_to_start() -> None:
+    """The timeout counts from the import's start, not from the child's spawn: starting the child (Python, torch,
+    the harness) takes longer than 1 s, more so on a loaded machine."""
+    found = probe([("module", HANG)], timeout=1)
+    assert list(found) == [f"module {HANG}"] and "hung" in found[f"module {HANG}"], found
+
+
+@pytest.mark.parametrize(("command", "words"), [
+    ("import sys; sys.stderr.write('no torch here\\n'); sys.exit(3)",
+     "ended before its first import (exit status 3): no torch here"),
+    ("import time; time.sleep(60)", "did not start within 0.5 s"),
+])
+def test_a_probe_child_that_does_not_start_is_named_as_such(monkeypatch: pytest.MonkeyPatch, command: str,
+                                                             words: str) -> None:
+    """Nothing can be blamed on the origins of a child that never reached its first import: said, not `{}`."""
+    from harness.registry import probe as probing
+
+    monkeypatch.setattr(probing, "_command", lambda origins: [sys.executable, "-c", command])
+    with pytest.raises(probing.ProbeNotStarted, match=re.escape(words)):
+        probe([("module", HANG)], timeout=1, start_timeout=0.5)
+
+
+def test_adapters_are_imported_unprobed_with_a_warning_when_the_probe_child_does_not_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import registry
+    from harness.registry import probe as probing
+
+    def not_started(origins, timeout=0.0, start_timeout=0.0):  # type: ignore[no-untyped-def]
+        raise probing.ProbeNotStarted("the import probe child process ended before its first import (exit status 3)",
+                                      {f"module {HANG}": "importing it hung"})  # what an earlier child found
+
+    monkeypatch.setattr(probing, "probe", not_started)
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "DEADLY", {})
+    with pytest.warns(UserWarning, match=r"ended before its first import \(exit status 3\); .* imported in this "
+                                         "process unprobed"):
+        registry.probe_imports([])
+    assert registry.DEADLY == {f"module {HANG}": "importing it hung"}
 
 
 def test_matrix_survives_an_adapter_whose_import_exits_from_c_code(tmp_path: Path) -> None:

@@ -277,6 +277,44 @@ def test_workers_end_when_the_sweep_parent_is_killed(tmp_path: Path) -> None:
     assert not alive, "workers outlived their killed parent"
 
 
+@pytest.mark.parametrize("to_group", [True, False], ids=["ctrl-c-to-the-group", "sigterm-to-the-parent"])
+def test_ctrl_c_or_sigterm_stops_the_sweep_and_blames_no_kernel(tmp_path: Path, to_group: bool) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile, log = tmp_path / "pids", tmp_path / "log"
+    cmd = [sys.executable, "-m", "harness", "matrix", "--adapter", "tests.harness.fixtures.fake_adapters:HANGS",
+           "--device", "cpu", "--jobs", "2", "--case-timeout", "300", "--results-dir", str(tmp_path / "r"),
+           "--out", ""]
+    with open(log, "w") as err:
+        parent = subprocess.Popen(cmd, env=dict(os.environ, MOE_TEST_PIDFILE=str(pidfile)), stdout=subprocess.DEVNULL,
+                                  stderr=err, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(pidfile.read_text().split() if pidfile.exists() else []) < 2:
+            time.sleep(0.2)
+        workers = [int(p) for p in pidfile.read_text().split()]
+        # Ctrl-C reaches every process of the terminal's group; a job's time limit may terminate the parent only
+        os.killpg(parent.pid, signal.SIGINT) if to_group else parent.send_signal(signal.SIGTERM)
+        code = parent.wait(timeout=60)
+        deadline = time.time() + 15
+        while [p for p in workers if _alive(p)] and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in workers if _alive(p)], "workers outlived the stopped sweep"
+    finally:
+        try:
+            os.killpg(parent.pid, signal.SIGKILL)  # whatever is left of it
+        except ProcessLookupError:
+            pass
+    text = log.read_text()
+    assert code == 130 and "interrupted: the sweep was stopped (" in text and "--resume matrix-" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert [r for r in load_results([tmp_path / "r"], strict=False) if r.verdict == "error"] == []
+
+
 def _alive(pid: int) -> bool:
     import os
 

@@ -1,0 +1,93 @@
+"""`python -m harness matrix` as a new user meets it: a sweep leaves a clean checkout clean (its matrix goes to the
+git-ignored results/local/, with every committed verdict merged in), its end says how long it took, and the workers'
+Python warnings do not cut the progress lines; `python -m harness --help` lists the commands once."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from harness import registry
+from harness.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+_reference = registry.resolve("reference-activation")
+
+
+def _warns(case, inputs, outputs):  # type: ignore[no-untyped-def]
+    warnings.warn("planted overflow in a kernel", RuntimeWarning, stacklevel=1)
+    _reference.run(case, inputs, outputs)
+
+
+#: resolvable as tests.harness.test_matrix_command:WARNS in the sweep's workers
+WARNS = registry.Adapter(name="warns", op="activation", source="tests.harness.test_matrix_command", run=_warns,
+                         support={"activation": ("silu_and_mul",), "dtype": ("float32",)},
+                         conventions=_reference.conventions)
+
+
+def _harness(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT"):
+        env.pop(key, None)
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_help_lists_the_commands_once() -> None:
+    text = build_parser().format_help()
+    for command in ("matrix", "replay", "diff", "bisect", "bench", "golden", "conventions"):
+        assert len(re.findall(rf"^ {{1,8}}{command}\b", text, re.MULTILINE)) == 1, (command, text)
+
+
+def test_worker_warnings_go_to_a_log_and_the_end_says_how_long_it_took(tmp_path: Path) -> None:
+    done = _harness(["matrix", "--device", "cpu", "--adapter", "tests.harness.test_matrix_command:WARNS",
+                     "--results-dir", str(tmp_path / "r"), "--out", str(tmp_path / "M.md"), "--only-this-run",
+                     "--jobs", "1"], ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "planted overflow" not in done.stderr and "RuntimeWarning" not in done.stderr, done.stderr
+    [log] = (tmp_path / "r").glob("*-warnings.log")
+    assert "RuntimeWarning: planted overflow in a kernel" in log.read_text()
+    assert re.search(r"^\d+ warning\(s\) from the worker processes \(Python, Triton\): .*-warnings\.log$",
+                     done.stderr, re.MULTILINE), done.stderr
+    assert re.search(r"^judged \d+ cases in \d+s \(\d+s judging, ", done.stdout.splitlines()[-1]), done.stdout
+
+
+def _clean_checkout(tmp: Path) -> Path:
+    """The working tree's files (tracked and new ones git does not ignore) committed in a repository of their own."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    tree = tmp / "checkout"
+    for rel in filter(None, listed):
+        if (ROOT / rel).is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, tree / rel)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "checkout"]):
+        subprocess.run([*git, *args], cwd=tree, check=True, capture_output=True)
+    return tree
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_sweep_leaves_a_clean_checkout_clean_and_keeps_every_committed_verdict(tmp_path: Path) -> None:
+    """A first sweep once rewrote docs/SUPPORT_MATRIX.md/.json and added and deleted committed case files."""
+    tree = _clean_checkout(tmp_path)
+    done = _harness(["matrix", "--device", "cpu", "--adapter", "reference-activation", "--adapter",
+                     "triton-activation", "--jobs", "2"], tree)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True, text=True, check=True)
+    assert status.stdout == ""
+    model = json.loads((tree / "results" / "local" / "SUPPORT_MATRIX.json").read_text(encoding="utf-8"))
+    committed = json.loads((tree / "docs" / "SUPPORT_MATRIX.json").read_text(encoding="utf-8"))
+    gens = {g["generation"]: g["verdicts"] for g in model["generations"]}
+    # the other generations' verdicts are the committed matrix's, all of them
+    for g in committed["generations"]:
+        if g["generation"] != "interp":
+            assert gens[g["generation"]] == g["verdicts"], g["generation"]
