@@ -124,12 +124,13 @@ def selected_adapters(config: pytest.Config) -> list[str]:
     if not specs:
         return [a.name for a in registry.entry_point_adapters()]
     names: list[str] = []
-    for spec in registry.expand(specs):  # `all`, `external`: groups of registered adapters
-        try:
+    try:
+        # `all`, `external`: groups of registered adapters; a list or factory under module:object: each adapter
+        for spec in registry.expand(specs):
             found = registry.resolve(spec).name
-        except ValueError as e:
-            raise pytest.UsageError(f"--moe-adapter: {e}") from None
-        names += [found] if found not in names else []
+            names += [found] if found not in names else []
+    except ValueError as e:
+        raise pytest.UsageError(f"--moe-adapter: {e}") from None
     return names
 
 

@@ -462,32 +462,65 @@ def entry_point_adapters() -> list[Adapter]:
     return [_REGISTRY[n] for n in sorted(_FROM_ENTRY_POINTS) if n in _REGISTRY]
 
 
+#: separates a `module:object` that names several adapters from the name of the one meant (`pkg.mod:LIST#name`)
+SELECT = "#"
+#: adapter name -> the `module:object[#name]` spec it was found through (a case file records it for replay)
+FROM_SPEC: dict[str, str] = {}
+
+
 def resolve(spec: str) -> Adapter:
-    """An adapter by registered name, or by `module:object` (imported and registered)."""
+    """An adapter by registered name, or by `module:object` (imported and registered). A `module:object` naming
+    several adapters (a list, a factory) must say which one with `#name`; `expand` turns it into one such spec each."""
+    found = resolve_all(spec)
+    if len(found) > 1:
+        names = ", ".join(a.name for a in found)
+        raise ValueError(f"adapter {spec!r} names {len(found)} adapters ({names}): pick one with "
+                         f"{spec}{SELECT}NAME, or pass it to --adapter / --moe-adapter, which take them all")
+    return found[0]
+
+
+def resolve_all(spec: str) -> list[Adapter]:
+    """Every adapter `spec` names: one for a registered name or `module:object#name`, every one of a list or a
+    factory for `module:object`. A spec that names none is an error."""
     load_builtin_and_plugins()
     if spec in _REGISTRY:
-        return _REGISTRY[spec]
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        if f"module {module_name}" in DEADLY:
-            raise ValueError(f"adapter {spec!r}: module {module_name!r}: {DEADLY[f'module {module_name}']}")
-        with _watched_import(f"module {module_name!r}") as defined:
-            try:
-                module = importlib.import_module(module_name)
-            except Exception as e:  # not only ImportError: a module that raises anything is not importable
-                raise AdapterImportError(f"adapter {spec!r}: cannot import module {module_name!r} "
-                                         f"({_one_line(e)})") from None
-            obj = module
-            for part in attr.split("."):
-                if not hasattr(obj, part):
-                    raise ValueError(f"adapter {spec!r}: module {module_name!r} has no attribute {attr!r}")
-                obj = getattr(obj, part)
-            found = _as_adapters(obj, f"adapter {spec!r}", any_callable=False)
-            defined += found
-        _add_found(found, f"adapter {spec!r}")
-        return found[0]
-    known = ", ".join(sorted(_REGISTRY)) or "none"
-    raise ValueError(f"unknown adapter {spec!r}; registered: {known} (or pass module:object)")
+        return [_REGISTRY[spec]]
+    if ":" not in spec:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise ValueError(f"unknown adapter {spec!r}; registered: {known} (or pass module:object)")
+    target, _, wanted = spec.partition(SELECT)
+    found = _import_object(target)
+    if wanted:
+        chosen = [a for a in found if a.name == wanted]
+        if not chosen:
+            raise ValueError(f"adapter {spec!r}: {target} holds no adapter named {wanted!r} (it holds "
+                             f"{', '.join(a.name for a in found)})")
+        return chosen
+    return found
+
+
+def _import_object(spec: str) -> list[Adapter]:
+    """The adapters of `module:object`, imported, registered and remembered with the spec that names each."""
+    module_name, _, attr = spec.partition(":")
+    if f"module {module_name}" in DEADLY:
+        raise ValueError(f"adapter {spec!r}: module {module_name!r}: {DEADLY[f'module {module_name}']}")
+    with _watched_import(f"module {module_name!r}") as defined:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:  # not only ImportError: a module that raises anything is not importable
+            raise AdapterImportError(f"adapter {spec!r}: cannot import module {module_name!r} "
+                                     f"({_one_line(e)})") from None
+        obj = module
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ValueError(f"adapter {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        found = _as_adapters(obj, f"adapter {spec!r}", any_callable=False)
+        defined += found
+    _add_found(found, f"adapter {spec!r}")
+    for a in found:
+        FROM_SPEC[a.name] = spec if len(found) == 1 else f"{spec}{SELECT}{a.name}"
+    return found
 
 
 #: adapter groups a command line may name instead of adapters
@@ -495,13 +528,16 @@ GROUPS = {"all": "every registered adapter", "external": "the adapters of third-
 
 
 def expand(specs: Iterable[str]) -> list[str]:
-    """Adapter specs with the group names (`GROUPS`) replaced by the names of their adapters, in order, once each."""
+    """Adapter specs with the group names (`GROUPS`) replaced by the names of their adapters, and a `module:object`
+    that names several adapters by one `module:object#name` spec each, in order, once each."""
     names: list[str] = []
     for spec in specs:
         if spec == "all":
             found = [a.name for a in all_adapters()]
         elif spec == "external":
             found = [a.name for a in all_adapters() if a.library is not None]
+        elif ":" in spec and SELECT not in spec and spec not in _REGISTRY:
+            found = [FROM_SPEC[a.name] for a in resolve_all(spec)]  # a list or a factory: each of its adapters
         else:
             found = [spec]
         names += [n for n in found if n not in names]

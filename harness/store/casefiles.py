@@ -33,6 +33,10 @@ CASE_FILE_VERDICTS = ("fail", "error")
 
 def adapter_reference(adapter: Adapter) -> str | None:
     """A `module:object` naming `adapter` in an imported module (its run function's or its source), or None."""
+    from harness import registry
+
+    if (spec := registry.FROM_SPEC.get(adapter.name)) is not None:  # found through it (a list: `#name` picks it)
+        return spec
     for module_name in dict.fromkeys([getattr(adapter.run, "__module__", None), adapter.source]):
         module = sys.modules.get(module_name) if module_name else None
         if module is None or module_name in ("__main__", "__mp_main__"):  # not importable by that name

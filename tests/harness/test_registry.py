@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,41 @@ def test_a_module_that_raises_anything_on_import_is_one_line_naming_it(
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: ") and "\n" not in err, err
     assert f"module '{module}'" in err and error in err, err
+
+
+ROOT = Path(__file__).resolve().parents[2]
+LIST_SPEC = "tests.harness.fixtures.adapter_list:ADAPTERS"
+LISTED = [f"listed-activation-{i}" for i in range(3)]
+
+
+def test_a_list_under_module_object_expands_to_every_adapter_and_each_resolves_alone() -> None:
+    specs = registry.expand([LIST_SPEC])
+    assert [registry.resolve(s).name for s in specs] == LISTED
+    assert specs == [f"{LIST_SPEC}#{n}" for n in LISTED]
+    with pytest.raises(ValueError, match="names 3 adapters"):  # never silently the first one
+        registry.resolve(LIST_SPEC)
+    with pytest.raises(ValueError, match="no adapter named 'nope'"):
+        registry.resolve(LIST_SPEC + "#nope")
+    from harness.store.casefiles import adapter_reference
+
+    # a case file of the second adapter names the spec that finds it again (replay resolves it alone)
+    assert adapter_reference(registry.resolve(LISTED[1])) == f"{LIST_SPEC}#{LISTED[1]}"
+
+
+def test_a_list_under_module_object_gives_every_adapter_its_generic_tests() -> None:
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                          "-m", "moe_generic", "--moe-adapter", LIST_SPEC], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    for name in LISTED:
+        assert f"test_undeclared_cells_rejected_cleanly[{name}]" in res.stdout, res.stdout[-2000:]
+
+
+def test_a_list_under_module_object_is_swept_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from harness.core.device import detect
+    from harness.sweep import run_sweep
+
+    totals = run_sweep(registry.expand([LIST_SPEC]), detect("cpu"), str(tmp_path), profile="quick", jobs=2)
+    assert sorted(totals) == LISTED and all(t.get("pass") for t in totals.values()), totals
