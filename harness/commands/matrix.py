@@ -110,7 +110,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
         if notice := version_notice():
             print(notice, file=sys.stderr)
     command = _matrix_command(args)
-    swept = time.monotonic()
+    sweep_started = time.monotonic()
     try:
         totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
                            case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard)
@@ -121,7 +121,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     bad = sum(c["fail"] + c["error"] for c in totals.values())
-    judged, swept = sum(sum(c.values()) for c in totals.values()), time.monotonic() - swept
+    judged, swept = sum(sum(c.values()) for c in totals.values()), time.monotonic() - sweep_started
     run_files = sorted(Path(args.results_dir).glob(f"{run_id}-*.jsonl"))
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl ({judged} verdicts)")
     if out and run_files:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import signal
 
+#: signals that stop a run from outside (a user, a job's time limit): a process they end blames no kernel
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 def exit_cause(code: int | None) -> str:
     """From a return code (negative: the signal, as subprocess and multiprocessing report it): "exit status 3",

@@ -39,6 +39,7 @@ TRITON_VERSION = "triton_version"
 VERIFIED_VERSIONS: frozenset[str] = frozenset({"3.6.0", "3.7.0", "3.7.1", "3.8.0", "3.9.0"})
 #: the same, as the requirement pip understands (pyproject.toml declares it; a test keeps the two equal)
 SUPPORTED_SPEC = "triton>=3.6,<3.10"
+_VERIFIED = f"verified: {', '.join(sorted(VERIFIED_VERSIONS))}"
 
 
 @dataclass(frozen=True)
@@ -265,17 +266,17 @@ def version_notice(report: FidelityReport | None = None) -> str | None:
         report = install()
     if not report.interpreting or report.verified:
         return None
-    return (f"moe-harness: Triton {report.triton_version}'s interpreter is not verified (verified: "
-            f"{', '.join(sorted(VERIFIED_VERSIONS))}), so Triton kernels are recorded not-verifiable on the CPU; "
-            f"fix: pip install '{SUPPORTED_SPEC}' (or a torch that pins one of them)")
+    return (f"moe-harness: Triton {report.triton_version}'s interpreter is not verified ({_VERIFIED}), so Triton "
+            f"kernels are recorded not-verifiable on the CPU; fix: pip install '{SUPPORTED_SPEC}' (or a torch that "
+            "pins one of them)")
 
 
 def unverified_reason() -> str:
     """The not-verifiable reason of a Triton kernel's case under an unverified interpreter release."""
     report = _STATE.get("report")
     version = report.triton_version if report else "?"
-    return (f"Triton {version}'s interpreter is not verified by moe-harness (verified: "
-            f"{', '.join(sorted(VERIFIED_VERSIONS))}; pip install '{SUPPORTED_SPEC}')")
+    return (f"Triton {version}'s interpreter is not verified by moe-harness ({_VERIFIED}; "
+            f"pip install '{SUPPORTED_SPEC}')")
 
 
 def unverifiable_here() -> set[str]:
@@ -394,12 +395,14 @@ def _apply_patches(disabled: frozenset[str], version: str) -> None:
     from triton.runtime import interpreter as it
 
     fmts = {tl.bfloat16: _BF16, tl.float8e4nv: _E4M3, tl.float8e5: _E5M2}
-    on = lambda name: name not in disabled
+    # a fix applies where it is not disabled and this release has the defect (`_Issue.only_in`)
+    absent = {i.name for i in _fixable_issues() if i.only_in is not None and version not in i.only_in}
+    on = lambda name: name not in disabled and name not in absent
     cast_fmts = {t: f for t, f in fmts.items() if on("bf16_cast" if t == tl.bfloat16 else "fp8_cast")}
     dot_fmts = {t: f for t, f in fmts.items() if on("bf16_dot" if t == tl.bfloat16 else "fp8_dot_operands")}
     _patch_bf16_arith(it, tl, on("bf16_arith"))
-    _patch_bf16_constant(it, tl, on("bf16_constant") and not hasattr(it.InterpreterBuilder, "get_bf16"))
-    _patch_scalar_index(it, on("scalar_index") and version == "3.6.0")
+    _patch_bf16_constant(it, tl, on("bf16_constant"))
+    _patch_scalar_index(it, on("scalar_index"))
     _patch_cast_impl(it, tl, fmts, cast_fmts)
     _patch_fp_to_int(it, fmts, on("fp_to_int"))
     _late_bind_casts(it)

@@ -136,7 +136,6 @@ def _guard_checks(bands: Mapping[str, Band], run: str) -> list[Comparison]:
     return found
 
 
-#: frames of the judge itself, skipped when naming where a kernel raised
 _INTERPRETER_FILE = os.path.join("triton", "runtime", "interpreter.py")
 
 
@@ -153,6 +152,7 @@ def _from_interpreter(e: BaseException) -> bool:
     return False
 
 
+#: frames of the judge itself, skipped when naming where a kernel raised
 _JUDGE_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, "")
                     for d in ("engine", "core"))
 
@@ -469,10 +469,10 @@ class _Judging:
             if why_case:
                 return self.result("unsupported", f"excluded by the adapter's support rule for these shapes: "
                                                   f"{why_case}")
+        if adapter.interp_features and self.unverified_interpreter():
+            return self.result("not-verifiable", unverified_reason())
         if self.unverifiable and adapter.interp_features and device.generation == "interp":
             blocked = sorted(set(adapter.interp_features(self.case.features)) & self.unverifiable)
-            if TRITON_VERSION in self.unverifiable:
-                return self.result("not-verifiable", unverified_reason())
             if blocked:
                 return self.result("not-verifiable",
                                    f"the Triton interpreter cannot be made faithful for {', '.join(blocked)}")

@@ -22,6 +22,7 @@ from harness import ops, registry
 from harness.core.case import Case
 from harness.core.result import Result
 from harness.core.sizes import scale
+from harness.core.text import one_line
 from harness.engine import runner
 from harness.engine import strategies as hs
 from harness.plugin import VERIFIED_PROPERTY
@@ -53,7 +54,7 @@ def unverified_reasons(results: list[Result], limit: int = 3, width: int = 120) 
     """The distinct reasons of the results that verified nothing, each cut to `width` characters, the first
     `limit` of them."""
     seen = list(dict.fromkeys(f"{r.verdict}: {r.reason}" for r in results if r.verdict in UNVERIFIED))
-    cut = [text if len(text) <= width else text[: width - 3] + "..." for text in seen[:limit]]
+    cut = [one_line(text, width) for text in seen[:limit]]
     return "; ".join(cut) + (f" (and {len(seen) - limit} more)" if len(seen) > limit else "")
 
 

@@ -28,14 +28,12 @@ from typing import Any
 
 import pytest
 
-from harness.core.exits import exit_cause
+from harness.core.exits import INTERRUPT_SIGNALS, exit_cause
 
 _ENV = "MOE_HARNESS_SUPERVISE"
 _FD_ENV = "MOE_HARNESS_SUPERVISOR_FD"
 #: the results run id the parent chooses for its child, so that it can find the child's pending case
 RUN_ID_ENV = "MOE_HARNESS_RUN_ID"
-#: signals that stop a session from outside (a user, a job's time limit): a child they end blames no test
-_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 #: in the supervised child: the results run id its parent chose (taken once, hidden from subprocesses)
@@ -161,7 +159,7 @@ def _watch(proc: subprocess.Popen, channel: int, on_unclosed: Callable[[int], No
     if closed:
         return shell_code
     where = f" during {current}" if current else ""
-    stopped_by = relayed[0] if relayed else -code if -code in _INTERRUPTS else 0
+    stopped_by = relayed[0] if relayed else -code if -code in INTERRUPT_SIGNALS else 0
     if stopped_by:  # the session was stopped from outside: nothing is blamed on the test it was in
         sys.stderr.write(f"\nmoe-harness: the pytest session was interrupted ({signal.Signals(stopped_by).name})"
                          f"{where}; the case that was running has no verdict (not run).\n")

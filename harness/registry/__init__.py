@@ -24,6 +24,7 @@ import torch
 from harness.core import isolation
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
+from harness.core.text import one_line
 
 ENTRY_POINT_GROUP = "moe_harness.adapters"
 PROPERTIES = ("deterministic", "batch_invariant")
@@ -358,8 +359,7 @@ class AdapterImportError(ValueError, ImportError):
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
     """`Type: message` of an exception on one line (a multi-line message is joined), at most `limit` characters."""
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(f"{type(e).__name__}: {e}", limit)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from tabulate import tabulate
 
 from harness.core.case import OPS
 from harness.core.device import GENERATIONS
+from harness.core.text import one_line
 from harness.store.results import Result, load
 
 EXERCISED = ("pass", "fail", "error")
@@ -109,8 +110,7 @@ def _cell(v: Any) -> str:
 
 
 def _short(reason: str, n: int = 110) -> str:
-    reason = re.sub(r" \(at [^()]*:\d+\)", "", " ".join(reason.split()))  # source locations are in the case files
-    return reason if len(reason) <= n else reason[: n - 3] + "..."
+    return one_line(re.sub(r"\s\(at [^()]*:\d+\)", "", reason), n)  # source locations are in the case files
 
 
 def _display(value: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from harness import registry
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, detect
+from harness.core.exits import INTERRUPT_SIGNALS
 from harness.core.result import Result
 from harness.engine import runner
 from harness.store.results import ResultStore
@@ -40,8 +41,6 @@ MAX_SILENT_DEATHS = 2
 #: allocator state, a module's globals) never reaches another adapter's verdicts (a fresh worker from the fork server
 #: costs about 0.4 s on CPU)
 FRESH_WORKER_PER_ADAPTER = True
-#: signals that stop the sweep from outside (a user, a job's time limit); a worker they end blames no kernel
-_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: CUDA errors after which the context is unusable: the worker exits and a fresh one takes over
 _STICKY_CUDA = re.compile(r"illegal memory access|unspecified launch failure|misaligned address|"
                           r"device-side assert|CUDA error: an illegal|cudaErrorIllegalAddress|CUDA-capable device",
@@ -324,7 +323,7 @@ class WorkerPool:
 
     def died(self, slot: _Slot) -> None:
         code = slot.proc.exitcode
-        if code is not None and -code in _INTERRUPTS:  # stopped from outside, with the sweep: not the kernel
+        if code is not None and -code in INTERRUPT_SIGNALS:  # stopped from outside, with the sweep: not the kernel
             raise KeyboardInterrupt(f"a worker was ended by {signal.Signals(-code).name}")
         if slot.recycling:
             self.progress.note(f"worker {slot.index} recycled after a lost CUDA context ({slot.recycling}); the rest "
