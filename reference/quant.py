@@ -534,12 +534,14 @@ def unit_amax(x: torch.Tensor, recipe: QuantRecipe) -> torch.Tensor:
 def scale_from_amax(amax: torch.Tensor, recipe: QuantRecipe,
                     input_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The scales `quantize` gives units whose float32 amax is `amax`, for an input of `input_dtype` (fp8, int8
-    and MX dtypes: every scale rule and recipe detail applied)."""
+    and MX dtypes: every scale rule and recipe detail applied). Where the scale is stored as an e8m0 byte (MX,
+    the packed_ue8m0 layout) it is the value that byte holds: the codes are computed with it."""
     check_tensor("amax", amax, dtypes=(torch.float32,))
     r = _with_input_eps(recipe, input_dtype)
+    in_e8m0 = r.dtype in _MX or r.layout == ScaleLayout.PACKED_UE8M0
     return compute_scale(amax, _qmax(r.dtype), r.scale_rule, eps=r.eps, eps_placement=r.eps_placement,
                          formula=r.scale_formula, ue8m0_clamp=r.ue8m0_clamp, emax_elem=_emax_elem(r.dtype),
-                         ue8m0_form=r.ue8m0_form)
+                         ue8m0_form=r.ue8m0_form, e8m0_range=in_e8m0)
 
 
 def _with_input_eps(recipe: QuantRecipe, dtype: torch.dtype) -> QuantRecipe:

@@ -7,9 +7,10 @@ Scale rules (`ScaleRule`), all computed in float32 from amax = max |x| over a qu
 - `ue8m0`: the `float` scale rounded *up* to a power of two (`Ue8m0Form`): by its bits (`exponent_bits`, the
   default: biased exponent + 1 when any mantissa bit is set, as hardware `cvt.rp` does; a zero scale gets code 0,
   2^-127) or in floating point as 2^ceil(fp32(log2 s)) (`ceil_log2`: vLLM's CUDA and Triton quantizers, torchao's
-  RCEIL eager path; a zero scale stays 0). The two differ only for scales 1-2 ulp above a power of two 2^k with
-  |k| >= 2, where fp32 log2 rounds to k itself. Optionally clamped to codes [1, 254] as DeepGEMM does. torch's
-  cast to float8_e8m0fnu rounds to nearest and cannot produce these.
+  RCEIL eager path; a zero scale stays 0, except where the scale is stored as an e8m0 byte: there the exponent is
+  clamped to [-127, 127] first, so a zero or tiny scale is 2^-127, byte 0). The two differ only for scales 1-2 ulp
+  above a power of two 2^k with |k| >= 2, where fp32 log2 rounds to k itself. Optionally clamped to codes
+  [1, 254] as DeepGEMM does. torch's cast to float8_e8m0fnu rounds to nearest and cannot produce these.
 - `ocp_floor`: OCP Microscaling: 2^(floor(log2 amax) - emax_elem), clamped to the e8m0 range [2^-127, 2^127];
   amax == 0 gives 2^-127. Elements that then exceed qmax are clamped by the quantizer.
 
@@ -179,7 +180,11 @@ def float_scale(
 
 
 def ue8m0_round_up(
-    s: torch.Tensor, *, clamp_exponent: bool = False, form: Ue8m0Form | str = Ue8m0Form.EXPONENT_BITS
+    s: torch.Tensor,
+    *,
+    clamp_exponent: bool = False,
+    form: Ue8m0Form | str = Ue8m0Form.EXPONENT_BITS,
+    e8m0_range: bool = False,
 ) -> torch.Tensor:
     """Round float32 scales up to powers of two.
 
@@ -189,6 +194,10 @@ def ue8m0_round_up(
     2^-126. Codes above 254 (s above 2^127) give inf without the clamp.
     form `ceil_log2`: 2^ceil(l) with l = log2(s) correctly rounded to float32, as `exp2(ceil(log2(s)))` computes
     in float32: s == 0 gives 0 (log2 0 = -inf); an exponent below -149 gives 0, below -126 an fp32 subnormal.
+    e8m0_range (set where the scale is stored as an e8m0 byte: MX scales, the packed_ue8m0 layout): the
+    `ceil_log2` exponent is clamped to [-127, 127], what a byte holds: a scale whose exponent falls below -127
+    (s == 0 included) gives 2^-127 (byte 0), so the result is exactly the stored scale (torchao's RCEIL byte,
+    clamp(ceil(log2(amax / qmax)), -127, 127) + 127). The `exponent_bits` form is in that range already.
     clamp_exponent (DeepGEMM): the exponent is clamped to [-126, 127] (codes [1, 254]).
     s: float32, finite, >= 0. Returns float32.
     """
@@ -201,6 +210,8 @@ def ue8m0_round_up(
         # float64 log2 is within 1 ulp of float64: rounding it to float32 is the correctly rounded fp32 log2
         l32 = torch.log2(torch.where(pos, s, torch.ones_like(s)).to(torch.float64)).to(torch.float32)
         e = torch.where(pos, torch.ceil(l32).to(torch.int64), -(2**16))  # log2 0 = -inf: 2^e = 0
+        if e8m0_range:
+            e = e.clamp(-127, 127)
         if clamp_exponent:
             e = e.clamp(-126, 127)
         return torch.ldexp(torch.ones_like(s, dtype=torch.float64), e).to(torch.float32)
@@ -241,11 +252,13 @@ def compute_scale(
     ue8m0_clamp: bool = False,
     emax_elem: int | None = None,
     ue8m0_form: Ue8m0Form | str = Ue8m0Form.EXPONENT_BITS,
+    e8m0_range: bool = False,
 ) -> torch.Tensor:
     """Scale of each unit from its float32 amax by `rule` (default `float`); float32 of amax's shape.
 
     `float` and `ue8m0` use qmax, eps, eps_placement, formula (and ue8m0_clamp: DeepGEMM's exponent clamp,
-    ue8m0_form: how the rounding up is computed); `ocp_floor` uses emax_elem (required) and ignores the others.
+    ue8m0_form: how the rounding up is computed, e8m0_range: the scale is stored as an e8m0 byte, see
+    `ue8m0_round_up`); `ocp_floor` uses emax_elem (required) and ignores the others.
     """
     rule = _enum("rule", rule, ScaleRule)
     if rule == ScaleRule.OCP_FLOOR:
@@ -255,7 +268,7 @@ def compute_scale(
     eps_placement = _enum("eps_placement", eps_placement, EpsPlacement)
     s = float_scale(amax, qmax, eps=eps, eps_placement=eps_placement, formula=formula)
     if rule == ScaleRule.UE8M0:
-        s = ue8m0_round_up(s, clamp_exponent=ue8m0_clamp, form=ue8m0_form)
+        s = ue8m0_round_up(s, clamp_exponent=ue8m0_clamp, form=ue8m0_form, e8m0_range=e8m0_range)
     if eps_placement == EpsPlacement.ROUNDED_SCALE:
         s = torch.maximum(s, torch.full_like(s, float(eps)))
     return s
@@ -318,8 +331,10 @@ def pack_ue8m0(s: torch.Tensor) -> torch.Tensor:
     [2^-127, 2^127].
     """
     check_tensor("scales", s, ndim=2, dtypes=(torch.float32,))
-    if not bool(_is_pow2(s).all()) or bool((s > 2.0**127).any()):
-        raise ValueError("scales must be powers of two (ue8m0 or ocp_floor rule) to pack into the ue8m0 layout")
+    # below 2^-127 the byte would silently hold a larger scale than the codes were computed with
+    if not bool(_is_pow2(s).all()) or bool((s > 2.0**127).any()) or bool((s < 2.0**-127).any()):
+        raise ValueError("scales must be powers of two in [2^-127, 2^127] (ue8m0 or ocp_floor rule) to pack into "
+                         "the ue8m0 layout")
     mn, g = s.shape
     gp = (g + 3) // 4
     codes = torch.zeros(mn, gp * 4, dtype=torch.int64, device=s.device)

@@ -71,6 +71,46 @@ def test_ue8m0_ceil_log2_is_torch_exp2_ceil_log2_on_random_scales() -> None:
     assert torch.equal(ue8m0_round_up(s, form="ceil_log2"), torch.exp2(torch.ceil(torch.log2(s))))
 
 
+# ------------------------------------------------------------------ MX scales by ceil_log2 (torchao's RCEIL)
+
+
+def mx_rceil_blocks(dtype: torch.dtype, seed: int = 3) -> torch.Tensor:
+    """[R, 32] blocks: all-zero (+0 and -0), tiny amax from 2^-118 down to fp32's smallest subnormal (amax / 448
+    under 2^-127: byte 0), the two amax that give exactly 2^-127 and 2^-126, a normal block holding a subnormal,
+    and random blocks over 2^-30..2^30. Shared with the comparison against torchao itself (tests/external)."""
+    g = _gen(seed)
+    tiny = torch.randn(32, 32, generator=g) * torch.exp2(-torch.arange(118, 150, dtype=torch.float32))[:, None]
+    edges = torch.zeros(4, 32)
+    edges[0] = FP8_MAX * 2.0**-127
+    edges[1, ::3] = FP8_MAX * 2.0**-126
+    edges[2], edges[2, 5] = 1.0, 2.0**-140
+    edges[3, 0] = -(2.0**-149)
+    normal = torch.randn(24, 32, generator=g) * torch.exp2(torch.randint(-30, 31, (24, 1), generator=g).float())
+    return torch.cat([torch.zeros(1, 32), -torch.zeros(1, 32), tiny, edges, normal]).to(dtype)
+
+
+def _torchao_rceil_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's to_mx RCEIL for mxfp8 in torch's own ops: byte = clamp(ceil(log2(amax / 448)), -127, 127) + 127, x
+    multiplied by 2^(127 - byte) (byte 0 by 2^127, as torchao's main branch does; torchao 0.18 by 1.0), clamped to
+    +-448 and cast to float8_e4m3fn."""
+    xb = x.float().view(x.shape[0], -1, 32)
+    e = torch.clamp(torch.ceil(torch.log2(xb.abs().amax(-1, keepdim=True) / FP8_MAX)), -127, 127)
+    codes = (xb * torch.exp2(-e)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return codes.view(x.shape), (e + 127).to(torch.uint8).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mx_ceil_log2_is_torchao_rceil_on_zero_tiny_and_random_blocks(dtype: torch.dtype) -> None:
+    x = mx_rceil_blocks(dtype)
+    codes, scales = _torchao_rceil_mxfp8(x)
+    qt = quantize(x, QuantRecipe.mx("mxfp8", scale_rule="ue8m0", eps=0.0, ue8m0_form="ceil_log2"))
+    assert torch.equal(qt.scales, scales) and torch.equal(qt.codes, codes)
+    assert int((scales == 0).sum()) > 30  # the zero and tiny blocks really have byte 0
+    # the bit form (the default) rounds the tiny blocks' subnormal scales up to 2^-126 instead: byte 1
+    bits = quantize(x, QuantRecipe.mx("mxfp8", scale_rule="ue8m0", eps=0.0))
+    assert int((bits.scales != scales).sum()) > 10
+
+
 # ------------------------------------------------------- eps after the power-of-two rounding (vLLM QuantFP8)
 
 

@@ -345,6 +345,79 @@ def test_mx_ue8m0_all_zero_block_with_eps_0_gets_code_0(dtype: str) -> None:
     assert bool(torch.isfinite(out).all()) and bool((out[1, :32] == 0).all())
 
 
+@pytest.mark.parametrize("dtype", ["mxfp8", "mxfp4"])
+def test_mx_ceil_log2_all_zero_block_gets_byte_0(dtype: str) -> None:
+    """ceil_log2 with eps 0 on an all-zero block: log2(0 / qmax) = -inf, clamped to -127: byte 0 (2^-127, as torchao's
+    RCEIL stores), never 0xFF (NaN), and the block dequantizes to zeros."""
+    x = torch.zeros(2, 64)
+    x[0, 32:] = 1.0  # 1 / qmax rounds up to 2^-8 (mxfp8: 1/448) or 2^-2 (mxfp4: 1/6)
+    qt = quantize(x, QuantRecipe.mx(dtype, scale_rule="ue8m0", eps=0.0, ue8m0_form="ceil_log2"))
+    assert qt.scales.tolist() == [[0, 127 - 8 if dtype == "mxfp8" else 127 - 2], [0, 0]]
+    assert int(qt.codes[1].to(torch.int64).abs().sum()) == 0
+    out = dequantize(qt)
+    assert out[:, :32].tolist() == [[0.0] * 32] * 2 and out[1].tolist() == [0.0] * 64
+    assert out[0, 32:].tolist() == [1.0] * 32
+
+
+def test_fp8_packed_ceil_log2_all_zero_group_gets_byte_0() -> None:
+    # the packed layout stores e8m0 bytes too: the zero group's scale is 2^-127 (byte 0), not 0 (which cannot pack)
+    x = torch.zeros(1, 64)
+    x[0, 32:] = 448.0
+    qt = quantize(x, QuantRecipe(group_size=32, scale_rule="ue8m0", eps=0.0, ue8m0_form="ceil_log2",
+                                 layout="packed_ue8m0"))
+    assert int(qt.scales[0, 0]) == 127 << 8  # byte 0: group 0 (byte 0), byte 1: group 1 (448 / 448 = 1 = 2^0)
+    assert logical_scales(qt).tolist() == [[2.0**-127, 1.0]]
+    assert dequantize(qt).tolist() == [[0.0] * 32 + [448.0] * 32]
+
+
+# (x, e4m3fn code, value): amax / 448 has exponent below -127, so the scale is 2^-127 and the code is x * 2^127
+_TINY_MXFP8 = [
+    (2.0**-130, 0x20, 2.0**-130),  # 2^-3: exponent field -3 + 7 = 4, mantissa 0
+    (-(2.0**-126), 0xC0, -(2.0**-126)),  # -2: sign, exponent field 1 + 7 = 8
+    (2.0**-133, 0x08, 2.0**-133),  # 2^-6, e4m3's smallest normal (bf16's smallest subnormal)
+    (3.0 * 2.0**-136, 0x03, 3.0 * 2.0**-136),  # 3 * 2^-9: the subnormal with mantissa 3
+    (1.5 * 2.0**-136, 0x02, 2.0**-135),  # 1.5 * 2^-9: halfway between mantissas 1 and 2, to the even one
+    (2.0**-149, 0x00, 0.0),  # 2^-22 is under half e4m3's smallest subnormal 2^-9: rounds to +0
+    (448.0 * 2.0**-127, 0x7E, 448.0 * 2.0**-127),  # amax / 448 = 2^-127 exactly: byte 0, code 448
+]
+
+
+@pytest.mark.parametrize(("v", "code", "value"), _TINY_MXFP8)
+def test_mx_ceil_log2_tiny_amax_codes_use_the_stored_scale(v: float, code: int, value: float) -> None:
+    """Blocks whose ceil(log2(amax / qmax)) is below -127: the exponent is clamped to -127 before the codes are
+    computed, so the codes are x / 2^-127 and dequantize to x (once they computed with 2^-138 for x = 2^-130: code
+    0x78 = 256, stored as byte 0, dequantized 2^-119)."""
+    x = torch.zeros(1, 32)
+    x[0, 0] = v
+    qt = quantize(x, QuantRecipe.mx("mxfp8", scale_rule="ue8m0", eps=0.0, ue8m0_form="ceil_log2"))
+    assert qt.scales.tolist() == [[0]]
+    assert qt.codes.tolist() == [[code] + [0] * 31]
+    assert dequantize(qt)[0, 0].item() == value
+    assert dequantize(qt, torch.float64)[0, 0].item() == value
+
+
+def test_mxfp4_ceil_log2_tiny_amax_codes_use_the_stored_scale() -> None:
+    # amax 3 * 2^-127: amax / 6 = 2^-128, clamped to 2^-127; 3 and 0.5 are e2m1 codes 5 and 1, -1 is 0xA
+    x = torch.zeros(1, 32)
+    x[0, :3] = torch.tensor([3.0 * 2.0**-127, 2.0**-128, -(2.0**-127)])
+    qt = quantize(x, QuantRecipe.mx("mxfp4", scale_rule="ue8m0", eps=0.0, ue8m0_form="ceil_log2"))
+    assert qt.scales.tolist() == [[0]]
+    assert qt.codes[0, :2].tolist() == [0x15, 0x0A] and int(qt.codes[0, 2:].to(torch.int64).sum()) == 0
+    assert torch.equal(dequantize(qt), x)
+
+
+def test_fp8_packed_ceil_log2_tiny_amax_codes_use_the_stored_scale() -> None:
+    x = torch.zeros(1, 32)
+    x[0, 0] = 2.0**-130
+    qt = quantize(x, QuantRecipe(group_size=32, scale_rule="ue8m0", eps=0.0, ue8m0_form="ceil_log2",
+                                 layout="packed_ue8m0"))
+    assert int(qt.scales[0, 0]) == 0 and qt.codes[0, 0].view(torch.uint8).item() == 0x20
+    assert dequantize(qt)[0, 0].item() == 2.0**-130
+    # stored as fp32, the same recipe keeps the unclamped scale 2^ceil(log2(2^-130 / 448)) = 2^-138: x / s = 2^8
+    qf = quantize(x, QuantRecipe(group_size=32, scale_rule="ue8m0", eps=0.0, ue8m0_form="ceil_log2"))
+    assert qf.scales.tolist() == [[2.0**-138]] and qf.codes[0, 0].view(torch.uint8).item() == 0x78
+
+
 def test_recipe_json_round_trip_and_validation() -> None:
     r = QuantRecipe.mx("mxfp8", scale_rule="ue8m0", layout="swizzle_128x4")
     d = json.loads(json.dumps(r.to_dict()))

@@ -84,6 +84,25 @@ def test_ue8m0_float_form_disagrees_one_ulp_above_a_power_of_two() -> None:
     assert S.ue8m0_round_up(s).tolist() == [2048.0, 2.0**21]
 
 
+def test_ue8m0_ceil_log2_in_the_e8m0_range() -> None:
+    """Where the scale is an e8m0 byte, the ceil_log2 exponent is clamped to [-127, 127]: ceil(log2 s) by hand."""
+    above = torch.nextafter(torch.tensor(2.0**-127), torch.tensor(1.0)).item()  # 2^-127 + 2^-149
+    s = torch.tensor([0.0, 2.0**-149, 2.0**-140, 2.0**-128, 2.0**-127, above, 0.75 * 2.0**-126, 2.0**-126, 3.0])
+    # ceil(log2 s): -inf, -149, -140, -128, -127, -127 (log2 is -127 + 3.4e-7, which fp32 rounds to -127 itself:
+    # its ulp there is 2^-17), -126, -126, 2; the first six clamp to -127
+    want = [2.0**-127] * 6 + [2.0**-126, 2.0**-126, 4.0]
+    assert S.ue8m0_round_up(s, form="ceil_log2", e8m0_range=True).tolist() == want
+    # without the range: what exp2(ceil(log2 s)) gives in fp32 (0 and subnormals below 2^-127)
+    assert S.ue8m0_round_up(s, form="ceil_log2").tolist() == [0.0, 2.0**-149, 2.0**-140, 2.0**-128, *want[4:]]
+    # DeepGEMM's narrower clamp still wins; the bit form is in the range already
+    both = S.ue8m0_round_up(s, form="ceil_log2", e8m0_range=True, clamp_exponent=True)
+    assert both.tolist() == [2.0**-126] * 8 + [4.0]
+    assert torch.equal(S.ue8m0_round_up(s, e8m0_range=True), S.ue8m0_round_up(s))
+    got = S.compute_scale(torch.tensor([0.0, 2.0**-130]), 448.0, "ue8m0", eps=0.0, ue8m0_form="ceil_log2",
+                          e8m0_range=True)
+    assert got.tolist() == [2.0**-127, 2.0**-127]
+
+
 def test_ocp_floor_against_exponent_bits() -> None:
     amax = _amax_samples()
     amax = amax[amax < 2.0**126]
@@ -169,6 +188,10 @@ def test_packed_ue8m0_rejects_non_powers_of_two() -> None:
         S.pack_ue8m0(torch.tensor([[1.0, 3.0]]))
     with pytest.raises(ValueError, match="must be powers of two"):
         S.pack_ue8m0(torch.tensor([[1.0, 0.0]]))
+    # a power of two below 2^-127 has no byte: packing it as byte 0 would store a larger scale than was used
+    with pytest.raises(ValueError, match=r"must be powers of two in \[2\^-127, 2\^127\]"):
+        S.pack_ue8m0(torch.tensor([[1.0, 2.0**-128]]))
+    assert S.unpack_ue8m0(S.pack_ue8m0(torch.tensor([[2.0**-127, 2.0**127]])), 2).tolist() == [[2.0**-127, 2.0**127]]
 
 
 @pytest.mark.parametrize(("m", "kc"), [(1, 1), (33, 5), (128, 4), (200, 9)])
