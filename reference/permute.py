@@ -62,10 +62,17 @@ class ExpertMapConvention(str, enum.Enum):
         the GEMM must write zeros for those rows (vLLM `moe_align_block_size` default).
     EXCLUDE: the entries are left out entirely; no block is made for non-local experts
         (vLLM `ignore_invalid_experts=True`).
+    POOL_INVALID_FIRST: the entries of all non-local experts together form one group, padded as a whole to a
+        multiple of block_size and placed before every local expert: ceil(n / block_size) leading blocks whose
+        `expert_ids` value is -1 (n = the number of non-local entries; no such block when n = 0), then the local
+        experts' blocks as usual. Within the pool, like within an expert, the order is free and entries of different
+        non-local experts share blocks. The GEMM must write zeros for those rows (SGLang's `moe_align_block_size`:
+        non-local ids are -1 there, and it bins id + 1, so they sort first).
     """
 
     KEEP_INVALID_BLOCKS = "keep_invalid_blocks"
     EXCLUDE = "exclude"
+    POOL_INVALID_FIRST = "pool_invalid_first"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -148,8 +155,35 @@ class SortedTokenLayout:
 
 
 def sorted_layout_capacity(numel: int, num_experts: int, block_size: int) -> int:
-    """Length of `sorted_token_ids`: numel + num_experts * (block_size - 1), the worst case of padding."""
+    """Length of `sorted_token_ids`: numel + num_experts * (block_size - 1), the worst case of padding.
+
+    It covers every convention: under POOL_INVALID_FIRST the pool exists only when some expert is not local, so
+    there are at most num_experts groups to pad there too.
+    """
     return numel + num_experts * (block_size - 1)
+
+
+#: group key of the entries a layout leaves out (EXCLUDE)
+_LEFT_OUT = -2
+#: group key of the pooled non-local entries (POOL_INVALID_FIRST): below every expert id, so the pool comes first
+_POOL = -1
+
+
+def _entry_groups(flat: torch.Tensor, written_id: list[int], ep_convention: ExpertMapConvention) -> torch.Tensor:
+    """Per flattened entry, the key of the group whose blocks hold it (int64, CPU): its global expert id, or _POOL
+    for a non-local entry under POOL_INVALID_FIRST, or _LEFT_OUT for one under EXCLUDE. A layout's groups come in
+    ascending key."""
+    keys = [
+        e if wid != -1 or ep_convention == ExpertMapConvention.KEEP_INVALID_BLOCKS
+        else _POOL if ep_convention == ExpertMapConvention.POOL_INVALID_FIRST else _LEFT_OUT
+        for e, wid in enumerate(written_id)
+    ]
+    return torch.tensor(keys, dtype=torch.int64)[flat]
+
+
+def _group_id(group: int, written_id: list[int]) -> int:
+    """The expert id a group's blocks carry."""
+    return -1 if group == _POOL else written_id[group]
 
 
 def align_block_size(
@@ -175,7 +209,8 @@ def align_block_size(
         that has entries (and is kept by the convention): its flattened indices in ascending order (the oracle's
         choice; the contract leaves the order within an expert free), then the sentinel M*k up to a multiple of
         block_size. Experts without entries get no block. `expert_ids` holds the global id without a map, the
-        local id for local experts, and -1 for kept non-local experts.
+        local id for local experts, and -1 for kept non-local experts. Under POOL_INVALID_FIRST the non-local
+        entries come first, as one group (ascending flattened index, then the sentinel), with expert id -1.
     """
     topk_ids = check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INT_INDEX_DTYPES)
     block_size = check_int("block_size", block_size, min_value=1)
@@ -194,15 +229,15 @@ def align_block_size(
 
     sorted_ids = torch.full((capacity,), sentinel, dtype=torch.int64)
     expert_ids = torch.full((num_blocks_capacity,), -1, dtype=torch.int64)
+    groups = _entry_groups(topk_ids.detach().cpu().reshape(-1).to(torch.int64), written_id, ep_convention)
     pos = 0
-    for e, entries in enumerate(_entries_by_expert(topk_ids, num_experts)):
-        if entries.numel() == 0:
+    for g in torch.unique(groups).tolist():  # ascending: groups without entries get no block
+        if g == _LEFT_OUT:
             continue
-        if written_id[e] == -1 and ep_convention == ExpertMapConvention.EXCLUDE:
-            continue
+        entries = torch.nonzero(groups == g).reshape(-1)
         padded = _round_up(entries.numel(), block_size)
         sorted_ids[pos : pos + entries.numel()] = entries
-        expert_ids[pos // block_size : (pos + padded) // block_size] = written_id[e]
+        expert_ids[pos // block_size : (pos + padded) // block_size] = _group_id(g, written_id)
         pos += padded
 
     device = topk_ids.device
@@ -285,12 +320,14 @@ def layout_invariant_violations(
     - dtypes int32; sorted_token_ids 1-D of any capacity >= num_tokens_post_padded (the oracle allocates
       `sorted_layout_capacity`, vLLM's wrapper min(numel * block_size, that), padded variants round it up),
       expert_ids 1-D with at least num_tokens_post_padded / block_size entries, num_tokens_post_padded `[1]`;
-    - num_tokens_post_padded is the sum over kept experts of their entry count rounded up to block_size;
-    - within the used part every block belongs to one expert: its entries are real indices of that expert
-      or the sentinel, and it holds at least one real entry; blocks ascend by global expert id (so each
-      expert's blocks are contiguous); each kept expert has exactly ceil(count / block_size) blocks;
+    - num_tokens_post_padded is the sum over kept groups of their entry count rounded up to block_size; a group
+      is one expert, except under POOL_INVALID_FIRST, where all non-local experts form one group (the pool);
+    - within the used part every block belongs to one group: its entries are real indices of that group or
+      the sentinel, and it holds at least one real entry; blocks ascend by global expert id, the pool first
+      (so each group's blocks are contiguous); each kept group has exactly ceil(count / block_size) blocks;
     - every kept (token, slot) index appears exactly once, excluded ones (EXCLUDE convention) never;
-    - expert_ids of a used block is the expert's written id (global id, local id, or -1 if kept non-local).
+    - expert_ids of a used block is its group's written id (global id, local id, or -1 for kept non-local
+      entries, pooled or not).
 
     Only the used part (`sorted_token_ids[:num_tokens_post_padded]` and its blocks' expert_ids) is checked:
     what lies past it is never read by the GEMM, and kernels differ there (the oracle writes the sentinel and
@@ -319,11 +356,9 @@ def layout_invariant_violations(
     eids = expert_ids.detach().cpu().to(torch.int64)
     used = int(ntpp.detach().cpu()[0])
     flat = topk_ids.detach().cpu().reshape(-1).to(torch.int64)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    kept = [
-        not (written_id[e] == -1 and ep_convention == ExpertMapConvention.EXCLUDE) for e in range(num_experts)
-    ]
-    expected_used = sum(_round_up(counts[e], block_size) for e in range(num_experts) if kept[e])
+    groups = _entry_groups(flat, written_id, ep_convention)
+    counts = {g: int((groups == g).sum()) for g in torch.unique(groups).tolist() if g != _LEFT_OUT}
+    expected_used = sum(_round_up(c, block_size) for c in counts.values())
     if used != expected_used:
         problems.append(f"num_tokens_post_padded: {used}, expected {expected_used}")
     if used < 0 or used % block_size:
@@ -336,8 +371,8 @@ def layout_invariant_violations(
         problems.append(f"expert_ids: {eids.numel()} entries, fewer than the {num_used_blocks} used blocks")
     if used > ids.numel() or num_used_blocks > eids.numel():
         return problems
-    problems += _entry_problems(ids[:used], flat, kept, topk_ids.shape[1])
-    problems += _block_problems(ids[:used], eids, flat, kept, counts, written_id, block_size)
+    problems += _entry_problems(ids[:used], flat, groups != _LEFT_OUT, topk_ids.shape[1])
+    problems += _block_problems(ids[:used], eids, groups, counts, written_id, block_size)
     return problems
 
 
@@ -360,9 +395,9 @@ def _structure_problems(sorted_ids: Any, expert_ids: Any, ntpp: Any) -> list[str
     return problems
 
 
-def _entry_problems(body: torch.Tensor, flat: torch.Tensor, kept: list[bool], k: int) -> list[str]:
+def _entry_problems(body: torch.Tensor, flat: torch.Tensor, kept: torch.Tensor, k: int) -> list[str]:
     """In the used part: real indices or the sentinel, never anything else; each kept (token, slot) exactly once,
-    excluded ones never."""
+    excluded ones never (`kept`: per flattened entry)."""
     problems = []
     numel = flat.numel()
     real = (body >= 0) & (body < numel)
@@ -374,7 +409,7 @@ def _entry_problems(body: torch.Tensor, flat: torch.Tensor, kept: list[bool], k:
             f"sentinel {numel} (first at {first}: {int(body[first])})"
         )
     seen = torch.bincount(body[real], minlength=numel) if numel else torch.zeros(0, dtype=torch.int64)
-    expected_seen = torch.tensor([1 if kept[int(e)] else 0 for e in flat.tolist()], dtype=torch.int64)
+    expected_seen = kept.to(torch.int64)
     wrong = torch.nonzero(seen != expected_seen).reshape(-1)
     if wrong.numel():
         i = int(wrong[0])
@@ -386,39 +421,48 @@ def _entry_problems(body: torch.Tensor, flat: torch.Tensor, kept: list[bool], k:
     return problems
 
 
-def _block_problems(body: torch.Tensor, eids: torch.Tensor, flat: torch.Tensor, kept: list[bool], counts: list[int],
+def _block_problems(body: torch.Tensor, eids: torch.Tensor, groups: torch.Tensor, counts: dict[int, int],
                     written_id: list[int], block_size: int) -> list[str]:
-    """Blocks: one expert each, at least one real entry, ascending experts, the right count and expert id."""
+    """Blocks: one group each, at least one real entry, ascending groups, the right count and expert id."""
     problems = []
-    numel = flat.numel()
-    block_expert: list[int] = []
+    numel = groups.numel()
+    block_group: list[int] = []
     for b in range(body.numel() // block_size):
         block = body[b * block_size : (b + 1) * block_size]
         members = block[(block >= 0) & (block < numel)]
-        experts = sorted(set(flat[members].tolist()))
-        if not experts:
+        found = sorted(set(groups[members].tolist()))
+        if not found:
             problems.append(f"block {b}: holds only padding (an expert without entries must get no block)")
-            block_expert.append(-1)
             continue
-        if len(experts) > 1:
-            problems.append(f"block {b}: mixes entries of experts {experts}")
-        e = experts[0]
-        block_expert.append(e)
-        if int(eids[b]) != written_id[e]:
-            problems.append(f"expert_ids[{b}]: {int(eids[b])}, expected {written_id[e]} (global expert {e})")
-    real_blocks = [e for e in block_expert if e >= 0]
-    if real_blocks != sorted(real_blocks):
-        problems.append(f"blocks are not in ascending expert order: {real_blocks}")
-    for e in range(len(counts)):
-        if not kept[e]:
+        if len(found) > 1:
+            problems.append(f"block {b}: mixes entries of {', '.join(_group_label(g) for g in found)}")
+        kept = [g for g in found if g != _LEFT_OUT]
+        if not kept:  # entries that must not be there at all: reported per entry
             continue
-        want = -(-counts[e] // block_size)
-        have = real_blocks.count(e)
+        g = kept[0]
+        block_group.append(g)
+        want = _group_id(g, written_id)
+        if int(eids[b]) != want:
+            problems.append(f"expert_ids[{b}]: {int(eids[b])}, expected {want} ({_group_label(g, 'global ')})")
+    if block_group != sorted(block_group):
+        pool = " (-1: the non-local pool, due first)" if _POOL in block_group else ""
+        problems.append(f"blocks are not in ascending expert order{pool}: {block_group}")
+    for g, count in counts.items():
+        want = -(-count // block_size)
+        have = block_group.count(g)
         if have != want:
             problems.append(
-                f"expert {e}: {have} blocks for {counts[e]} entries, expected {want} (block_size {block_size})"
+                f"{_group_label(g)}: {have} blocks for {count} entries, expected {want} (block_size {block_size})"
             )
     return problems
+
+
+def _group_label(group: int, expert: str = "") -> str:
+    if group == _POOL:
+        return "the non-local pool"
+    if group == _LEFT_OUT:
+        return "entries left out (non-local, EXCLUDE)"
+    return f"{expert}expert {group}"
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -11,12 +11,22 @@ descending order of selection score (ties: ascending id). Neither is part of the
 break ties differently (vLLM's CUDA kernel prefers the lower index, `torch.topk` is unspecified). The contract
 is set semantics, so every routing function has a companion `*_selection_scores` returning the `[M, E]` scores
 the selection was made on (biased scores; experts excluded by group masking at -inf). A kernel's id set is
-valid iff `valid_topk_selection(selection_scores, ids)` holds: its selected scores are, as a multiset, the
-k largest of the row. Weights are then compared gathered in the kernel's own order.
+valid iff `valid_topk_selection(selection_scores, ids)` holds: it is a top-k of the row under some tie-break.
+Grouped routing chooses twice, groups then experts, and ties may occur at either level, so its ids are judged by
+`valid_grouped_topk_selection`, which accepts any admissible choice of groups. Both take an `atol`: the ids are
+then a top-k of the scores after moving each by at most atol / 2 (a kernel that rounds its scores differently).
+Weights are then compared gathered in the kernel's own order.
 
-Non-finite logits (padding rows of CUDA graphs) are implementation-defined in production; the oracle's rule is
-the `NonFinitePolicy` argument (default `ZERO`, see there). Whatever the rule, `routing_ids_well_formed` states
-the minimum a kernel owes such rows: no duplicate ids and every id in [0, E).
+Masked experts. A -Inf logit is how a model masks an expert out. It is an ordinary value, not an error: its
+score is exactly 0 (softmax and sigmoid alike), so without a correction bias a masked expert is selected only
+when fewer than k experts of the row (of its kept groups, for grouped routing) have a positive score; the free
+slots then go to zero-score experts, any of them (a tie), with weight 0. With a correction bias its selection
+score is its bias, as every production router computes it. Logit-ranked selections (Llama 4, TOPK_THEN_SOFTMAX)
+rank it last. Only a row whose logits are *all* -Inf is non-finite.
+
+Non-finite logits (NaN, +Inf, all -Inf: padding rows of CUDA graphs) are implementation-defined in production;
+the oracle's rule is the `NonFinitePolicy` argument (default `ZERO`, see there). Whatever the rule,
+`routing_ids_well_formed` states the minimum a kernel owes such rows: no duplicate ids and every id in [0, E).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ __all__ = [
     "ScalingPlacement",
     "Scoring",
     "SoftmaxOrder",
+    "finite_or_masked_rows",
     "grouped_topk_route",
     "grouped_topk_selection_scores",
     "llama4_top1_route",
@@ -40,6 +51,7 @@ __all__ = [
     "routing_ids_well_formed",
     "topk_route",
     "topk_selection_scores",
+    "valid_grouped_topk_selection",
     "valid_topk_selection",
 ]
 
@@ -81,16 +93,25 @@ class NonFinitePolicy(str, enum.Enum):
     """What the oracle does with NaN / +-Inf logits.
 
     - `ZERO` (vLLM's current CUDA kernel): every non-finite *score* (probability or sigmoid) is replaced by 0
-      before selection and in the weights. With softmax one NaN or +Inf logit makes the whole row NaN, so the
-      row's scores are all 0: ids are 0..k-1 (ties to the lower index) and weights are 0 (with a correction
-      bias, the bias alone then decides the selection; weights stay 0). With sigmoid only the NaN experts get
-      score 0 (sigmoid(+-Inf) = 1 or 0 is finite). Where the selection is made on raw logits
+      before selection and in the weights. With softmax one NaN or +Inf logit (or a row of -Inf only) makes the
+      whole row NaN, so the row's scores are all 0: ids are 0..k-1 (ties to the lower index) and weights are 0
+      (with a correction bias, the bias alone then decides the selection; weights stay 0). With sigmoid only the
+      NaN experts get score 0 (sigmoid(+-Inf) = 1 or 0 is finite). Where the selection is made on raw logits
       (`TOPK_THEN_SOFTMAX`, Llama4), a NaN logit ranks as -Inf; non-finite weights computed afterwards are
-      replaced by 0. For finite logits ZERO changes nothing.
-    - `RAISE`: any non-finite logit raises ValueError (for callers that must never see such rows).
+      replaced by 0. A renormalization whose sum is 0 returns zeros. For finite logits ZERO changes nothing.
+    - `PROPAGATE` (torch code without guards, e.g. vLLM's torch routers): IEEE arithmetic throughout. NaN
+      ranks above every number in each selection, groups included (the order of torch.topk and torch.sort), so
+      NaN experts are selected first; a softmax row with a NaN, a +Inf or only -Inf logits is NaN throughout
+      (NaN weights); a renormalization divides by the plain sum (0 / 0 is NaN).
+    - `RAISE`: a non-finite row (a NaN or +Inf logit, or only -Inf ones) raises ValueError, for callers that must
+      never see such rows; masked experts (-Inf beside finite logits) are ordinary.
+
+    Rows whose logits are finite or masked (some -Inf, the rest finite) compute the same under ZERO and PROPAGATE,
+    except a renormalization over k zero scores (zeros under ZERO, NaN under PROPAGATE).
     """
 
     ZERO = "zero"
+    PROPAGATE = "propagate"
     RAISE = "raise"
 
 
@@ -103,7 +124,7 @@ def _logits(router_logits: object, nonfinite: object) -> tuple[torch.Tensor, Non
     if t.shape[1] < 1:
         raise ValueError(f"router_logits must have at least one expert column, got shape {list(t.shape)}")
     policy = NonFinitePolicy(check_choice("nonfinite", nonfinite, list(NonFinitePolicy)))
-    if policy is NonFinitePolicy.RAISE and not bool(torch.isfinite(t).all()):
+    if policy is NonFinitePolicy.RAISE and not bool(finite_or_masked_rows(t).all()):
         raise ValueError("router_logits contains NaN or Inf and nonfinite=RAISE")
     compute = torch.float64 if t.dtype == torch.float64 else torch.float32
     return t.to(compute), policy
@@ -160,18 +181,21 @@ def _nan_to_neg_inf(t: torch.Tensor) -> torch.Tensor:
 
 
 def _topk_lower_index(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest entries per row, descending, ties toward the lower index (no NaN allowed).
+    """Indices of the k largest entries per row, descending, ties toward the lower index, NaN first.
 
-    A stable descending sort keeps equal values in ascending index order, which is the tie rule.
+    A stable descending sort keeps equal values in ascending index order, which is the tie rule, and puts NaN
+    before +Inf, as torch.topk does (what PROPAGATE means; under ZERO no NaN gets here).
     """
     return torch.sort(values, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def _renormalize(w: torch.Tensor) -> torch.Tensor:
+def _renormalize(w: torch.Tensor, policy: NonFinitePolicy) -> torch.Tensor:
     """Divide each row by its sum (the sum formed in float64 in a fixed order and rounded once to w's dtype, then
     one division). A zero sum (all k weights 0, e.g. a NaN row under ZERO) returns the row unchanged, i.e. zeros,
-    instead of 0/0."""
+    instead of 0/0; under PROPAGATE the division is plain (0/0 and NaN sums give NaN)."""
     s = _row_sum(w.to(torch.float64)).to(w.dtype)
+    if policy is NonFinitePolicy.PROPAGATE:
+        return w / s
     return w / torch.where(s > 0, s, torch.ones_like(s))
 
 
@@ -222,7 +246,7 @@ def _topk(
     ids = _topk_lower_index(selection, k)
     weights = scores.gather(1, ids)  # the unbiased scores: the bias only selects
     if renormalize:
-        weights = _renormalize(weights)
+        weights = _renormalize(weights, policy)
     return (*_finalize(weights, ids), selection)
 
 
@@ -290,7 +314,8 @@ def _grouped(
     routed_scaling_factor: object,
     scaling_placement: object,
     nonfinite: object,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weights, ids, selection scores, biased scores before the group mask [M, E], group scores [M, G])."""
     x, policy = _logits(router_logits, nonfinite)
     m, num_experts = x.shape
     k = _k(k, num_experts)
@@ -341,10 +366,10 @@ def _grouped(
     ids = _topk_lower_index(selection, k)
     weights = scores.gather(1, ids)  # unbiased
     if renormalize:
-        weights = _renormalize(weights)
+        weights = _renormalize(weights, policy)
     if placement is ScalingPlacement.WEIGHTS:
         weights = weights * routed_scaling_factor
-    return (*_finalize(weights, ids), selection)
+    return (*_finalize(weights, ids), selection, biased, group_scores)
 
 
 def grouped_topk_route(
@@ -387,7 +412,7 @@ def grouped_topk_route(
     Returns:
         (topk_weights [M, k] fp32, topk_ids [M, k] int32), rows in descending selection-score order.
     """
-    w, ids, _ = _grouped(
+    w, ids, *_ = _grouped(
         router_logits, k, num_groups, topk_group, scoring, correction_bias, renormalize,
         routed_scaling_factor, scaling_placement, nonfinite,
     )
@@ -411,7 +436,8 @@ def grouped_topk_selection_scores(
     scores for experts in kept groups, -Inf for the masked ones. Feed to `valid_topk_selection`.
 
     Note: under ties between *group* scores the kept groups themselves are a choice; these scores encode the
-    oracle's choice (lower group index)."""
+    oracle's choice (lower group index). Judge a kernel's ids with `valid_grouped_topk_selection`, which accepts
+    every admissible group choice."""
     return _grouped(
         router_logits, k, num_groups, topk_group, scoring, correction_bias, renormalize,
         routed_scaling_factor, scaling_placement, nonfinite,
@@ -455,6 +481,15 @@ def llama4_top1_selection_scores(
 # ------------------------------------------------------------------------------------- checking a kernel
 
 
+def finite_or_masked_rows(router_logits: torch.Tensor) -> torch.Tensor:
+    """Per row of `router_logits [M, E]`: True iff it has no NaN, no +Inf and at least one finite logit (-Inf
+    logits, masked experts, are allowed). Returns bool [M]. Such rows compute the same under ZERO and PROPAGATE
+    (but for a renormalization over k zero scores); the others (NaN, +Inf, only -Inf) are the non-finite rows
+    the `NonFinitePolicy` decides."""
+    t = check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES)
+    return ~(t.isnan() | t.isposinf()).any(dim=1) & t.isfinite().any(dim=1)
+
+
 def _ids(ids: object, rows: int | None = None) -> torch.Tensor:
     t = check_tensor("ids", ids, ndim=2, dtypes=INT_INDEX_DTYPES)
     if rows is not None and t.shape[0] != rows:
@@ -476,34 +511,142 @@ def routing_ids_well_formed(ids: torch.Tensor, num_experts: int) -> torch.Tensor
     return _rows_well_formed(_ids(ids), num_experts)
 
 
+def _atol(atol: object) -> float:
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not atol >= 0:
+        raise ValueError(f"atol must be a number >= 0, got {atol!r}")
+    return float(atol)
+
+
+def _chosen(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[M, E] bool: which experts the (well-formed or not) ids select; out-of-range ids select nothing."""
+    inside = (ids >= 0) & (ids < num_experts)
+    hit = torch.zeros(ids.shape[0], num_experts + 1, dtype=torch.bool, device=ids.device)
+    return hit.scatter(1, torch.where(inside, ids, num_experts), True)[:, :num_experts]
+
+
+def _is_topk(s: torch.Tensor, chosen: torch.Tensor, atol: float) -> torch.Tensor:
+    """Per row: the chosen entries are a top-k of `s` under a tie-break within atol. NaN ranks above every number:
+    the chosen set must hold min(k, #NaN) of the row's NaNs, and among the numbers, every chosen one must be at
+    least every unchosen one minus atol (compared in float64: an atol below the scores' ulp must not round away)."""
+    s = s.to(torch.float64)
+    k = chosen.sum(dim=1)
+    nan = s.isnan()
+    nan_ok = (chosen & nan).sum(dim=1) == torch.minimum(k, nan.sum(dim=1))
+    inf = torch.tensor(math.inf, dtype=s.dtype, device=s.device)
+    lowest_chosen = torch.where(chosen & ~nan, s, inf).amin(dim=1)
+    best_left = torch.where(~chosen & ~nan, s, -inf).amax(dim=1)
+    # where both are the same infinity, inf - atol is inf again: a tie, which is valid
+    return nan_ok & (lowest_chosen >= best_left - atol)
+
+
 def valid_topk_selection(
     selection_scores: torch.Tensor, ids: torch.Tensor, *, atol: float = 0.0
 ) -> torch.Tensor:
     """Per row: is `ids` a valid top-k choice under `selection_scores` (set semantics, any tie-break)?
 
+    Contract: the ids are valid iff they are distinct, in [0, E), and a top-k of the row's scores after moving each
+    score by at most atol / 2, i.e. no unselected score exceeds the lowest selected one by more than atol. With
+    atol = 0 (the default) this is exact: the multiset of the selected scores equals that of the row's k largest,
+    so exactly tied scores may be swapped and nothing else. NaN ranks above every number (torch.topk's order, what
+    `NonFinitePolicy.PROPAGATE` computes) and NaNs tie with each other.
+
     Args:
-        selection_scores: [M, E] float, no NaN (-Inf allowed), e.g. from `topk_selection_scores`.
+        selection_scores: [M, E] float (+-Inf and NaN allowed), e.g. from `topk_selection_scores`.
         ids: [M, k] int32/int64, 1 <= k <= E, in any order.
-        atol: default 0 (exact). With atol > 0, the sorted selected scores may differ from the sorted k largest
-            by up to atol each (accepts near-tie swaps by a kernel that rounds its scores differently).
+        atol: >= 0; accepts near-tie swaps by a kernel that rounds its scores differently.
 
     Returns:
-        bool [M]: True iff the row's ids are distinct, in [0, E), and the multiset of their selection scores
-        equals the multiset of the row's k largest selection scores.
+        bool [M].
     """
     s = check_tensor("selection_scores", selection_scores, ndim=2, dtypes=FLOAT_DTYPES)
-    if bool(torch.isnan(s).any()):
-        raise ValueError("selection_scores must not contain NaN")
     m, num_experts = s.shape
     t = _ids(ids, rows=m)
     if not 1 <= t.shape[1] <= num_experts:
         raise ValueError(f"ids must have between 1 and E={num_experts} columns, got shape {list(t.shape)}")
-    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not atol >= 0:
-        raise ValueError(f"atol must be a number >= 0, got {atol!r}")
-    k = t.shape[1]
-    ok = _rows_well_formed(t, num_experts)
-    picked = s.gather(1, t.clamp(0, num_experts - 1))
-    picked = torch.sort(picked, dim=1, descending=True).values
-    best = torch.sort(s, dim=1, descending=True).values[:, :k]
-    close = (picked == best) | ((picked - best).abs() <= atol)
-    return ok & close.all(dim=1)
+    atol = _atol(atol)
+    return _rows_well_formed(t, num_experts) & _is_topk(s, _chosen(t, num_experts), atol)
+
+
+def _admissible_groups(
+    biased: torch.Tensor, group_scores: torch.Tensor, chosen: torch.Tensor, topk_group: int, atol: float,
+    group_atol: float,
+) -> torch.Tensor:
+    """Per row: is there a set S of topk_group groups, admissible at group level, holding every chosen expert, such
+    that no unchosen expert of S's groups scores more than atol above the lowest chosen one?
+
+    S is admissible iff every group outside S scores at most group_atol above S's lowest group. Searching over
+    that lowest score `lo` (one of the group scores): the groups above lo + group_atol are forced into S, groups
+    below lo are barred, the rest may fill it. NaN counts as +Inf here: no score of grouped routing is +Inf.
+    """
+    m, num_groups = group_scores.shape
+    per_group = biased.shape[1] // num_groups
+    inf = math.inf
+    # float64, so that an atol below the scores' ulp does not round away
+    key = torch.where(biased.isnan(), inf, biased).to(torch.float64)
+    gkey = torch.where(group_scores.isnan(), inf, group_scores).to(torch.float64)
+    lowest_chosen = torch.where(chosen, key, inf).amin(dim=1, keepdim=True)
+    best_left = torch.where(chosen, -inf, key).reshape(m, num_groups, per_group).amax(dim=2)
+    harmless = best_left <= lowest_chosen + atol  # adding this group's experts keeps the ids a top-k
+    holds = chosen.reshape(m, num_groups, per_group).any(dim=2)
+    lo = gkey[:, :, None]  # [M, candidate, 1]
+    forced = gkey[:, None, :] > lo + group_atol  # [M, candidate, group]
+    usable = (gkey[:, None, :] >= lo) & harmless[:, None, :]
+    need = holds[:, None, :] | forced
+    n_need = need.sum(dim=2)
+    fits = (~need | usable).all(dim=2) & (n_need <= topk_group)
+    spare = (usable & ~need).sum(dim=2)
+    return (fits & (n_need + spare >= topk_group)).any(dim=1)
+
+
+def valid_grouped_topk_selection(
+    router_logits: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    num_groups: int,
+    topk_group: int,
+    scoring: Scoring,
+    correction_bias: torch.Tensor | None = None,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scaling_placement: ScalingPlacement = ScalingPlacement.WEIGHTS,
+    nonfinite: NonFinitePolicy = NonFinitePolicy.ZERO,
+    atol: float = 0.0,
+) -> torch.Tensor:
+    """Per row: is `ids [M, k]` a valid grouped top-k of `router_logits` (the other arguments as for
+    `grouped_topk_route`, k = ids.shape[1]) under some tie-break within atol, at group level and expert level?
+
+    Contract. Group scores and biased scores are those of `grouped_topk_route` (steps 1-2). A set S of
+    `topk_group` groups is an admissible group choice iff no group outside S scores more than `group_atol` above
+    the lowest group score in S, where group_atol = atol for the max group score (no bias) and 2 * atol for the
+    sum of two biased scores (with a bias): S is a top-topk_group of the group scores after moving each by at
+    most group_atol / 2. The ids are valid iff they are distinct, in [0, E), and for some admissible S they all
+    lie in S's groups and are a top-k there within atol (`valid_topk_selection` on the biased scores of S's
+    experts). With atol = 0 only exact ties are free, at both levels: a group may be kept in place of a tied one,
+    never in place of one that scores more. NaN ranks above every number (under PROPAGATE NaN experts
+    and groups come first). The oracle's own ids are always valid.
+
+    Returns:
+        bool [M].
+    """
+    t = _ids(ids)
+    atol = _atol(atol)
+    _, _, selection, biased, group_scores = _grouped(
+        router_logits, t.shape[1], num_groups, topk_group, scoring, correction_bias, renormalize,
+        routed_scaling_factor, scaling_placement, nonfinite,
+    )
+    m, num_experts = biased.shape
+    if t.shape[0] != m:
+        raise ValueError(f"ids must have {m} rows (one per token), got shape {list(t.shape)}")
+    t = t.to(biased.device)
+    well_formed = _rows_well_formed(t, num_experts)
+    chosen = _chosen(t, num_experts)
+    # the oracle's own group choice is admissible: rows valid under it need no search
+    ok = well_formed & _is_topk(selection, chosen, atol)
+    group_atol = atol * (1 if correction_bias is None else 2)
+    rest = (well_formed & ~ok).nonzero().flatten()
+    # the search holds [rows, G, G] booleans: a few million at a time
+    step = max(1, (1 << 22) // max(1, group_scores.shape[1] ** 2))
+    for start in range(0, rest.numel(), step):
+        rows = rest[start:start + step]
+        ok[rows] = _admissible_groups(biased[rows], group_scores[rows], chosen[rows], topk_group, atol, group_atol)
+    return ok

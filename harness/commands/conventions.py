@@ -1,6 +1,7 @@
 """`python -m harness conventions [--op OP]`: what an adapter author needs to know, generated from the code.
 
-Per op: its contract (the op module's docstring), every convention key with its values, default and users
+Per op: its description (the op module's docstring), its declared contract (`harness.ops.contracts`: inputs, case
+parameters, outputs and what the kernel writes), every convention key with its values, default and users
 (`harness.core.conventions`), its feature axes, and the inputs and outputs of real cases (names, shapes, dtypes,
 strides, built by the op's own input builder); then the adapter fields and the interpreter's feature names.
 `docs/CONVENTIONS.md` is this output (`--out docs/CONVENTIONS.md`); a test fails when it is stale.
@@ -118,6 +119,40 @@ class _Spec:
         self.stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
 
 
+def _contract(op: str) -> list[str]:
+    """The op's declared contract (harness.ops.contracts): inputs, case parameters, outputs, what the kernel writes."""
+    from harness import ops
+    from harness.ops.contracts import contract_of, describe_cells
+
+    spec = ops.get(op)
+    c = contract_of(spec)
+    if c is None:
+        return ["No contract declared yet: see the op's description above.", ""]
+
+    def present(e: Any) -> str:
+        return _cell(describe_cells(e.when, e.unless, spec.axes))
+
+    lines = ["Shape letters: " + "; ".join(f"`{k}` {_cell(v)}" for k, v in c.symbols.items()) + ".", "",
+             "Inputs (`inputs[name]` in `run`):", "", "| input | shape | dtype | present in | holds |",
+             "|---|---|---|---|---|",
+             *(f"| `{t.name}` | {_cell(t.shape)} | {_cell(t.dtype)} | {present(t)} | {_cell(t.meaning)} |"
+               for t in c.inputs), ""]
+    if c.params:
+        lines += ["Case parameters (`case.params[name]`):", "", "| param | kind | present in | meaning |",
+                  "|---|---|---|---|",
+                  *(f"| `{p.name}` | {p.kind} | {present(p)} | {_cell(p.meaning)} |" for p in c.params), ""]
+    else:
+        lines += ["Case parameters: none.", ""]
+    lines += ["Outputs (`outputs[name]`, pre-allocated; the kernel writes them or returns tensors that replace "
+              "them):", "", "| output | shape | dtype | present in | holds | the kernel writes |",
+              "|---|---|---|---|---|---|",
+              *(f"| `{t.name}` | {_cell(t.shape)} | {_cell(t.dtype)} | {present(t)} | {_cell(t.meaning)} | "
+                f"{_cell(t.written)} |" for t in c.outputs), ""]
+    if c.notes:
+        lines += [*(f"- {n}" for n in c.notes), ""]
+    return lines
+
+
 def _module_doc(op: str) -> str:
     from harness import ops
 
@@ -163,6 +198,7 @@ def render(only: str | None = None) -> str:
         spec = ops.get(op)
         lines += [f"## `{op}`: {spec.title}", "", _module_doc(op), "",
                   "Feature axes: " + "; ".join(f"`{a.name}` ({', '.join(a.values)})" for a in spec.axes) + ".", "",
+                  "### Contract", "", *_contract(op),
                   "### Conventions", "", *_conventions_table(op),
                   "### Inputs and outputs", "", *_io_table(op)]
     if not only:

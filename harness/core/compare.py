@@ -49,6 +49,16 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(width)
 
 
+def run_bits(t: torch.Tensor) -> torch.Tensor:
+    """`bits`, with every NaN as one canonical NaN: what two runs of a kernel must agree on (determinism, batch
+    invariance). A NaN's payload and sign are not a result (vectorized and scalar paths of one kernel differ in
+    them); a NaN where the other run has a number still differs. fp8 NaN codes are kept as they are."""
+    t = t.detach().cpu()
+    if t.dtype.is_floating_point and t.element_size() > 1:
+        t = torch.where(t.isnan(), torch.tensor(float("nan"), dtype=t.dtype), t)
+    return bits(t)
+
+
 def compare_exact(
     name: str, actual: torch.Tensor, expected: torch.Tensor, *, mask: torch.Tensor | None = None,
     nan_equal: bool = True,

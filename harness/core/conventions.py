@@ -148,8 +148,13 @@ _ACTIVATION = (
 
 BY_OP: dict[str, tuple[Convention, ...]] = {
     "routing": (
-        Convention("nonfinite", "what happens to NaN / Inf logits", values=_choices(rt_ref.NonFinitePolicy, {
-            "zero": "non-finite scores become 0 (vLLM's CUDA kernel)", "raise": "the oracle refuses such rows"})),
+        Convention("nonfinite", "what happens to rows with a NaN or +Inf logit or only -Inf ones (undeclared: only "
+                   "their ids' form is judged; -Inf beside finite logits is a masked expert, judged always)",
+                   values=_choices(rt_ref.NonFinitePolicy, {
+                       "zero": "non-finite scores become 0 (vLLM's CUDA kernel)",
+                       "propagate": "IEEE arithmetic: NaN ranks first, NaN weights where a NaN or 0/0 reaches them "
+                       "(torch code without guards, e.g. vLLM's torch routers)",
+                       "raise": "the oracle refuses such rows (judged for their ids' form only)"})),
         Convention("score_dtype", "the precision scores, selection and weights are computed in", values={
             "float32": "fp32 (the CUDA kernels; torch code that casts the logits to fp32 first)",
             "input": "the logits' dtype (torch code on bf16/fp16 logits, e.g. vLLM's native grouped_topk): every "
@@ -158,7 +163,25 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
             "vLLM's CPURouter softmax top-k): weights off by u * (|logit| + 2 |logsumexp|) more"},
             default="float32"),
     ),
-    "align": (),
+    "align": (
+        Convention("tail", "which part of sorted_token_ids and expert_ids the kernel writes (the used part: the first "
+                   "num_tokens_post_padded entries and their blocks' expert ids)", values={
+                       "written": "the whole buffers: every element must be written, expert_ids past the used "
+                       "blocks must be -1 (the oracle; this project's Triton kernel); sorted_token_ids past the "
+                       "used part may hold any value (the oracle writes the sentinel)",
+                       "unwritten": "only the used part: the tail is neither required written, nor compared, nor "
+                       "part of the determinism check (kernels whose GEMMs never read it: SGLang's leaves expert_ids' "
+                       "tail unwritten, some vLLM versions fill it with 0)"},
+                   default="written"),
+        Convention("invalid_blocks", "in expert_map=keep_invalid_blocks cells, how the entries of non-local experts "
+                   "are grouped into their -1 blocks (not read in other cells)", values={
+                       "per_expert": "each non-local expert's entries padded in blocks of their own, at its place "
+                       "in expert order (vLLM moe_align_block_size)",
+                       "pooled_first": "all non-local entries pooled, padded once to a multiple of block_size, in "
+                       "blocks before every local expert's (SGLang moe_align_block_size, whose non-local ids "
+                       "are -1)"},
+                   default="per_expert"),
+    ),
     "reduce": (),
     "activation": _ACTIVATION,
     "act_quant": (

@@ -2,8 +2,9 @@
 
 Every tensor is drawn on the CPU from a `torch.Generator` seeded by the case seed and a stream name, then moved
 to the device, so a case produces bit-identical inputs on every machine (replays reproduce). Magnitudes are chosen
-so outputs are O(1) and never all zero. Routing patterns: random, skewed (Zipf), one_expert, some_empty, ties,
-nonfinite (NaN/Inf rows; only for properties that test them).
+so outputs are O(1) and never all zero. Routing patterns: random, skewed (Zipf), one_expert, some_empty, ties (for
+grouped routing also tied and near-tied groups), nonfinite (NaN/Inf rows and rows with masked -Inf experts; only for
+properties that test them).
 """
 
 from __future__ import annotations
@@ -70,12 +71,53 @@ def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *
     elif pattern == "ties":
         # few distinct values: many exact ties among the top scores
         x = torch.round(x)
+        groups = case.params.get("num_groups", 1)
+        if groups > 1 and m > 0:
+            x = _tied_groups(x, groups, dtype, g)
     elif pattern == "nonfinite" and m > 0:
         kind = torch.randint(0, 4, (m,), generator=g)
         x[kind == 1] = float("nan")
         x[kind == 2, 0] = float("inf")
         x[kind == 3, :] = float("-inf")
+        # masked experts: half the finite rows get 1..E-1 logits at -Inf (sometimes fewer than k finite remain)
+        masked = (kind == 0) & (torch.rand(m, generator=g) < 0.5)
+        count = torch.randint(1, max(e, 2), (m,), generator=g)
+        order = torch.rand((m, e), generator=g).argsort(dim=1)
+        drop = masked[:, None] & (order < count[:, None]) & (e > 1)
+        x[drop] = float("-inf")
     return x.to(dtype).to(device)
+
+
+def _tied_groups(x: torch.Tensor, groups: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Grouped routing's ties: per row, one of
+    - a copy: one group's logits copied into 1..G-1 other groups (exactly tied group scores, biased ones too when
+      the bias is the same in every group);
+    - a nudge: as a copy, then one copy's largest logit raised by one ulp of `dtype` (a near tie: within fp32's
+      rounding for fp32 logits, a clear difference for bf16/fp16 ones unless the scores saturate);
+    - saturation: the two largest logits of 2..G groups set to 8..30, where sigmoid is 1.0 or within an ulp of it
+      in fp32 and 1.0 in bf16 (a router that rounds differently keeps another group).
+    """
+    m, e = x.shape
+    per = e // groups
+    xg = x.reshape(m, groups, per).clone()
+    kind = torch.randint(0, 3, (m,), generator=g)
+    saturated = torch.tensor([8.0, 12.0, 16.0, 17.0, 20.0, 30.0])
+    for r in range(m):
+        order = torch.randperm(groups, generator=g)
+        n = int(torch.randint(1, groups, (1,), generator=g))
+        if kind[r] == 2:
+            for grp in order[: n + 1].tolist():
+                top2 = xg[r, grp].argsort(descending=True)[:2]
+                xg[r, grp, top2] = saturated[torch.randint(0, len(saturated), (top2.numel(),), generator=g)]
+            continue
+        xg[r, order[1: n + 1]] = xg[r, order[0]].clone()
+        if kind[r] == 1:
+            grp, j = int(order[1]), int(xg[r, order[1]].argmax())
+            v = float(xg[r, grp, j])
+            # the spacing of `dtype` at |v| (exact for a positive step: lands on the next representable value)
+            ulp = 2.0 ** math.floor(math.log2(abs(v))) * torch.finfo(dtype).eps if v else torch.finfo(dtype).tiny
+            xg[r, grp, j] = v + ulp
+    return xg.reshape(m, e)
 
 
 def topk_ids(case: Case, m: int, e: int, k: int, device: str) -> torch.Tensor:

@@ -14,6 +14,12 @@ SIGTERM handlers and the blocked-signal mask. The CPU RNG state is restored with
 numbers). Not covered: the flush-denormal mode (torch has no getter for it) and state of other libraries.
 `pristine()` gives the oracle the functions as they were when the harness loaded; `Containment` refuses the exits
 a kernel attempts while it runs.
+
+Not charged, though undone like any change: what well-known libraries change on their first import, whether that
+happens when an adapter module is imported or at a kernel's first call (`torch.compile` imports torch._dynamo
+lazily): exactly the changes listed in `LIBRARY_WRAPPERS` and `LIBRARY_FILTERS`, and only in the window where that
+library was first imported. Registering ops (`torch.library`, `torch.ops`) and compiling Triton kernels change
+nothing watched. A change a kernel needs on purpose is accepted by name with `accept_process_state`.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 import torch
@@ -80,6 +86,8 @@ class State:
     attrs: dict[str, dict[str, Any]] = field(default_factory=dict)  # namespace -> name -> object
     settings: dict[str, Any] = field(default_factory=dict)
     rng: torch.Tensor | None = None
+    libraries: frozenset[str] = frozenset()  # the modules of LIBRARY_WRAPPERS / LIBRARY_FILTERS imported by then
+    accepted: int = 0  # how many changes `accept_process_state` had accepted by then
 
 
 def _foreign(spaces: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -102,6 +110,50 @@ ORIGINALS: dict[str, dict[str, Any]] = {name: dict(vars(ns)) for name, ns in _na
 FOREIGN: dict[str, str] = _foreign(ORIGINALS)
 
 
+#: watched attributes that a library replaces on its first import by a wrapper of the same function (`__wrapped__`
+#: is the function before): attribute -> (the library, the files that define the wrapper). torch._dynamo wraps
+#: torch.manual_seed so that compiled code never traces into seeding.
+LIBRARY_WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "torch.manual_seed": ("torch._dynamo", (os.path.join("torch", "_compile.py"),
+                                            os.path.join("torch", "_dynamo", ""))),
+}
+#: warning filters that a library adds on its first import: (the library, action, category as module.qualname).
+#: sympy, which torch._dynamo and torch._inductor import, shows each of its deprecation warnings once.
+LIBRARY_FILTERS: tuple[tuple[str, str, str], ...] = (
+    ("sympy", "once", "sympy.utilities.exceptions.SymPyDeprecationWarning"),
+)
+_LIBRARIES = frozenset([*(lib for lib, _ in LIBRARY_WRAPPERS.values()), *(f[0] for f in LIBRARY_FILTERS)])
+
+
+def _loaded() -> frozenset[str]:
+    return frozenset(m for m in _LIBRARIES if m in sys.modules)
+
+
+def _library_wrapper(attr: str, old: Any, new: Any, before: State) -> bool:
+    """Whether replacing `attr` (`old` -> `new`) is the wrapping its library does on first import, in this window."""
+    if attr not in LIBRARY_WRAPPERS or getattr(new, "__wrapped__", _MISSING) is not old:
+        return False
+    library, files = LIBRARY_WRAPPERS[attr]
+    code = getattr(new, "__code__", None)
+    return (library not in before.libraries and library in sys.modules and isinstance(code, CodeType)
+            and any(f in code.co_filename for f in files))
+
+
+def _is_library_filter(entry: Any, libraries: frozenset[str]) -> bool:
+    if not (isinstance(entry, tuple) and len(entry) == 5):
+        return False
+    action, message, category, module, lineno = entry
+    name = f"{getattr(category, '__module__', '')}.{getattr(category, '__qualname__', '')}"
+    return (message is None and module is None and lineno == 0
+            and any((lib, action, name) == f for f in LIBRARY_FILTERS for lib in libraries))
+
+
+def _library_filters(old: list, new: list, before: State) -> bool:
+    """Whether the filters went from `old` to `new` only by the ones libraries first imported in this window add."""
+    fresh = _loaded() - before.libraries
+    return bool(fresh) and [f for f in new if not _is_library_filter(f, fresh)] == old
+
+
 def accept_current() -> None:
     """Take the watched namespaces as they are now as the originals: for a test that replaces a torch function on
     purpose (a CPU stand-in for a CUDA-only op), before judging and again after undoing it."""
@@ -122,7 +174,8 @@ def take() -> State:
     for name, ns in _namespaces().items():
         attrs[name] = dict(vars(ns))
         ORIGINALS.setdefault(name, attrs[name])
-    return State(attrs=attrs, settings=settings, rng=torch.get_rng_state())
+    return State(attrs=attrs, settings=settings, rng=torch.get_rng_state(), libraries=_loaded(),
+                 accepted=_accepted_count())
 
 
 @contextlib.contextmanager
@@ -156,14 +209,15 @@ def pristine() -> Iterator[None]:
 
 def changes(before: State) -> list[str]:
     """What differs from `before`, named (e.g. "torch.nn.functional.silu replaced", "default dtype
-    torch.float32 -> torch.float64")."""
+    torch.float32 -> torch.float64"); a library's own first-import changes (`LIBRARY_WRAPPERS`, `LIBRARY_FILTERS`)
+    are left out."""
     found = []
     spaces = _namespaces()
     for space, names in before.attrs.items():
         now = vars(spaces[space]) if space in spaces else {}
         for name, obj in names.items():
             current = now.get(name, _MISSING)
-            if current is not obj:
+            if current is not obj and not _library_wrapper(f"{space}.{name}", obj, current, before):
                 found.append(f"{space}.{name} {'deleted' if current is _MISSING else 'replaced'}")
         if space == "torch.Tensor":
             found += [f"torch.Tensor.{name} added" for name in sorted(set(now) - set(names))]
@@ -174,7 +228,8 @@ def changes(before: State) -> list[str]:
             value = read()
         except Exception:
             continue
-        if value != before.settings[name]:
+        if value != before.settings[name] and not (
+                name == "warning filters" and _library_filters(before.settings[name], value, before)):
             found.append(f"{name} {_short(before.settings[name])} -> {_short(value)}")
     return found
 
@@ -203,6 +258,81 @@ def restore(before: State, *, rng: bool = True) -> None:
                 continue
     if rng and before.rng is not None:
         torch.set_rng_state(before.rng)
+
+
+#: watched settings that guard the judge itself (its deadline, Ctrl-C and SIGTERM): never accepted
+_SAFEGUARDS = ("SIGINT handler", "SIGTERM handler", "blocked signals")
+#: the changes `accept_process_state` accepted in this process, in order (the oldest dropped past _KEPT)
+_ACCEPTED: list[str] = []
+_dropped = 0
+_KEPT = 10_000
+
+
+def _accepted_count() -> int:
+    return _dropped + len(_ACCEPTED)
+
+
+def accepted(before: State) -> list[str]:
+    """The changes `accept_process_state` accepted since `before` was taken, named like `changes` names them, with
+    " (accepted)" after each: what a verdict records so that a reader sees them."""
+    return _ACCEPTED[max(before.accepted - _dropped, 0):]
+
+
+def acceptable() -> list[str]:
+    """The names `accept_process_state` takes: the watched settings but the judge's own safeguards."""
+    return [name for name in _settings() if name not in _SAFEGUARDS]
+
+
+def accept_process_state(*names: str) -> contextlib.AbstractContextManager[None]:
+    """Accept, inside a `with` block, changes to the named process settings (e.g. `"warning filters"`, `"thread
+    count"`; `acceptable()` lists them) that a kernel or its library makes on purpose: they are not charged to the
+    case. What changed is put back when the block ends (no later code, and no other case, sees it) and recorded
+    (`accepted`). Use it around the code that makes the change, in `run` or around an import in an adapter module:
+
+        with accept_process_state("warning filters"):
+            out = library_kernel(x)
+
+    Each setting must be named; a name in a namespace the oracle computes with (`torch.*`,
+    `torch.nn.functional.*`, `reference.*`, ...) or a safeguard of the judge's is refused here, with ValueError."""
+    if not names:
+        raise ValueError("accept_process_state: name what it accepts (e.g. \"warning filters\"); "
+                         f"it can accept: {', '.join(acceptable())}")
+    settings = _settings()
+    for name in names:
+        space = max((ns for ns in _namespaces() if name == ns or name.startswith(ns + ".")), key=len, default=None)
+        if space is not None:
+            raise ValueError(f"accept_process_state: {name!r} is in {space}, a namespace the oracle computes with; a "
+                             "kernel may never change it, accepted or not")
+        if name in _SAFEGUARDS:
+            raise ValueError(f"accept_process_state: {name!r} guards the judge itself (its deadline and Ctrl-C); "
+                             "it cannot be accepted")
+        if name not in settings:
+            raise ValueError(f"accept_process_state: unknown process state {name!r}; it can accept: "
+                             f"{', '.join(acceptable())}")
+    return _accepting({name: settings[name] for name in names})
+
+
+@contextlib.contextmanager
+def _accepting(settings: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]) -> Iterator[None]:
+    global _dropped
+    entry = {}
+    for name, (read, _) in settings.items():
+        with contextlib.suppress(Exception):  # a backend without the setting: nothing to accept
+            entry[name] = read()
+    try:
+        yield
+    finally:
+        for name, value in entry.items():
+            read, write = settings[name]
+            with contextlib.suppress(Exception):
+                now = read()
+                if now != value:
+                    _ACCEPTED.append(f"{name} {_short(value)} -> {_short(now)} (accepted)")
+                    write(value)
+        if len(_ACCEPTED) > _KEPT:  # a long sweep: only recent windows are ever asked about
+            drop = len(_ACCEPTED) - _KEPT // 2
+            _dropped += drop
+            del _ACCEPTED[:drop]
 
 
 def _short(value: Any) -> str:

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import faulthandler
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,7 +28,7 @@ import torch
 from harness import ops, registry
 from harness.core import isolation
 from harness.core.case import Case
-from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set
+from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set, run_bits
 from harness.core.device import DeviceInfo
 from harness.core.result import Result
 from harness.engine.interpreter import TRITON_VERSION, unverified_reason
@@ -310,6 +311,31 @@ def _describe(e: BaseException) -> str:
     return " <- caused by ".join(parts)
 
 
+#: exception types a kernel raises on purpose to reject what it does not support
+REJECTIONS: tuple[type[Exception], ...] = (Unsupported, NotImplementedError)
+
+
+def _words(text: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", text.lower())
+
+
+def rejects_cleanly(e: BaseException, features: Mapping[str, str]) -> bool:
+    """Whether exception `e` rejects an undeclared cell `features` cleanly: `Unsupported` or `NotImplementedError`
+    with a message, or any exception whose message (or a cause's) names an axis or a value of the cell (case,
+    spaces, `_` and `-` ignored, whole words only). A bare `assert`, or a crash that names nothing of the cell, does
+    not say what is unsupported: the matrix and the pytest plugin both judge it an error (one rule, here)."""
+    if isinstance(e, REJECTIONS) and str(e).strip():
+        return True
+    said, seen, cur = [], set(), e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        said.append(str(cur))
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    text = _words(" ".join(said))  # whole words: "none" must not match inside "NoneType"
+    return any(re.search(rf"(?<![a-z0-9]){re.escape(_words(w))}(?![a-z0-9])", text)
+               for w in [*features, *features.values()] if len(w) > 1)
+
+
 class CaseTimeout(BaseException):
     """The case ran past its timeout. A BaseException, so that no `except Exception` on the way swallows it."""
 
@@ -378,9 +404,11 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     # each kernel run was checked on its own (judging.changed); what the judge's own work changed (a module it
     # imported lazily adds a warning filter) is undone without blame
     changed = [*registry.IMPORT_CHANGES.get(adapter.name, []), *judging.changed]
+    accepted = [*registry.IMPORT_ACCEPTED.get(adapter.name, []), *isolation.accepted(before)]
     isolation.restore(before)  # the next case, whoever's, starts from the same state
     _probe_cuda(device)
-    result = dataclasses.replace(result, duration_s=round(time.perf_counter() - t0, 4))
+    metrics = {**result.metrics, "accepted_state": accepted} if accepted else result.metrics
+    result = dataclasses.replace(result, metrics=metrics, duration_s=round(time.perf_counter() - t0, 4))
     return _charged(result, changed) if changed else result
 
 
@@ -502,13 +530,18 @@ class _Judging:
         msg = _describe(e)
         if self.unverified_interpreter() and _from_interpreter(e):  # the interpreter's crash, not the kernel's
             return self.result("not-verifiable", f"{unverified_reason()}; it raised {msg}")
-        if not self.declared:
+        # only the first run can reject: a kernel that already ran the cell once has accepted it
+        if not self.declared and run == "first run" and rejects_cleanly(e, self.case.features):
             return self.result("unsupported", f"rejected undeclared cell ({self.why_not}): {msg}", exception=msg)
         frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_JUDGE_DIRS)]
         tb = frames[-1] if frames else None
         kind = "rejected a declared cell" if isinstance(e, Unsupported) else "raised"
+        if not self.declared:
+            kind = (f"rejected undeclared cell ({self.why_not}) naming none of its axes or values" if run == "first run"
+                    else f"raised on undeclared cell ({self.why_not})")
         where = f" (at {tb.filename}:{tb.lineno})" if tb else ""
-        return self.result("error", f"kernel {kind}{'' if run == 'first run' else ' on its ' + run}: {msg}{where}")
+        return self.result("error", f"kernel {kind}{'' if run == 'first run' else ' on its ' + run}: {msg}{where}",
+                           exception=msg, exception_type=type(e).__name__)
 
     def unverified_interpreter(self) -> bool:
         return bool(self.unverifiable) and TRITON_VERSION in self.unverifiable and self.device.generation == "interp"
@@ -577,7 +610,7 @@ class _Judging:
         sub_out = self.kernel(sub_inputs, spec.outputs(sub_case, sub_inputs), 0, "batch-invariance run", sub_case)
         found = []
         for name in spec.token_outputs:
-            same = torch.equal(bits(full[name][rows].detach().cpu()), bits(sub_out[name].detach().cpu()))
+            same = torch.equal(run_bits(full[name][rows]), run_bits(sub_out[name]))
             found.append(_check(f"batch_invariant:{name}", same,
                                 "" if same else f"{name}: rows change when the other tokens of the batch change"))
         return found
@@ -609,7 +642,7 @@ def _determinism_checks(specs: Mapping[str, Any], first: Mapping[str, torch.Tens
     """Two runs on the same inputs agree bit for bit, within each output's contract mask."""
     checks = []
     for name in specs:
-        a, b = bits(first[name].detach().cpu()), bits(second[name].detach().cpu())
+        a, b = run_bits(first[name]), run_bits(second[name])
         mask = expected[name].mask if name in expected else None
         if mask is not None:  # outside the contract each run keeps its own poison
             mask = mask.detach().cpu().expand(a.shape) if mask.shape != a.shape else mask.detach().cpu()

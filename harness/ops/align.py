@@ -3,6 +3,18 @@
 The order of entries within an expert is free (CUDA kernels use atomics), so `sorted_token_ids` is judged by the
 layout's invariants (reference.permute.layout_invariant_violations); `expert_ids` and `num_tokens_post_padded` are
 fully determined by the counts and compared exactly.
+
+Which part of each buffer is the kernel's to write (convention `tail`): the used part, the first
+num_tokens_post_padded entries of sorted_token_ids and the first num_tokens_post_padded / block_size entries of
+expert_ids, always; with `tail=written` (the default) the whole buffers, expert_ids past the used blocks being -1
+(sorted_token_ids past the used part must be written, with any value); with `tail=unwritten` nothing past the used
+part, which is then neither required written, nor compared, nor part of the determinism check. The used part is the
+oracle's num_tokens_post_padded, never the kernel's. The used part's invariants and num_tokens_post_padded are
+judged alike under both.
+
+In `keep_invalid_blocks` cells the convention `invalid_blocks` says how the non-local entries are blocked:
+`per_expert` (the default, vLLM) or `pooled_first` (SGLang: all of them in leading -1 blocks,
+reference.permute.ExpertMapConvention.POOL_INVALID_FIRST).
 """
 
 from __future__ import annotations
@@ -28,9 +40,13 @@ AXES = (
 )
 
 
-def _conv(case: Case) -> ref.ExpertMapConvention:
+def _conv(case: Case, conventions: Mapping[str, Any]) -> ref.ExpertMapConvention:
     em = case.features["expert_map"]
-    return ref.ExpertMapConvention(em if em != "none" else "keep_invalid_blocks")
+    if em == "exclude":
+        return ref.ExpertMapConvention.EXCLUDE
+    if em == "keep_invalid_blocks" and conventions.get("invalid_blocks", "per_expert") == "pooled_first":
+        return ref.ExpertMapConvention.POOL_INVALID_FIRST
+    return ref.ExpertMapConvention.KEEP_INVALID_BLOCKS  # without a map no entry is non-local: all agree
 
 
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
@@ -55,19 +71,25 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     emap = inputs.get("expert_map")
     emap = None if emap is None else emap.detach().cpu()
     bs, e = int(case.features["block_size"]), case.shape("E")
-    want = ref.align_block_size(ids, bs, e, expert_map=emap, ep_convention=_conv(case))
+    conv = _conv(case, conventions)
+    want = ref.align_block_size(ids, bs, e, expert_map=emap, ep_convention=conv)
 
     def judge(sorted_ids: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Any:
         got = (sorted_ids.detach().cpu(), outs["expert_ids"].detach().cpu(),
                outs["num_tokens_post_padded"].detach().cpu())
-        problems = ref.layout_invariant_violations(got, ids, bs, e, expert_map=emap, ep_convention=_conv(case))
+        problems = ref.layout_invariant_violations(got, ids, bs, e, expert_map=emap, ep_convention=conv)
         if problems:
             return custom("sorted_token_ids", False, f"sorted_token_ids: {len(problems)} contract violation(s): "
                           + "; ".join(problems[:3]), violations=len(problems))
         return custom("sorted_token_ids", True)
 
-    return [Check("sorted_token_ids", "custom", judge=judge),
-            Check("expert_ids", "exact", expected=want.expert_ids),
+    sorted_mask = eids_mask = None
+    if conventions.get("tail", "written") == "unwritten":  # from the oracle's count: a kernel cannot shrink it
+        used = int(want.num_tokens_post_padded[0])
+        sorted_mask = torch.arange(want.sorted_token_ids.numel()) < used
+        eids_mask = torch.arange(want.expert_ids.numel()) < used // bs
+    return [Check("sorted_token_ids", "custom", judge=judge, mask=sorted_mask),
+            Check("expert_ids", "exact", expected=want.expert_ids, mask=eids_mask),
             Check("num_tokens_post_padded", "exact", expected=want.num_tokens_post_padded)]
 
 

@@ -1,12 +1,15 @@
 """Op specs `routing` (plain top-k, Llama-4 top-1) and `grouped_routing` (DeepSeek grouped top-k).
 
-Contract (docs/SEMANTICS.md §1): ids are judged as a set - any id set whose selection scores are the k largest is valid
-(ties), and every row, NaN rows included, must hold k distinct ids in [0, E). Weights are judged against the
-oracle's unbiased scores gathered at the *kernel's* ids, in the kernel's order, renormalized and scaled as the
-contract says, within a few fp32 ulps (softmax sums over E terms). An adapter declaring `score_dtype="input"`
-(torch code on bf16/fp16 logits) gets (4 + k) roundings u of that dtype more on each weight (`input_every_step`:
-plus u * (|logit| + 2 |logsumexp|), an exponent logit - logsumexp rounded there), and selections may swap experts
-whose selection scores are within 4 u of the row's largest one.
+Contract (docs/SEMANTICS.md §1): ids are judged as a set - any id set that is a top-k of the selection scores under
+some tie-break is valid, at group level too for grouped routing (any admissible choice of tied groups), and every
+row, NaN rows included, must hold k distinct ids in [0, E). Weights are judged against the oracle's unbiased scores
+gathered at the *kernel's* ids, in the kernel's order, renormalized and scaled as the contract says, within a few
+fp32 ulps (softmax sums over E terms). An adapter declaring `score_dtype="input"` (torch code on bf16/fp16 logits)
+gets (4 + k) roundings u of that dtype more on each weight (`input_every_step`: plus u * (|logit| + 2 |logsumexp|),
+an exponent logit - logsumexp rounded there), and selections may swap experts (and groups) whose selection scores
+are within 4 u of the row's largest one. Rows with masked experts (-Inf logits beside finite ones) are judged like
+finite rows; non-finite rows (NaN, +Inf, only -Inf) follow the adapter's `nonfinite` rule, or only their ids'
+form is judged when it declares none.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from reference import routing as ref
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 # Near-tie tolerance of the selection check: kernels compute exp/sigmoid with other instructions than torch.
 SELECTION_ATOL = 1e-6
+# The `nonfinite` rules under which the oracle judges non-finite rows (RAISE: the oracle refuses them).
+JUDGED_NONFINITE = ("zero", "propagate")
 
 ROUTING_AXES = (
     Axis("scoring", "Scoring", ("softmax", "sigmoid", "llama4_top1")),
@@ -53,7 +58,14 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
     out = {"router_logits": gen.router_logits(case, m, e, case.dtype("router_logits"), device, k=k)}
     if yes(case.features.get("correction_bias", "N")):
-        out["correction_bias"] = gen.randn(case, "bias", (e,), torch.float32, device, scale=0.5)
+        groups = case.params.get("num_groups", 1)
+        if case.routing == "ties" and groups > 1:
+            # the same coarse bias in every group: groups whose logits tie (the ties pattern copies groups) then
+            # tie in their biased scores too
+            b = gen.randn(case, "bias", (e // groups,), torch.float32, "cpu", scale=0.5)
+            out["correction_bias"] = (torch.round(b * 8) / 8).repeat(groups).to(device)
+        else:
+            out["correction_bias"] = gen.randn(case, "bias", (e,), torch.float32, device, scale=0.5)
     return out
 
 
@@ -74,31 +86,35 @@ def _route_kwargs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, A
     return kw
 
 
-def selection_scores(case: Case, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+def selection_scores(case: Case, inputs: Mapping[str, torch.Tensor], nonfinite: str = "zero") -> torch.Tensor:
     logits, k = inputs["router_logits"], case.shape("k")
     if case.features["scoring"] == "llama4_top1":
-        return ref.llama4_top1_selection_scores(logits)
+        return ref.llama4_top1_selection_scores(logits, nonfinite=ref.NonFinitePolicy(nonfinite))
     kw = _route_kwargs(case, inputs)
+    kw["nonfinite"] = ref.NonFinitePolicy(nonfinite)
     if case.op == "grouped_routing":
         return ref.grouped_topk_selection_scores(logits, k, **kw)
     return ref.topk_selection_scores(logits, k, **kw)
 
 
-def unbiased_scores(case: Case, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """[M, E] unbiased scores (softmax over all E, or sigmoid), non-finite ones zeroed as the oracle does."""
+def unbiased_scores(case: Case, inputs: Mapping[str, torch.Tensor], nonfinite: str = "zero") -> torch.Tensor:
+    """[M, E] unbiased scores (softmax over all E, or sigmoid), non-finite ones treated as `nonfinite` says."""
     scoring = "sigmoid" if case.features["scoring"] == "llama4_top1" else case.features["scoring"]
-    return ref.topk_selection_scores(inputs["router_logits"], 1, scoring=ref.Scoring(scoring))
+    return ref.topk_selection_scores(inputs["router_logits"], 1, scoring=ref.Scoring(scoring),
+                                     nonfinite=ref.NonFinitePolicy(nonfinite))
 
 
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
     logits = inputs["router_logits"].detach().cpu()
     cpu_inputs = {n: t.detach().cpu() for n, t in inputs.items()}
     m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
-    finite_rows = logits.float().isfinite().all(dim=1)
-    # Non-finite rows follow the oracle's rule only where the adapter declares that rule (docs/SEMANTICS.md §1).
-    judged_rows = finite_rows | torch.tensor(conventions.get("nonfinite") == "zero")
-    sel = selection_scores(case, cpu_inputs)
-    scores = unbiased_scores(case, cpu_inputs).to(torch.float64)
+    # Rows with masked experts (-Inf) compute alike under every rule and are judged always; non-finite rows follow
+    # the oracle's rule only where the adapter declares one (docs/SEMANTICS.md §1).
+    declared = conventions.get("nonfinite")
+    policy = declared if declared in JUDGED_NONFINITE else "zero"
+    judged_rows = ref.finite_or_masked_rows(logits) | torch.tensor(declared in JUDGED_NONFINITE)
+    sel = selection_scores(case, cpu_inputs, policy)
+    scores = unbiased_scores(case, cpu_inputs, policy).to(torch.float64)
     # score_dtype="input": scores, sums and quotients rounded to the logits' dtype (u each); selections may swap
     # experts whose scores are within that rounding, weights carry a few such roundings
     in_dtype = conventions.get("score_dtype", "float32") != "float32"
@@ -116,7 +132,12 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
             bad = rows_where(~ok)
             return custom("topk_ids", False, f"topk_ids: {int((~ok).sum())} rows hold duplicate or out-of-range ids "
                           f"(E={e}); first row {bad[0]}: {ids[bad[0]].tolist()}", bad_rows=int((~ok).sum()))
-        valid = ref.valid_topk_selection(sel, ids, atol=sel_atol) | ~judged_rows
+        if case.op == "grouped_routing":
+            valid = ref.valid_grouped_topk_selection(logits, ids, **_route_kwargs(case, cpu_inputs),
+                                                     nonfinite=ref.NonFinitePolicy(policy), atol=sel_atol)
+        else:
+            valid = ref.valid_topk_selection(sel, ids, atol=sel_atol)
+        valid = valid | ~judged_rows
         if not valid.all():
             r = rows_where(~valid)[0]
             best = sel[r].topk(k).indices.tolist()
@@ -128,7 +149,9 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     def judge_weights(w: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Any:
         ids = outs["topk_ids"].detach().cpu().to(torch.int64).clamp(0, max(e - 1, 0))
         want = scores.gather(1, ids) if m else torch.zeros((0, k), dtype=torch.float64)
-        if renorm:
+        if renorm and policy == "propagate":
+            want = want / want.sum(dim=1, keepdim=True)  # NaN and 0/0 propagate, as the declared rule says
+        elif renorm:
             total = want.sum(dim=1, keepdim=True)
             want = torch.where(total > 0, want / torch.where(total > 0, total, 1.0), torch.zeros_like(want))
         want = want * scale
@@ -141,7 +164,8 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
             x = torch.nan_to_num(logits.double(), nan=0.0, posinf=0.0, neginf=0.0)
             lse = torch.logsumexp(x, dim=1, keepdim=True).abs()
             rel = rel + u_in * (x.gather(1, ids).abs() + 2 * lse)
-        bound = rel * want.abs() + 1e-30
+        # a NaN expected weight must be matched by a NaN: bound 0 there (a NaN bound would accept anything)
+        bound = torch.where(want.isfinite(), rel * want.abs() + 1e-30, torch.zeros_like(want))
         return compare_bounded("topk_weights", w, want, bound, mask=judged_rows[:, None].expand(m, k))
 
     return [Check("topk_ids", "custom", judge=judge_ids), Check("topk_weights", "custom", judge=judge_weights)]
@@ -169,7 +193,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
         params.update(num_groups=g, topk_group=tg,
                       routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
     m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
-    patterns = ["random", "skewed", "one_expert", "some_empty"] + ([] if grouped else ["ties"])
+    patterns = ["random", "skewed", "one_expert", "some_empty", "ties"]
     routing = "nonfinite" if yes(cell["nonfinite_rows"]) else draw(st.sampled_from(patterns))
     return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"router_logits": cell["logits_dtype"]},
             "routing": routing, "params": params}
@@ -191,6 +215,12 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
         found.append({"shapes": {"M": m, "E": e, "k": k}, "dtypes": dt, "routing": rout, "params": params})
     if not grouped and not yes(cell["nonfinite_rows"]):
         found.append({"shapes": {"M": 9, "E": 12, "k": 1 if llama4 else 3}, "dtypes": dt, "routing": "ties"})
+    elif grouped and not yes(cell["nonfinite_rows"]):
+        # tied and near-tied groups (copies, one-ulp nudges, saturated sigmoids), at two group sizes
+        for m, e, k, g, tg in ((block + 1, 16, 4, 4, 2), (17, 64, 8, 8, 4)):
+            if e <= lim(adapter, "max_E"):
+                params = {"num_groups": g, "topk_group": tg, "routed_scaling_factor": 2.5}
+                found.append({"shapes": {"M": m, "E": e, "k": k}, "dtypes": dt, "routing": "ties", "params": params})
     return found
 
 

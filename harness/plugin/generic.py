@@ -3,20 +3,24 @@
 Collected by `harness.plugin` (not by file name): `pytest --moe-adapter pkg.mod:OBJ` in any repository, or the
 adapters published under the `moe_harness.adapters` entry point.
 
-test_declared_cases_pass: hypothesis draws cases inside the adapter's declared support on this device; every
-verdict is recorded in the results store; a fail or error fails the test with the case JSON and the command
-that replays it.
-test_undeclared_cells_rejected_cleanly: cells the adapter does not declare must be rejected with an exception
-whose message names the feature (or pass: "works but not claimed"), never crash or return wrong results.
+test_declared_cases_pass: the explicit examples, then hypothesis' draws, inside the adapter's declared support on
+this device; every verdict is recorded in the results store; a case its shape rule excludes is recorded
+unsupported, as in the matrix. A fail or error does not end the search: the test fails once at the end, with every
+distinct cause of failure found, each with its case JSON and the command that replays it.
+test_undeclared_cells_rejected_cleanly: cells the adapter does not declare must be rejected cleanly (the runner's
+`rejects_cleanly`, the rule the matrix applies too), or pass ("works but not claimed"), never crash or return
+wrong results.
 """
 
 from __future__ import annotations
 
-import re
+import random
 import zlib
+from collections.abc import Callable, Iterable
 
 import pytest
-from hypothesis import example, given, seed, settings
+from hypothesis import given, seed, settings
+from hypothesis.errors import Flaky
 
 from harness import ops, registry
 from harness.core.case import Case
@@ -29,7 +33,7 @@ from harness.plugin import VERIFIED_PROPERTY
 
 pytestmark = pytest.mark.moe_generic
 
-#: Pinned regressions (run first, every time, as hypothesis @example): cases that once failed, by adapter.
+#: Pinned regressions (run first, every time, before the drawn cases): cases that once failed, by adapter.
 REGRESSIONS: dict[str, list[Case]] = {
     # H200: the grouped-routing oracle built its group mask on the CPU for CUDA logits (device mismatch).
     "reference-grouped-routing": [Case(
@@ -97,20 +101,16 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     if count > 1:  # this item's share: every count-th cell (round robin when there are fewer cells than shards)
         cells = cells[index::count] or [cells[index % len(cells)]]
 
-    judged: list[Result] = []
-
-    def prop(case):  # type: ignore[no-untyped-def]
-        moe_results.begin(case, moe_device.to_dict(), moe_device.generation)  # resolved if the kernel kills us
-        r = runner.judge(case, adapter, moe_device, unverifiable=moe_unverifiable)
-        moe_results.append(r)
-        judged.append(r)
-        assert r.verdict in ("pass", "not-verifiable"), _explain(r)
-
+    search = _Search(adapter, moe_device, moe_results, moe_unverifiable)
     deliberate: set[str] = set()
-    if index == 0:
+    if index == 0:  # judged here, not as hypothesis @example: hypothesis would stop at the first that fails
         for pinned in explicit_examples(adapter, cells):
             deliberate.add(pinned.case_id)
-            prop = example(case=pinned)(prop)
+            search.example(pinned)
+
+    def prop(case):  # type: ignore[no-untyped-def]
+        search.prop(case)
+
     test = given(case=hs.cases(adapter, cells))(prop)
     if count > 1:  # the examples are divided too, each shard with its own reproducible seed
         examples = max(4, -(-moe_profile.max_examples // count))
@@ -118,9 +118,131 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
             settings(moe_profile, max_examples=examples, derandomize=False, database=None)(test))
     else:
         test = settings(moe_profile)(test)
-    test()
-    _fail_on_vacuous_cells(judged, deliberate)
-    _skip_or_count_unverified(request, moe_adapter_name, judged)
+        if not moe_profile.derandomize:  # one seed for every rerun of the search: its draws repeat, judged once
+            test = seed(random.getrandbits(64))(test)
+    search.run(test)
+    if report := search.report():
+        pytest.fail(report, pytrace=False)
+    _fail_on_vacuous_cells(search.judged, deliberate)
+    _skip_or_count_unverified(request, moe_adapter_name, search.judged)
+
+
+#: verdicts a declared case may end with: passed, not checkable here, or excluded by the adapter's shape rule
+#: (`requires` with shapes, `<dim>_multiple` limits: the runner reports it unsupported without running it)
+ACCEPTED = ("pass", "not-verifiable", "unsupported")
+
+#: the distinct causes of failure one property test finds before it stops looking and reports them
+MAX_CAUSES = 8
+
+#: (verdict, what failed, the separating features: the (axis, value) pairs of the cell that set it apart)
+Cause = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+def _what(r: Result) -> tuple[str, str]:
+    """The verdict and what failed: the failing checks, or for an error the exception type."""
+    if r.verdict == "error":
+        return r.verdict, str(r.metrics.get("exception_type") or r.reason.split(":", 1)[0])
+    if r.verdict == "fail":
+        return r.verdict, ", ".join(r.metrics.get("failed_checks", [])) or r.reason.split(":", 1)[0]
+    return r.verdict, ""
+
+
+def failure_cause(r: Result, judged: Iterable[Result]) -> Cause:
+    """What a failure is, to tell one bug from another: its verdict, what failed, and its separating features: the
+    values of its cell that no case of `judged` had that ran to its checks without this failure (passed, or failed
+    another way; a crash tells nothing of the checks). None when each value ran fine elsewhere: then the shapes or
+    the data decide."""
+    what = _what(r)
+    fine = {kv for o in judged if o.verdict in ("pass", "fail") and _what(o) != what for kv in o.case.features.items()}
+    return (*what, tuple(sorted(kv for kv in r.case.features.items() if kv not in fine)))
+
+
+def _only(e: BaseException, types: tuple[type[BaseException], ...]) -> bool:
+    """Whether `e` is one of `types`, or hypothesis' group of several distinct failures, each one of them."""
+    inner = getattr(e, "exceptions", None)
+    if inner is not None and not isinstance(e, (*types, Flaky)):
+        return bool(inner) and all(_only(x, types) for x in inner)
+    return isinstance(e, types)
+
+
+class _Search:
+    """The cases of one property test, each judged once (hypothesis replays cases, and the search reruns it), and
+    its failures by cause."""
+
+    def __init__(self, adapter: registry.Adapter, device, results, unverifiable: set[str] | None) -> None:  # type: ignore[no-untyped-def]
+        self.adapter, self.device, self.results, self.unverifiable = adapter, device, results, unverifiable
+        self.seen: dict[str, Result] = {}  # case_id -> its verdict
+        self.judged: list[Result] = []  # every case judged, except those the shape rule excludes
+        self.failed: list[Result] = []
+        self.keys: dict[str, Cause] = {}  # case_id -> its cause, fixed when first asked (hypothesis replays it)
+        self.causes: dict[Cause, Result] = {}  # the causes found, each with its case (shrunk where hypothesis did)
+        self.errors: dict[Cause, type[AssertionError]] = {}
+        self.raised: dict[Cause, Result] = {}
+
+    def judge(self, case: Case) -> Result:
+        if (r := self.seen.get(case.case_id)) is None:
+            self.results.begin(case, self.device.to_dict(), self.device.generation)  # resolved if the kernel kills us
+            r = self.seen[case.case_id] = runner.judge(case, self.adapter, self.device, unverifiable=self.unverifiable)
+            self.results.append(r)
+            if r.verdict != "unsupported":
+                self.judged.append(r)
+            if r.verdict not in ACCEPTED:
+                self.failed.append(r)
+        return r
+
+    def cause(self, r: Result) -> Cause | None:
+        if r.verdict in ACCEPTED:
+            return None
+        if r.case.case_id not in self.keys:
+            self.keys[r.case.case_id] = failure_cause(r, self.judged)
+        return self.keys[r.case.case_id]
+
+    def example(self, case: Case) -> None:
+        """An explicit example, judged before the search; the cause of its failure is known to the search."""
+        if (key := self.cause(self.judge(case))) is not None:
+            self.causes.setdefault(key, self.seen[case.case_id])
+
+    def prop(self, case: Case) -> None:
+        """hypothesis' test. A case of a cause not found yet raises that cause's own exception type (hypothesis tells
+        distinct types apart and never shrinks one into another); a found cause passes, so the search goes on."""
+        r = self.judge(case)
+        key = self.cause(r)
+        if key is None or key in self.causes:
+            return
+        self.raised[key] = r  # the last raise of a cause is hypothesis' replay of its shrunk case
+        name = f"FailureCause{len(self.errors) + 1}"
+        raise self.errors.setdefault(key, type(name, (AssertionError,), {}))(_explain(r))
+
+    def run(self, test: Callable[[], None]) -> None:
+        """Run hypothesis until it finds no new cause, or MAX_CAUSES are known. It stops at its first failure when
+        shrinking is off (the ci profile) and soon after it otherwise; each rerun draws the same cases again (already
+        judged) and goes past the causes found."""
+        while len(self.causes) < MAX_CAUSES:
+            self.raised = {}
+            try:
+                test()
+                return
+            except Exception as e:
+                if not self.raised or not _only(e, tuple(self.errors.values())):
+                    raise
+            self.causes.update(self.raised)
+
+    def report(self) -> str:
+        """Every distinct cause of failure (grouped again with all that was judged by the end), each with one case and
+        how to replay it; "" when nothing failed."""
+        groups: dict[Cause, list[Result]] = {}
+        for r in self.failed:
+            groups.setdefault(failure_cause(r, self.judged), []).append(r)
+        chosen = {id(r) for r in self.causes.values()}
+        parts = [f"{len(groups)} distinct cause(s) of failure among {len(self.judged)} judged cases"
+                 + (f" (the search stopped after {MAX_CAUSES} causes)" if len(self.causes) >= MAX_CAUSES else "")]
+        for n, ((verdict, what, separating), found) in enumerate(groups.items(), 1):
+            where = (", ".join(f"{k}={v}" for k, v in separating) if separating
+                     else "no feature value sets it apart (each ran without it elsewhere)")
+            r = next((x for x in found if id(x) in chosen), found[0])
+            parts.append(f"cause {n}: {verdict} ({what}) where {where}; {len(found)} failing case(s), one of them:\n"
+                         f"  {_explain(r)}")
+        return "\n".join(parts) if groups else ""
 
 
 def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]], device, results) -> None:  # type: ignore[no-untyped-def]
@@ -173,10 +295,6 @@ def _fail_on_vacuous_cells(judged: list[Result], deliberate: set[str]) -> None:
                        "was tested): " + "; ".join(empty))
 
 
-def _normalized(text: str) -> str:
-    return re.sub(r"[\s_\-]+", " ", text.lower())
-
-
 def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_results,  # type: ignore[no-untyped-def]
                                            moe_unverifiable, request) -> None:
     adapter = registry.resolve(moe_adapter_name)
@@ -198,14 +316,9 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
         r = runner.judge(case, adapter, moe_device, unverifiable=moe_unverifiable)
         moe_results.append(r)
         judged.append(r)
-        if r.verdict in ("pass", "not-verifiable"):
-            continue  # works but not claimed (reported by the matrix), or not checkable by this interpreter
-        if r.verdict != "unsupported":
+        # works but not claimed (reported by the matrix), not checkable by this interpreter, or rejected cleanly
+        # (the runner's rejects_cleanly: a rejection naming nothing of the cell is an error there, as in the matrix)
+        if r.verdict not in ("pass", "not-verifiable", "unsupported"):
             problems.append(f"undeclared cell {cell}: {_explain(r)}")
-            continue
-        msg = _normalized(r.metrics.get("exception", ""))
-        words = [_normalized(w) for w in list(cell) + list(cell.values()) if len(w) > 1]
-        if not any(w in msg for w in words):
-            problems.append(f"undeclared cell {cell} rejected with a message naming no feature: {r.reason}")
     assert not problems, "\n".join(problems)
     _skip_or_count_unverified(request, moe_adapter_name, judged)

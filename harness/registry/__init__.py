@@ -25,6 +25,7 @@ from harness.core import isolation
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
 from harness.core.text import one_line
+from harness.registry import provenance
 
 ENTRY_POINT_GROUP = "moe_harness.adapters"
 PROPERTIES = ("deterministic", "batch_invariant")
@@ -70,15 +71,28 @@ class Library:
         return _installed_version(self.distribution)
 
     def missing(self) -> str | None:
-        """Why the library cannot be imported here (not installed), None when it is installed."""
-        if self.version() is None or not _importable(self.module):
+        """Why the library cannot be imported here (not installed), None when it is installed or its module is
+        importable from a source tree (a checkout on the path, with no installed distribution)."""
+        if not _importable(self.module):
             return (f"{self.distribution} is not installed (the adapter was written for {self.distribution} "
                     f"{self.written_for}; install it with: {self.install})")
         return None
 
+    def source(self) -> provenance.Source | None:
+        """Where the module comes from when that is not the distribution's installed copy (a source tree: a path
+        on PYTHONPATH, a git checkout, an editable install), with its git commit or content hash; None when it is
+        the installed copy (looked up once per process)."""
+        return provenance.source_of(self.module, self.distribution)
+
     def label(self) -> str:
-        """`distribution version` as installed (or as written for, when it is not)."""
-        return f"{self.distribution} {self.version() or self.written_for}"
+        """What every verdict records as the library's provenance: `distribution version` as installed (as written
+        for, when it is not), and from a source tree `distribution [version] (source PATH, git COMMIT[, dirty])`
+        or `(source PATH, content sha256 HASH)`."""
+        if self.missing() is not None:
+            return f"{self.distribution} {self.version() or self.written_for}"
+        found = self.source()
+        name = f"{self.distribution} {self.version()}" if self.version() else self.distribution
+        return f"{name} ({found.label()})" if found is not None else name
 
 
 @functools.cache
@@ -114,6 +128,8 @@ def import_library(library: Library) -> str:
                                             f"{type(e).__name__}: {e}")
     finally:
         isolation.restore(before)
+    if not _LIBRARY_IMPORTS[library.module]:
+        library.source()  # where it came from, looked up as imported, before any kernel of it runs
     return _LIBRARY_IMPORTS[library.module]
 
 
@@ -150,7 +166,9 @@ class Adapter:
     """A kernel under test, as the harness sees it.
 
     run(case, inputs, outputs): `outputs` holds pre-allocated, poisoned output tensors (destination-passing); the
-    adapter writes into them, or returns a dict of tensors that replace them (kernels that allocate).
+    adapter writes into them, or returns a dict of tensors that replace them (kernels that allocate). What it (or its
+    module's import) changes in the process state fails the case, but for a well-known library's first-import
+    effects (torch.compile's) and the settings it accepts by name (`harness.adapters.accept_process_state`).
     support: feature axis -> declared values. An axis the adapter omits is declared for no value.
     requires: the support rule beyond the product of `support`, one function for every kind of exclusion:
       `requires(device, features)` or `requires(device, features, shapes)` returns a reason string for what the
@@ -347,6 +365,8 @@ LOAD_FAILURES: dict[str, str] = {}
 #: adapter name -> what importing its module changed in the state the judge watches (undone at once; every case of
 #: the adapter fails with it: a library that patches torch on import changes every user's torch)
 IMPORT_CHANGES: dict[str, list[str]] = {}
+#: adapter name -> the changes its module accepted on import (`accept_process_state`): not charged, recorded
+IMPORT_ACCEPTED: dict[str, list[str]] = {}
 #: "module NAME" / "entry-point NAME" -> why this process never imports it (it ended a probe child: `probe_imports`)
 DEADLY: dict[str, str] = {}
 
@@ -382,11 +402,13 @@ def _watched_import(origin: str) -> Iterator[list[Adapter]]:
                 raise AdapterImportError(f"{origin} tried to end the process on import ({type(e).__name__}: {e}); "
                                   "refused") from None
     finally:
-        changed = isolation.changes(before)
+        changed, accepted = isolation.changes(before), isolation.accepted(before)
         isolation.restore(before)
-        if changed:
-            for a in defined + [_REGISTRY[n] for n in set(_REGISTRY) - names_before]:
+        for a in defined + [_REGISTRY[n] for n in set(_REGISTRY) - names_before]:
+            if changed:
                 IMPORT_CHANGES[a.name] = [f"{c} (on import of {origin})" for c in changed]
+            if accepted:
+                IMPORT_ACCEPTED[a.name] = [f"{c} (on import of {origin})" for c in accepted]
 
 
 def _deadly(origin: str, failure: str, what: str) -> bool:

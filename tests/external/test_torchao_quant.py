@@ -35,7 +35,8 @@ def _case(adapter: registry.Adapter, cell: dict[str, str], m: int = 9, k: int = 
 def test_registered_whether_or_not_torchao_is_installed(device_info) -> None:  # type: ignore[no-untyped-def]
     for a in ADAPTERS:
         assert registry.resolve(a.name) is a and a.library is tq.LIBRARY and a.library.written_for == "0.18.0"
-    gone = dataclasses.replace(tq.LIBRARY, distribution="no-such-dist-xyz")
+    gone = dataclasses.replace(tq.LIBRARY, distribution="no-such-dist-xyz",
+                               module="no_such_module_xyz")
     for a, cell in ((tq.BLOCKWISE, BLOCKWISE_CELL), (tq.MX, MX_CELL), (tq.MX_TORCH, MX_CELL), (tq.NVFP4, NVFP4_CELL)):
         missing = dataclasses.replace(a, name=a.name + "-missing", library=gone)
         r = runner.judge(_case(missing, cell), missing, nominal(missing, device_info))

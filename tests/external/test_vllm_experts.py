@@ -45,7 +45,8 @@ def _vllm() -> None:
 def test_registered_and_not_installed_without_vllm(device_info) -> None:  # type: ignore[no-untyped-def]
     for adapter in (ve.TRITON, ve.CPU):
         assert registry.resolve(adapter.name) is adapter and adapter.library is ve.LIBRARY
-        gone = dataclasses.replace(adapter, library=dataclasses.replace(ve.LIBRARY, distribution="no-such-dist-xyz"))
+        gone = dataclasses.replace(adapter, library=dataclasses.replace(ve.LIBRARY, distribution="no-such-dist-xyz",
+                                                                        module="no_such_module_xyz"))
         r = runner.judge(_case(gone), gone, nominal(gone, device_info))
         assert r.verdict == "not-installed" and "pip install" in r.reason
 

@@ -39,7 +39,8 @@ def _case(adapter: Adapter, features: dict[str, str] | None = None) -> Case:
 def test_registered_and_not_installed_without_the_library(adapter: Adapter) -> None:
     assert adapter.name in {a.name for a in all_adapters()}
     assert adapter.library is LIBRARY
-    missing = dataclasses.replace(adapter, library=dataclasses.replace(LIBRARY, distribution="no-such-dist-xyz"))
+    missing = dataclasses.replace(adapter, library=dataclasses.replace(LIBRARY, distribution="no-such-dist-xyz",
+                                                                       module="no_such_module_xyz"))
     r = runner.judge(_case(adapter), missing, nominal(adapter, detect("cpu")))
     assert r.verdict == "not-installed", (r.verdict, r.reason)
     assert "pip install" in r.reason

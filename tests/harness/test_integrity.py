@@ -140,12 +140,14 @@ def test_exception_in_declared_cell_is_an_error_with_the_message() -> None:
     assert r.verdict == "error" and "illegal memory access" in r.reason
 
 
-def test_exception_in_undeclared_cell_is_unsupported() -> None:
+def test_exception_naming_nothing_in_an_undeclared_cell_is_an_error() -> None:
+    # a crash is not a rejection: only a message that names the cell's feature reads as "unsupported"
     ref = registry.resolve("reference-activation")
     narrow = Adapter(name="narrow", op="activation", source="tests", run=raises,
                      support={**ref.support, "dtype": ("float32",)})
     r = _judge(narrow, ACT_CELL, ACT_FIELDS)
-    assert r.verdict == "unsupported" and not r.declared and "dtype=bfloat16" in r.reason
+    assert r.verdict == "error" and not r.declared and "dtype=bfloat16" in r.reason, r.reason
+    assert "naming none of its axes or values" in r.reason
 
 
 def test_correct_reference_passes_the_same_cases() -> None:
@@ -317,3 +319,37 @@ def test_align_capacity_below_num_tokens_post_padded_is_rejected() -> None:
     assert r.verdict == "fail" and "output:sorted_token_ids" in r.metrics["failed_checks"], r.reason
     assert "shape" in r.reason
     assert _judge(registry.resolve("reference-align"), ALIGN_CELL, ALIGN_FIELDS).verdict == "pass"
+
+
+NAN_CELL = {"scoring": "softmax", "renormalize": "Y", "correction_bias": "N", "logits_dtype": "float32",
+            "nonfinite_rows": "Y"}
+NAN_FIELDS = {"shapes": {"M": 9, "E": 16, "k": 4}, "dtypes": {"router_logits": "float32"}, "routing": "nonfinite"}
+
+
+def _nan_weights(payload: Callable[[Case], int]) -> Callable[..., None]:
+    """The reference router, then NaN weights on the non-finite rows (a NaN or +inf logit, or all -inf), their bits
+    from `payload`."""
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        _reference_run("reference-routing")(case, inputs, outputs)
+        logits = inputs["router_logits"]
+        rows = (logits.isnan() | (logits == float("inf"))).any(-1) | (logits == -float("inf")).all(-1)
+        w = outputs["topk_weights"].view(torch.int32)
+        w[rows] = payload(case)
+    return run
+
+
+def test_nan_payloads_are_not_a_change_between_runs() -> None:
+    # a vectorized and a scalar path of one kernel give NaNs of other bits: neither nondeterminism nor batch dependence
+    calls = iter(range(1000))
+    varying = _nan_weights(lambda case: 0x7FC00000 + 2 * case.shapes["M"] + next(calls) % 2)  # per batch, per run
+    both = frozenset({"deterministic", "batch_invariant"})
+    conv = {**registry.resolve("reference-routing").conventions, "nonfinite": "propagate"}  # NaN weights expected
+    r = _judge(_wrong("reference-routing", "nan-payloads", varying, properties=both, conventions=conv), NAN_CELL,
+               NAN_FIELDS)
+    assert r.verdict == "pass", r.reason
+    # a NaN in one run where the other has a number is still a change
+    flips = iter(range(1000))
+    number_or_nan = _nan_weights(lambda case: 0x7FC00000 if next(flips) % 2 else 0x3F800000)
+    r = _judge(_wrong("reference-routing", "nan-or-one", number_or_nan, properties=both, conventions=conv), NAN_CELL,
+               NAN_FIELDS)
+    assert r.verdict == "fail" and "deterministic:topk_weights" in r.metrics["failed_checks"], r.reason

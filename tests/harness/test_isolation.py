@@ -75,6 +75,10 @@ def _blocks_alarm() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
 
 
+def _patch_manual_seed() -> None:
+    torch.manual_seed = lambda seed: torch.random.manual_seed(seed)  # not torch._dynamo's wrapping of it
+
+
 def _mutate_case(case: Case) -> None:
     case.features["activation"] = "gelu_and_mul"  # type: ignore[index]
 
@@ -89,6 +93,7 @@ HOSTILE: dict[str, tuple[Callable[..., None], str]] = {
     "tensor-method": (_tensor_method, "torch.Tensor.sigmoid added"),
     "tf32": (_tf32, "fp32 matmul precision highest -> medium"),
     "blocks-alarm": (_blocks_alarm, "blocked signals"),
+    "patches-manual-seed": (_patch_manual_seed, "torch.manual_seed replaced"),
 }
 
 

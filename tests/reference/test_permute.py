@@ -30,6 +30,7 @@ from reference.permute import (
 
 KEEP = ExpertMapConvention.KEEP_INVALID_BLOCKS
 EXCLUDE = ExpertMapConvention.EXCLUDE
+POOL = ExpertMapConvention.POOL_INVALID_FIRST
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -97,9 +98,16 @@ def brute_force_sorted(
     wid = written_ids(e, expert_map)
     ids: list[int] = []
     blocks: list[int] = []
+    pooled = conv == POOL and expert_map is not None
+    if pooled:  # every non-local entry, in one group before the experts
+        pool = [i for i, v in enumerate(flat) if wid[v] == -1]
+        while len(pool) % bs:
+            pool.append(n)
+        ids += pool
+        blocks += [-1] * (len(pool) // bs)
     for expert in range(e):
         mine = [i for i, v in enumerate(flat) if v == expert]
-        if not mine or (wid[expert] == -1 and conv == EXCLUDE):
+        if not mine or (wid[expert] == -1 and (conv == EXCLUDE or pooled)):
             continue
         while len(mine) % bs:
             mine.append(n)
@@ -154,7 +162,7 @@ def test_align_random_routings(m, e, k_frac, bs, seed, local_frac, conv) -> None
 
 def _kept_mask(topk_ids, expert_map, conv) -> torch.Tensor:
     """Which (token, slot) pairs a layout holds."""
-    if expert_map is None or conv == KEEP:
+    if expert_map is None or conv in (KEEP, POOL):
         return torch.ones(topk_ids.shape, dtype=torch.bool)
     rows = [[expert_map[v] >= 0 for v in row] for row in topk_ids.tolist()]
     return torch.tensor(rows, dtype=torch.bool).reshape(topk_ids.shape)  # reshape: M = 0 gives a 1-D tensor
@@ -324,6 +332,84 @@ def test_checker_rejects_padding_only_block() -> None:
     problems = layout_invariant_violations((ids, eids, torch.tensor([6], dtype=torch.int32)), topk_ids, 2, 4)
     assert any("only padding" in p for p in problems)
 
+
+# ------------------------------------------------------------------------------------------------------------
+# POOL_INVALID_FIRST: every non-local entry in one leading group of -1 blocks (worked by hand)
+# ------------------------------------------------------------------------------------------------------------
+
+# E = 4, experts 1 and 3 local (local ids 0 and 1); flat entries 0..5 go to experts 0 1 2 3 1 0; numel = 6
+POOL_IDS = torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)
+POOL_MAP = torch.tensor([-1, 0, -1, 1], dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    "bs, conv, ids, eids, ntpp",
+    [
+        # pool {0, 2, 5} + 1 pad | expert 1 {1, 4} | expert 3 {3} + 1 pad; capacity 6 + 4 * 1 = 10, 5 blocks
+        (2, POOL, [0, 2, 5, 6, 1, 4, 3, 6, 6, 6], [-1, -1, 0, 1, -1], 8),
+        # the same routing, one block per non-local expert, in expert order (for contrast)
+        (2, KEEP, [0, 5, 1, 4, 2, 6, 3, 6, 6, 6], [-1, 0, -1, 1, -1], 8),
+        # block 4: the pool pads once (12 used), where separate non-local blocks pad twice (16 used)
+        (4, POOL, [0, 2, 5, 6, 1, 4, 6, 6, 3, 6, 6, 6, 6, 6, 6, 6, 6, 6], [-1, 0, 1, -1, -1], 12),
+        (4, KEEP, [0, 5, 6, 6, 1, 4, 6, 6, 2, 6, 6, 6, 3, 6, 6, 6, 6, 6], [-1, 0, -1, 1, -1], 16),
+    ],
+)
+def test_pooled_layout_worked_examples(bs, conv, ids, eids, ntpp) -> None:
+    layout = align_block_size(POOL_IDS, bs, 4, expert_map=POOL_MAP, ep_convention=conv)
+    assert layout.sorted_token_ids.tolist() == ids
+    assert layout.expert_ids.tolist() == eids
+    assert layout.num_tokens_post_padded.tolist() == [ntpp]
+    assert layout_invariant_violations(layout, POOL_IDS, bs, 4, expert_map=POOL_MAP, ep_convention=conv) == []
+
+
+def test_pooled_layout_without_non_local_entries_is_the_plain_layout() -> None:
+    topk_ids = torch.tensor([[1, 3], [3, 1], [1, 1]], dtype=torch.int32)  # only local experts routed
+    pooled = align_block_size(topk_ids, 2, 4, expert_map=POOL_MAP, ep_convention=POOL)
+    assert pooled.sorted_token_ids[:6].tolist() == [0, 3, 4, 5, 1, 2]
+    assert pooled.expert_ids[:3].tolist() == [0, 0, 1]
+    assert pooled.num_tokens_post_padded.tolist() == [6]
+    no_map = align_block_size(POOL_IDS, 2, 4, ep_convention=POOL)  # no map: nothing is non-local
+    assert no_map.sorted_token_ids.tolist() == [0, 5, 1, 4, 2, 6, 3, 6, 6, 6]
+    assert no_map.expert_ids.tolist() == [0, 1, 2, 3, -1]
+
+
+def test_pooled_layout_with_no_local_expert_is_one_pool() -> None:
+    topk_ids = torch.tensor([[0], [2], [1]], dtype=torch.int32)  # numel 3: sentinel 3; capacity 3 + 3 = 6
+    layout = align_block_size(topk_ids, 2, 3, expert_map=torch.full((3,), -1, dtype=torch.int32), ep_convention=POOL)
+    assert layout.sorted_token_ids.tolist() == [0, 1, 2, 3, 3, 3]
+    assert layout.expert_ids.tolist() == [-1, -1, -1]
+    assert layout.num_tokens_post_padded.tolist() == [4]
+
+
+@pytest.mark.parametrize(
+    "name, ids, eids, ntpp, expect",
+    [
+        ("pool order free", [5, 6, 2, 0, 1, 4, 6, 3], [-1, -1, 0, 1], 8, None),
+        ("per-expert non-local blocks", [0, 5, 1, 4, 2, 6, 3, 6], [-1, 0, -1, 1], 8, "ascending expert order"),
+        ("pool last", [1, 4, 3, 6, 0, 2, 5, 6], [0, 1, -1, -1], 8, "ascending expert order"),
+        ("pool padding in its middle", [0, 5, 2, 6, 1, 4, 3, 6], [-1, -1, 0, 1], 8, None),
+        ("a padding-only pool block", [0, 5, 2, 6, 6, 6, 1, 4, 3, 6], [-1, -1, -1, 0, 1], 10, "only padding"),
+        ("pool block tagged local", [0, 2, 5, 6, 1, 4, 3, 6], [-1, 0, 0, 1], 8, r"expert_ids\[1\]: 0, expected -1"),
+        ("local entry in the pool", [0, 2, 5, 1, 6, 4, 3, 6], [-1, -1, 0, 1], 8, "mixes entries"),
+    ],
+)
+def test_checker_knows_the_pooled_layout(name: str, ids, eids, ntpp, expect: str | None) -> None:
+    got = (torch.tensor(ids, dtype=torch.int32), torch.tensor(eids, dtype=torch.int32),
+           torch.tensor([ntpp], dtype=torch.int32))
+    problems = layout_invariant_violations(got, POOL_IDS, 2, 4, expert_map=POOL_MAP, ep_convention=POOL)
+    if expect is None:
+        assert problems == []
+    else:
+        assert any(re.search(expect, p) for p in problems), problems
+
+
+def test_pooled_and_per_expert_layouts_reject_each_other() -> None:
+    for bs in (2, 4):
+        pooled = align_block_size(POOL_IDS, bs, 4, expert_map=POOL_MAP, ep_convention=POOL)
+        kept = align_block_size(POOL_IDS, bs, 4, expert_map=POOL_MAP, ep_convention=KEEP)
+        assert layout_invariant_violations(pooled, POOL_IDS, bs, 4, expert_map=POOL_MAP, ep_convention=KEEP)
+        assert layout_invariant_violations(kept, POOL_IDS, bs, 4, expert_map=POOL_MAP, ep_convention=POOL)
+        assert layout_invariant_violations(pooled, POOL_IDS, bs, 4, expert_map=POOL_MAP, ep_convention=EXCLUDE)
 
 # ------------------------------------------------------------------------------------------------------------
 # Contiguous aligned layout

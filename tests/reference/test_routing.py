@@ -16,6 +16,7 @@ from reference.routing import (
     ScalingPlacement,
     Scoring,
     SoftmaxOrder,
+    finite_or_masked_rows,
     grouped_topk_route,
     grouped_topk_selection_scores,
     llama4_top1_route,
@@ -23,6 +24,7 @@ from reference.routing import (
     routing_ids_well_formed,
     topk_route,
     topk_selection_scores,
+    valid_grouped_topk_selection,
     valid_topk_selection,
 )
 
@@ -526,8 +528,10 @@ ERRORS = [
     (lambda: valid_topk_selection(X, torch.zeros(2, 2)), "ids must have dtype in"),
     (lambda: valid_topk_selection(X, torch.zeros(3, 2, dtype=torch.int32)), "ids must have 2 rows"),
     (lambda: valid_topk_selection(X, torch.zeros(2, 9, dtype=torch.int32)), "ids must have between 1 and E=8"),
-    (lambda: valid_topk_selection(torch.full((2, 8), NAN), torch.zeros(2, 1, dtype=torch.int32)),
-     "selection_scores must not contain NaN"),
+    (lambda: valid_grouped_topk_selection(X, torch.zeros(3, 2, dtype=torch.int32), num_groups=2, topk_group=1,
+                                          scoring="softmax"), "ids must have 2 rows"),
+    (lambda: valid_grouped_topk_selection(X, torch.zeros(2, 2, dtype=torch.int32), num_groups=2, topk_group=1,
+                                          scoring="softmax", atol=-1e-6), "atol must be a number"),
     (lambda: valid_topk_selection(X, torch.zeros(2, 1, dtype=torch.int32), atol=-1.0), "atol must be a number"),
     (lambda: routing_ids_well_formed(torch.zeros(2, 2, dtype=torch.int32), 0), "num_experts must be >= 1"),
     (lambda: routing_ids_well_formed(torch.zeros(2), 4), "ids must be 2-D"),
@@ -544,3 +548,200 @@ def test_fp64_bias_allowed_with_fp64_logits() -> None:
     x = _randn(3, 8, seed=44, dtype=torch.float64)
     _, ids = topk_route(x, 2, scoring="sigmoid", correction_bias=torch.zeros(8, dtype=torch.float64))
     assert bool(routing_ids_well_formed(ids, 8).all())
+
+
+# ------------------------------------------------------------------ the tie rule: perturbations, groups, NaN
+
+
+def test_valid_topk_selection_atol_is_a_perturbation_not_a_chain() -> None:
+    # 0.95 and 0.9 are each within 0.06 of their neighbour, but dropping 1.0 for 0.9 moves a score by 0.1
+    s = torch.tensor([[1.0, 0.95, 0.9]])
+    got = {ids: bool(valid_topk_selection(s, torch.tensor([ids]), atol=0.06)[0]) for ids in [(0, 1), (0, 2), (1, 2)]}
+    assert got == {(0, 1): True, (0, 2): True, (1, 2): False}
+
+
+def test_valid_topk_selection_ranks_nan_first() -> None:
+    s = torch.tensor([[NAN, 1.0, INF, 0.0], [NAN, NAN, NAN, NAN], [NAN, NAN, 2.0, 1.0]])
+    def ok(ids: list[list[int]]) -> list[bool]:
+        return valid_topk_selection(s, torch.tensor(ids)).tolist()
+    assert ok([[0], [3], [0]]) == [True, True, True]
+    assert ok([[2], [1], [1]]) == [False, True, True]  # +Inf ranks below NaN; NaNs tie
+    assert ok([[0, 2], [0, 1], [0, 1]]) == [True, True, True]
+    assert ok([[2, 1], [2, 3], [0, 2]]) == [False, True, False]
+
+
+def test_grouped_tied_groups_may_be_swapped() -> None:
+    # all 16 experts score 1/16: every pair of groups ties, so any 4 ids within 2 groups are a valid choice
+    x = torch.zeros(1, 16)
+    kw = dict(num_groups=4, topk_group=2, scoring="softmax")
+    ids = torch.tensor([[9, 10, 11, 12]])  # groups 2 and 3, the oracle keeps 0 and 1
+    assert not bool(valid_topk_selection(grouped_topk_selection_scores(x, 4, **kw), ids)[0])
+    assert bool(valid_grouped_topk_selection(x, ids, **kw)[0])
+    assert not bool(valid_grouped_topk_selection(x, torch.tensor([[0, 5, 9, 13]]), **kw)[0])  # 4 groups
+
+
+def test_grouped_clearly_worse_group_or_expert_is_invalid() -> None:
+    # groups of 2, sigmoid max: g0 = s(3), g1 = g2 = s(2) tie, g3 = s(0); topk_group = 2 keeps g0 and g1 or g2
+    x = torch.tensor([[3.0, 0.0, 2.0, 0.0, 2.0, 0.0, 0.0, -1.0]])
+    kw = dict(num_groups=4, topk_group=2, scoring="sigmoid")
+    got = {ids: bool(valid_grouped_topk_selection(x, torch.tensor([ids]), **kw)[0])
+           for ids in [(0, 2), (0, 4), (2, 0), (0, 6), (2, 4), (0, 1)]}
+    # (0, 6): g3 kept over g1/g2; (2, 4): g0 dropped; (0, 1): expert 1 (s(0)) kept over expert 2 (s(2))
+    assert got == {(0, 2): True, (0, 4): True, (2, 0): True, (0, 6): False, (2, 4): False, (0, 1): False}
+
+
+def test_grouped_near_tie_within_atol_at_group_level() -> None:
+    # fp32 sigmoid: s(16) = 1 - 2^-23, s(17) = 1 - 2^-24 (1 - 1.1e-7 and 1 - 4.1e-8, rounded): group 1 wins by 2^-24
+    x = torch.tensor([[16.0, 0.0, 17.0, 0.0], [2.0, 0.0, 3.0, 0.0]])
+    kw = dict(num_groups=2, topk_group=1, scoring="sigmoid")
+    sel = grouped_topk_selection_scores(x, 1, **kw)
+    assert sel[0, 2].item() - sel[0].max().item() == 0.0 and sel[0, 2].item() == 1 - 2**-24
+    ids = torch.tensor([[0], [0]])
+    assert valid_grouped_topk_selection(x, ids, **kw).tolist() == [False, False]
+    assert valid_grouped_topk_selection(x, ids, **kw, atol=1e-6).tolist() == [True, False]
+    # with a bias the group score sums two biased scores: a gap of 2 * atol is still a tie there
+    bias = torch.zeros(4)
+    x2 = torch.tensor([[16.0, 16.0, 17.0, 17.0]])  # g0 = 2 (1 - 2^-23), g1 = 2 (1 - 2^-24): 2^-23 apart
+    kw2 = dict(kw, correction_bias=bias)
+    assert not bool(valid_grouped_topk_selection(x2, torch.tensor([[0]]), **kw2, atol=0.75 * 2**-24)[0])
+    assert bool(valid_grouped_topk_selection(x2, torch.tensor([[0]]), **kw2, atol=2**-24)[0])
+
+
+def _grouped_valid_sets(scores: torch.Tensor, biased: torch.Tensor, with_bias: bool, num_groups: int,
+                        topk_group: int, k: int) -> set[frozenset[int]]:
+    """Every id set a grouped router may return for one row under exact ties, by enumeration: for each choice of
+    groups none of which scores below a dropped group, the k-subsets of its experts with the largest sum."""
+    e = scores.shape[0]
+    n = e // num_groups
+    if with_bias:  # the oracle's fp32 top-2 sum
+        gscore = [float(torch.sort(biased[g * n:(g + 1) * n], descending=True).values[:2].sum()) for g in
+                  range(num_groups)]
+    else:
+        gscore = [float(scores[g * n:(g + 1) * n].max()) for g in range(num_groups)]
+    found: set[frozenset[int]] = set()
+    for kept in itertools.combinations(range(num_groups), topk_group):
+        dropped = [g for g in range(num_groups) if g not in kept]
+        if dropped and min(gscore[g] for g in kept) < max(gscore[g] for g in dropped):
+            continue
+        allowed = [i for g in kept for i in range(g * n, (g + 1) * n)]
+        # the multiset of the k largest decides: compare sorted values, not float sums (no rounding)
+        best = sorted((float(biased[i]) for i in allowed), reverse=True)[:k]
+        for subset in itertools.combinations(allowed, k):
+            if sorted((float(biased[i]) for i in subset), reverse=True) == best:
+                found.add(frozenset(subset))
+    return found
+
+
+@pytest.mark.parametrize(("groups", "per_group", "topk_group", "k", "scoring", "with_bias"), [
+    (4, 2, 2, 3, Scoring.SIGMOID, True), (4, 2, 2, 2, Scoring.SOFTMAX, False), (3, 3, 2, 4, Scoring.SIGMOID, False),
+    (6, 1, 3, 2, Scoring.SOFTMAX, False), (2, 4, 1, 3, Scoring.SIGMOID, True),
+])
+def test_grouped_validity_against_enumeration_under_ties(
+    groups: int, per_group: int, topk_group: int, k: int, scoring: Scoring, with_bias: bool
+) -> None:
+    e = groups * per_group
+    g = torch.Generator().manual_seed(50 + e)
+    x = torch.randint(-1, 2, (6, e), generator=g).to(torch.float32)  # three values: ties everywhere
+    x[0] = 0.0
+    bias = (torch.arange(per_group) / 4).repeat(groups).to(torch.float32) if with_bias else None
+    kw = dict(num_groups=groups, topk_group=topk_group, scoring=scoring, correction_bias=bias)
+    scores = topk_selection_scores(x, 1, scoring=scoring)
+    biased = scores if bias is None else scores + bias
+    subsets = list(itertools.combinations(range(e), k))
+    ids = torch.tensor(subsets)
+    for row in range(x.shape[0]):
+        want = _grouped_valid_sets(scores[row], biased[row], with_bias, groups, topk_group, k)
+        got = valid_grouped_topk_selection(x[row:row + 1].expand(len(subsets), e), ids, **kw)
+        assert {frozenset(s) for s, ok in zip(subsets, got.tolist()) if ok} == want, f"row {row}"
+        _, own = grouped_topk_route(x[row:row + 1], k, **kw)
+        assert frozenset(own[0].tolist()) in want  # the oracle's own choice is one of them
+
+
+# ------------------------------------------------------------------------------------------ masked experts
+
+
+def test_finite_or_masked_rows() -> None:
+    x = torch.tensor([[0.0, 1.0], [-INF, 1.0], [-INF, -INF], [NAN, 1.0], [INF, 1.0]])
+    assert finite_or_masked_rows(x).tolist() == [True, True, False, False, False]
+
+
+@pytest.mark.parametrize("scoring", list(Scoring))
+def test_masked_experts_are_never_selected_over_positive_scores(scoring: Scoring) -> None:
+    x = torch.tensor([[-INF, 1.0, 0.5, -INF, 2.0, 0.0], [-INF, 1.0, -INF, -INF, -INF, -INF]])
+    for policy in ("zero", "propagate", "raise"):  # masked rows are ordinary under every rule
+        w, ids = topk_route(x, 3, scoring=scoring, renormalize=True, nonfinite=policy)
+        assert set(ids[0].tolist()) == {1, 2, 4}
+        assert ids[1, 0].item() == 1 and w[1, 0].item() == 1.0 and w[1, 1:].eq(0).all()  # then ties at 0
+    sel = topk_selection_scores(x, 3, scoring=scoring)
+    assert sel[:, [0, 3]].eq(0).all()  # a masked expert scores exactly 0
+    assert valid_topk_selection(sel, torch.tensor([[0, 1, 4], [1, 5, 3]])).tolist() == [False, True]
+    # grouped, groups of 2: a fully masked group scores 0 and loses to any group with a positive score
+    g = torch.tensor([[-INF, -INF, 1.0, 0.5, 2.0, 0.0], [-INF, -INF, -INF, -INF, 2.0, -INF]])
+    kw = dict(num_groups=3, scoring=scoring)
+    assert valid_grouped_topk_selection(g, torch.tensor([[4, 5], [4, 5]]), topk_group=1, **kw).tolist() == [True] * 2
+    assert valid_grouped_topk_selection(g, torch.tensor([[0, 1], [0, 4]]), topk_group=1, **kw).tolist() == [False] * 2
+    # two groups kept, 3 ids: row 0 keeps g2 and g1; row 1 has one positive expert, any zero one fills the slots
+    got = valid_grouped_topk_selection(g, torch.tensor([[4, 2, 3], [4, 5, 1]]), topk_group=2, **kw)
+    assert got.tolist() == [True, True]
+    got = valid_grouped_topk_selection(g, torch.tensor([[4, 2, 0], [4, 0, 1]]), topk_group=2, **kw)
+    assert got.tolist() == [False, True]
+
+
+def test_masked_expert_selected_by_its_bias() -> None:
+    # with a correction bias the masked expert's selection score is its bias, as production routers compute it
+    x = torch.tensor([[-INF, 0.0, 0.0, 0.0]])
+    w, ids = topk_route(x, 1, scoring="sigmoid", correction_bias=torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert ids.tolist() == [[0]] and w.tolist() == [[0.0]]
+    w, ids = llama4_top1_route(torch.tensor([[-INF, -5.0]]))  # logit-ranked: last
+    assert ids.tolist() == [[1]]
+
+
+# --------------------------------------------------------------------------------------- PROPAGATE policy
+
+
+def test_propagate_policy_is_ieee_arithmetic() -> None:
+    x = _nonfinite_rows(8)  # NaN row, one NaN, one +Inf, two -Inf, finite
+    x = torch.cat([x, torch.full((1, 8), -INF)])  # and a row of -Inf only
+    w, ids = topk_route(x, 3, renormalize=True, nonfinite="propagate")
+    assert bool(routing_ids_well_formed(ids, 8).all())
+    assert w[[0, 1, 2, 5]].isnan().all()  # softmax of a NaN, a +Inf or only -Inf is NaN throughout
+    w_zero, ids_zero = topk_route(x, 3, renormalize=True)
+    assert torch.equal(w[3:5], w_zero[3:5]) and torch.equal(ids[3:5], ids_zero[3:5])  # masked and finite: alike
+    # sigmoid: the NaN expert is selected first with a NaN weight; renormalizing spreads it over the row
+    w, ids = topk_route(x, 3, scoring="sigmoid", nonfinite="propagate")
+    assert ids[1, 0].item() == 2 and math.isnan(w[1, 0].item()) and bool(w[1, 1:].isfinite().all())
+    assert ids[2, 0].item() == 5 and w[2, 0].item() == 1.0  # sigmoid(+Inf) = 1 is finite
+    w, _ = topk_route(x, 3, scoring="sigmoid", renormalize=True, nonfinite="propagate")
+    assert w[1].isnan().all() and w[5].isnan().all()  # 0 / 0 on the -Inf row
+    sel = topk_selection_scores(x, 3, scoring="sigmoid", nonfinite="propagate")
+    assert bool(valid_topk_selection(sel, ids).all())
+    spare = next(i for i in range(8) if i not in ids[1].tolist())
+    without_nan = [spare if i == 2 else i for i in ids[1].tolist()]  # the NaN expert left out
+    assert not bool(valid_topk_selection(sel[1:2], torch.tensor([without_nan]))[0])
+    # logit-ranked selections put NaN first too
+    w, ids = llama4_top1_route(x, nonfinite="propagate")
+    assert ids[1, 0].item() == 2 and math.isnan(w[1, 0].item()) and ids[2, 0].item() == 5
+    w, ids = topk_route(x, 2, renormalize=True, order="topk_then_softmax", nonfinite="propagate")
+    assert 2 in ids[1].tolist() and w[1].isnan().all()
+
+
+def test_propagate_policy_grouped_keeps_the_nan_group_first() -> None:
+    x = _randn(2, 8, seed=45)
+    x[0, 6] = NAN  # group 3 of 4
+    kw = dict(num_groups=4, topk_group=1, scoring=Scoring.SIGMOID, nonfinite=NonFinitePolicy.PROPAGATE)
+    for bias in (None, torch.zeros(8)):
+        w, ids = grouped_topk_route(x, 2, correction_bias=bias, **kw)
+        assert set(ids[0].tolist()) == {6, 7} and w[0].isnan().all()
+        assert valid_grouped_topk_selection(x, ids, correction_bias=bias, **kw).all()
+        assert valid_grouped_topk_selection(x, torch.tensor([[7, 6], [0, 1]]), correction_bias=bias,
+                                            **kw).tolist()[0]
+        assert not valid_grouped_topk_selection(x, torch.tensor([[0, 1], [0, 1]]), correction_bias=bias,
+                                                **kw).tolist()[0]
+
+
+def test_raise_policy_accepts_masked_rows() -> None:
+    x = torch.tensor([[-INF, 1.0, 0.0]])
+    _, ids = topk_route(x, 2, nonfinite="raise")
+    assert set(ids[0].tolist()) == {1, 2}
+    with pytest.raises(ValueError, match="router_logits contains NaN or Inf"):
+        topk_route(torch.full((1, 3), -INF), 1, nonfinite="raise")

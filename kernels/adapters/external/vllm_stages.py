@@ -15,8 +15,11 @@ Routing (plain torch, generation `cpu`):
   logits, then softmax over the k (renormalize) or exp(logit - logsumexp) (no renormalize), in the logits' dtype.
   Softmax only, no bias (CPURouter asserts softmax). `fused_topk` / `fused_topk_bias` are not adapted: they only
   call `torch.ops._moe_C.topk_softmax` / `topk_sigmoid`, which the CPU build lacks (no `_moe_C` at all).
-  Non-finite rows are declared without a `nonfinite` rule (none of these paths zeroes them): their ids must still
-  be k distinct experts. Ties: torch.topk, judged as a set (any valid top-k).
+  Non-finite rows: the two grouped paths are plain IEEE torch code, declared `nonfinite="propagate"` (NaN experts
+  ranked first, NaN weights for a row with a NaN, a +inf or only -inf logits), and judged in full. The softmax
+  top-k path gives NaN weights for some such rows and zeros for others (softmax over the k chosen logits), which no
+  rule describes: declared without one, its non-finite rows are judged for well-formed ids only. Rows with masked
+  (-inf) experts are judged in full on every path. Ties: torch.topk, judged as a set (any valid top-k).
 
 Quantization (`group_quant`):
 - `vllm-triton-group-quant-fp8` (generation `interp`): `quantization.utils.fp8_utils.per_token_group_quant_fp8`.
@@ -144,11 +147,12 @@ _ROUTING_COMMON: dict[str, Any] = dict(library=LIBRARY, generations=("cpu",),
 
 GROUPED_TOPK = register(Adapter(
     name="vllm-grouped-topk", op="grouped_routing", source=f"{_ROUTER}.grouped_topk_router.grouped_topk",
-    run=_run_grouped_topk, support=GROUPED_SUPPORT, conventions={"score_dtype": "input"}, **_ROUTING_COMMON,
+    run=_run_grouped_topk, support=GROUPED_SUPPORT, conventions={"score_dtype": "input", "nonfinite": "propagate"},
+    **_ROUTING_COMMON,
     description="vLLM grouped_topk (GroupedTopk.forward_native, DeepSeek V2/V3), eager torch in the logits dtype"))
 CPU_GROUPED_TOPK = register(Adapter(
     name="vllm-cpu-grouped-topk", op="grouped_routing", source=f"{_ROUTER}.cpu_router._grouped_topk",
-    run=_run_cpu_grouped_topk, support=GROUPED_SUPPORT, **_ROUTING_COMMON,
+    run=_run_cpu_grouped_topk, support=GROUPED_SUPPORT, conventions={"nonfinite": "propagate"}, **_ROUTING_COMMON,
     description="vLLM CPURouter grouped top-k (fp32 scores)"))
 CPU_SOFTMAX_TOPK = register(Adapter(
     name="vllm-cpu-softmax-topk", op="routing", source=f"{_ROUTER}.cpu_router._softmax_topk",
