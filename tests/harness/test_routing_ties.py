@@ -43,7 +43,7 @@ def _grouped_router(keep_worse: bool = False) -> Run:
         kept = _topk_high_index(group_scores, tg)
         if keep_worse:
             kept[:, -1] = torch.sort(group_scores, dim=-1, stable=True).indices[:, 0]
-        group_mask = torch.zeros(m, g, dtype=torch.bool).scatter(1, kept, True)
+        group_mask = torch.zeros(m, g, dtype=torch.bool, device=x.device).scatter(1, kept, True)
         masked = biased.masked_fill(~group_mask.repeat_interleave(e // g, dim=1), float("-inf"))
         ids = _topk_high_index(masked, case.shape("k"))
         w = scores.gather(1, ids)
