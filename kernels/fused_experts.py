@@ -96,8 +96,8 @@ def _pow2(v: int, lo: int, hi: int) -> int:
 
 
 #: tiles per BLOCK_M, (block_n, block_k, num_warps, num_stages): the winners of an H200 sweep over the three
-#: benchmark models at M = 1..4096 (scripts/tune_experts.py; results/sm90/tune/). The gated GEMM1 holds two
-#: block_n-wide accumulators (gate and up), so its tiles are the narrow ones.
+#: benchmark models at M = 1..4096 (scripts/tune_experts.py; results/sm90/bench/2026-11-21-1453327-tile-sweep/).
+#: The gated GEMM1 holds two block_n-wide accumulators (gate and up), so its tiles are the narrow ones.
 _GATED_TILES = {16: (32, 256, 4, 3), 32: (64, 128, 4, 4), 64: (64, 64, 4, 4), 128: (64, 64, 8, 3)}
 _PLAIN_TILES = {16: (128, 128, 4, 3), 32: (128, 128, 4, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 3)}
 #: below this many programs a decode-size grid leaves SMs idle (132 on an H100/H200: two waves)
@@ -111,7 +111,7 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
     scale that BLOCK_K must divide; 0: none); `fp8`: the scale format of fp8 operands (G128, A, T; "": not fp8);
     `fp8_fast`: fp8 dots with fast accumulation (fused_experts(fp8_fast_accum=True)).
 
-    Heuristic (from the sweep in results/sm90/tune/, H200):
+    Heuristic (from the H200 sweep in results/sm90/bench/2026-11-21-1453327-tile-sweep/):
     - interpreter: one program per expert block and few, large tiles (numpy cost is per program);
     - BLOCK_M by the average rows per expert: <= 8 -> 16, <= 24 -> 32, <= 48 -> 64, else 128. A block as tall
       as most experts' rows reads each expert's weights once; the second, mostly empty block of an expert just
@@ -120,7 +120,7 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
       SMs idle (e.g. Mixtral's GEMM2 at M=1: 2 experts x 32 column tiles) take 32-wide, 256-deep tiles instead;
     - split tail at BLOCK_M 128 only: its half-height (64-row) tail tile won at every point of an H200 sweep
       (DeepSeek-V3 M=4096: 2491 against 2744 us; Qwen3 M=1024: 379 against 391), while at BLOCK_M 64 and 32 it
-      lost as often as it won (results/sm90/tune/split.jsonl);
+      lost as often as it won (that folder's split.jsonl);
     - GROUP_M 1 for small blocks (few blocks per expert), 8 otherwise (L2 reuse of the weight tiles);
     - fp32 inputs halve BLOCK_K (twice the bytes per element).
     """
@@ -134,10 +134,10 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
     if dtype == torch.float32:
         bk //= 2
     if fp8 and rows_per_expert > 24:
-        # fp8 operands (H100 sweeps, scripts/probe_experts.py; results/sm90/probe/): 64-row blocks with 128-deep K
-        # blocks (fp8 elements are half as wide). DeepSeek-V3 M=4096, 128x128 block scales: 3608 against 5966 us
-        # with the bf16 tables' 128-row tiles. A gated GEMM1 runs gate and up as one 128-wide joint dot (session
-        # 11, M=4096, each pair timed in one run) where that won at every shape probed:
+        # fp8 operands (H100 probes, scripts/probe_experts.py; results/sm90/bench/*tile-probes*/): 64-row blocks
+        # with 128-deep K blocks (fp8 elements are half as wide). DeepSeek-V3 M=4096, 128x128 block scales: 3608
+        # against 5966 us with the bf16 tables' 128-row tiles. A gated GEMM1 runs gate and up as one 128-wide
+        # joint dot (H100, M=4096, each pair timed in one run) where that won at every shape probed:
         # - G128, both accumulations (fast / default): DeepSeek-V3 2116 / 3359 against 2313 / 3817 us with two
         #   128-wide accumulators and 8 warps, Qwen3 785 / 1329 against 911 / 1483, Mixtral 2354 / 4765 (4 stages)
         #   against 2800 / 5264;
@@ -180,7 +180,7 @@ def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_z
         # float whose last place is 1 (128 in bf16, 1024 in fp16) is that float plus the nibble, and subtracting
         # (that float + z) leaves q - z exactly. The even and odd K elements of a meet the low and high nibbles in
         # two half-depth dots (no shuffle of the weights). Together 12-20% faster at decode on an H100 than a
-        # join/permute unpack with conversions (results/sm90/bench/h100-s11).
+        # join/permute unpack with conversions (results/sm90/bench/2026-11-24-2b5503c-experts-vs-vllm/).
         if a.dtype == tl.float16:
             magic = 1024.0
             bits = 0x6400

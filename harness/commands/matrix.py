@@ -28,6 +28,8 @@ def _matrix_command(args: argparse.Namespace) -> str:
     words = ["python", "-m", "harness", "matrix"]
     if args.sources:
         words += ["--from", *args.sources]
+        if args.history:
+            words += ["--history"]
     else:
         if args.device != "auto":
             words += ["--device", args.device]
@@ -38,6 +40,8 @@ def _matrix_command(args: argparse.Namespace) -> str:
             words += ["--shard", args.shard]
         if args.only_this_run:
             words += ["--only-this-run"]
+        if args.history:
+            words += ["--history"]
     return shlex.join(words)
 
 
@@ -72,7 +76,7 @@ def _render_only(args: argparse.Namespace) -> int:
     skipped = SkippedFiles(args.verbose)
     try:
         md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args), on_skip=skipped,
-                                             on_kept=_note_kept)
+                                             on_kept=_note_kept, history=args.history)
     except (ResultsFileError, ValueError) as e:
         skipped.report()
         print(f"error: {e}", file=sys.stderr)
@@ -138,15 +142,15 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
 
 def _render_run(args: argparse.Namespace, run_id: str, run_files: list[Path], out: str, command: str) -> None:
     """Render this run with every committed result (the same files `--from` reads in the committed matrix's
-    command): a run on one device never drops another's columns, and its verdicts join the committed ones of its
-    own generation by the render's rules (a verdict judged on another Triton interpreter is shown apart)."""
+    command): a run on one device never drops another's columns, and on its own generation it is the latest run of
+    the kernels it swept, so their cells show it (a verdict judged on another Triton interpreter is shown apart)."""
     from harness.store.render import render_files
 
     others = [] if args.only_this_run else committed_results(args.results_dir)
     skipped = SkippedFiles(args.verbose)
     folders = committed_folders(others)
     md_path, json_path, _ = render_files(run_files + others, out, command=command, on_skip=skipped,
-                                         on_kept=_note_kept,
+                                         on_kept=_note_kept, history=args.history,
                                          shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
     skipped.report()
     print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
@@ -206,6 +210,9 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--only-this-run", action="store_true",
                    help="render only this sweep's results (default: also every committed result under results/, "
                         "so a CPU run keeps the GPU columns)")
+    m.add_argument("--history", action="store_true",
+                   help="render every run of the results, not only each kernel's latest complete run per generation "
+                        "(a cell that mixes runs says so)")
     m.add_argument("--verbose", action="store_true", help="list the files of result folders that hold no verdicts")
     m.add_argument("--jobs", type=positive(int), default=None,
                    help="worker processes (default: the CPU count; on CUDA six per GPU, at most the CPU count)")

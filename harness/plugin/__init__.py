@@ -77,7 +77,7 @@ def adapter_specs(config: pytest.Config) -> list[str]:
 
 def is_active(config: pytest.Config) -> bool:
     """Whether this session runs generic tests: asked for, or some installed package publishes adapters. Decided
-    without importing torch or the harness, since the plugin loads in every pytest session of the environment."""
+    without importing torch or the harness, since the plugin loads in every pytest run of the environment."""
     return bool(adapter_specs(config)) or has_entry_points()
 
 

@@ -24,6 +24,7 @@ from hypothesis.errors import Flaky
 
 from harness import ops, registry
 from harness.core.case import Case
+from harness.core.causes import ran_without, what_failed
 from harness.core.result import Result
 from harness.core.sizes import scale
 from harness.core.text import one_line
@@ -138,22 +139,13 @@ MAX_CAUSES = 8
 Cause = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
-def _what(r: Result) -> tuple[str, str]:
-    """The verdict and what failed: the failing checks, or for an error the exception type."""
-    if r.verdict == "error":
-        return r.verdict, str(r.metrics.get("exception_type") or r.reason.split(":", 1)[0])
-    if r.verdict == "fail":
-        return r.verdict, ", ".join(r.metrics.get("failed_checks", [])) or r.reason.split(":", 1)[0]
-    return r.verdict, ""
-
-
 def failure_cause(r: Result, judged: Iterable[Result]) -> Cause:
     """What a failure is, to tell one bug from another: its verdict, what failed, and its separating features: the
     values of its cell that no case of `judged` had that ran to its checks without this failure (passed, or failed
     another way; a crash tells nothing of the checks). None when each value ran fine elsewhere: then the shapes or
     the data decide."""
-    what = _what(r)
-    fine = {kv for o in judged if o.verdict in ("pass", "fail") and _what(o) != what for kv in o.case.features.items()}
+    what = what_failed(r)
+    fine = {kv for o in judged if ran_without(o, what) for kv in o.case.features.items()}
     return (*what, tuple(sorted(kv for kv in r.case.features.items() if kv not in fine)))
 
 

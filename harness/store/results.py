@@ -15,10 +15,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -202,6 +205,13 @@ def not_a_results_file(lines: list[str]) -> str | None:
 
 def _iter_records(paths: Iterable[str | os.PathLike], strict: bool,
                   on_skip: Callable[[Path, str], None] | None) -> Iterator[Result | dict[str, Any]]:
+    for _, rec in _iter_file_records(paths, strict, on_skip):
+        yield rec
+
+
+def _iter_file_records(paths: Iterable[str | os.PathLike], strict: bool,
+                       on_skip: Callable[[Path, str], None] | None) -> Iterator[tuple[Path, Result | dict[str, Any]]]:
+    """(file, record) of every record of the files, in file order."""
     for path in result_files(paths):
         lines = _read_lines(path)
         why = not_a_results_file(lines)
@@ -218,12 +228,12 @@ def _iter_records(paths: Iterable[str | os.PathLike], strict: bool,
             try:
                 d = json.loads(line)
                 if isinstance(d, dict) and "kind" in d and "case" not in d:
-                    yield d
+                    yield path, d
                 else:
                     r = Result.from_dict(d)
                     if r.generation and r.generation not in _generations():
                         raise ValueError(f"unknown generation {r.generation!r} (known: {', '.join(_generations())})")
-                    yield r
+                    yield path, r
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 truncated = lineno == last and not line.endswith("}")
                 if truncated or not strict:
@@ -261,3 +271,165 @@ def load_meta(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> lis
 
 def load_results(paths: Iterable[str | os.PathLike], *, strict: bool = True) -> list[Result]:
     return list(iter_results(paths, strict=strict))
+
+
+# -- runs: which verdicts a matrix shows --------------------------------------------------------------------------
+
+#: verdicts that judged the case (a clean rejection included); not-verifiable and not-installed judged nothing
+VERIFIED = ("pass", "fail", "error", "unsupported")
+#: generation -> (device key, name) of what besides the generation decides a verdict there
+FIDELITY: dict[str, tuple[str, str]] = {"interp": ("triton_version", "Triton")}
+#: (generation, what decides its fidelity, adapter): the verdicts of one adapter in one column of the matrix
+Slot = tuple[str, str, str]
+
+
+def lineage(r: Result) -> tuple[str, str]:
+    """(generation, what decides its fidelity, e.g. the Triton release of an `interp` verdict; "" elsewhere)."""
+    key = FIDELITY.get(r.generation)
+    return r.generation, (str(r.device.get(key[0]) or "unknown") if key else "")
+
+
+def lineage_labels(lineages: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The column name of each lineage: its generation, named with its fidelity (`interp (Triton 3.9.0)`) where the
+    generation has several."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for g, fid in lineages:
+        found[g].add(fid)
+    return {(g, fid): f"{g} ({FIDELITY[g][1]} {fid})" if len(fids) > 1 else g
+            for g, fids in found.items() for fid in fids}
+
+
+def short_commit(commit: str) -> str:
+    """A commit as people quote it: its first 7 hex digits (anything else, e.g. "unknown", as it is)."""
+    c = (commit or "unknown").split("+", 1)[0]
+    return c[:7] if re.fullmatch(r"[0-9a-f]{7,40}", c) else c
+
+
+@dataclass
+class Run:
+    """The verdicts of one run: the records of one run id, or of the shards of one sharded sweep (the same
+    generation, commit, profile and shard count), which together are what one unsharded sweep would have written."""
+
+    key: str
+    ids: set[str] = field(default_factory=set)
+    sweep: bool = False  # a matrix sweep's `run` record is there (the pytest plugin and older files have none)
+    profiles: set[str] = field(default_factory=set)
+    last: float = 0.0  # when its latest verdict was judged
+    planned: dict[str, int] = field(default_factory=dict)  # adapter -> the cases its plan listed (all shards)
+    judged: dict[Slot, set[str]] = field(default_factory=lambda: defaultdict(set))
+    seen: set[Slot] = field(default_factory=set)
+    verified: set[Slot] = field(default_factory=set)
+    files: set[Path] = field(default_factory=set)
+    commits: set[tuple[str, bool]] = field(default_factory=set)  # (commit, dirty) of its `run` records
+    device_commits: set[tuple[str, bool]] = field(default_factory=set)  # (commit, dirty) its verdicts record
+
+    @property
+    def profile(self) -> str:
+        return ", ".join(sorted(self.profiles))
+
+    @property
+    def commit(self) -> str:
+        """The short commit it ran, with "+dirty" when the tree had changes ("unknown" when nothing says)."""
+        known = sorted(c for c in (self.commits or self.device_commits) if short_commit(c[0]) != "unknown")
+        if not known:
+            return "unknown"
+        commit, dirty = known[-1]
+        return short_commit(commit) + ("+dirty" if dirty or commit.endswith("+dirty") else "")
+
+    def complete(self, slot: Slot) -> bool:
+        """Whether every case its plan listed for the slot's adapter has a verdict: not a sweep cut short or
+        killed, nor a run without a plan (the pytest plugin's)."""
+        want = self.planned.get(slot[2])
+        return self.sweep and want is not None and len(self.judged.get(slot, ())) >= want
+
+
+def _shard_group(d: Mapping[str, Any]) -> str | None:
+    """The run key that the shards of one sharded sweep share (None for a run record of an unsharded one)."""
+    shard = str(d.get("shard") or "")
+    if "/" not in shard:
+        return None
+    dirty = "+dirty" if d.get("dirty") else ""
+    return (f"{d.get('generation')}-{short_commit(str(d.get('commit')))}{dirty}-{d.get('profile')}-"
+            f"shards-of-{shard.split('/', 1)[1]}")
+
+
+class RunSelection:
+    """Every run of a set of records, and the run each slot shows (`chosen`): the one that verified something (a
+    run whose library was missing judged nothing), then a complete one, then a sweep, then the latest."""
+
+    def __init__(self, records: Iterable[tuple[Path | None, Result | Mapping[str, Any]]]) -> None:
+        records = list(records)
+        self.key_of: dict[str, str] = {}
+        for _, d in records:
+            if isinstance(d, Mapping) and d.get("kind") == "run" and (group := _shard_group(d)):
+                self.key_of[str(d.get("run_id") or "")] = group
+        self.runs: dict[str, Run] = {}
+        for path, rec in records:
+            self._add(path, rec)
+        candidates: dict[Slot, list[Run]] = defaultdict(list)
+        for run in self.runs.values():
+            for slot in run.seen:
+                candidates[slot].append(run)
+        self.chosen: dict[Slot, Run] = {
+            slot: max(runs, key=lambda run, s=slot: (s in run.verified, run.complete(s), run.sweep, run.last,
+                                                     run.key))
+            for slot, runs in candidates.items()}
+
+    def run_of(self, run_id: str) -> Run:
+        return self.runs[self.key_of.get(run_id, run_id)]
+
+    def is_current(self, r: Result) -> bool:
+        """Whether `r` belongs to the run its slot shows."""
+        return self.chosen.get((*lineage(r), r.adapter)) is self.run_of(r.run_id)
+
+    def _add(self, path: Path | None, rec: Result | Mapping[str, Any]) -> None:
+        rid = rec.run_id if isinstance(rec, Result) else str(rec.get("run_id") or "")
+        key = self.key_of.get(rid, rid)
+        run = self.runs.setdefault(key, Run(key))
+        run.ids.add(rid)
+        if path is not None:
+            run.files.add(path)
+        if isinstance(rec, Result):
+            slot = (*lineage(rec), rec.adapter)
+            run.seen.add(slot)
+            if not (rec.metrics.get("marker") and rec.reason.startswith("not run")):  # never judged
+                run.judged[slot].add(rec.case.case_id)
+            if rec.verdict in VERIFIED:
+                run.verified.add(slot)
+            run.last = max(run.last, rec.timestamp)
+            run.device_commits.add((str(rec.device.get("commit") or "unknown"), bool(rec.device.get("dirty"))))
+        elif rec.get("kind") == "run":
+            run.sweep = True
+            if rec.get("profile"):
+                run.profiles.add(str(rec["profile"]))
+            run.commits.add((str(rec.get("commit") or "unknown"), bool(rec.get("dirty"))))
+        elif rec.get("kind") == "adapter" and isinstance(rec.get("cases"), int):
+            run.planned[rec["adapter"]] = max(run.planned.get(rec["adapter"], 0), rec["cases"])
+
+
+def select_runs(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = ()) -> RunSelection:
+    """The runs of loaded records (`load`) and the run each (generation, adapter) shows."""
+    return RunSelection([*((None, m) for m in meta), *((None, r) for r in results)])
+
+
+def _selection_of_files(paths: Iterable[str | os.PathLike]) -> RunSelection:
+    return RunSelection(_iter_file_records(paths, True, lambda path, why: None))
+
+
+def current_runs(paths: Iterable[str | os.PathLike]) -> dict[tuple[str, str], Run]:
+    """The run the matrix shows for each (generation, adapter) of the result files and folders `paths`: the latest
+    complete run of that adapter on that generation (see `RunSelection`). The generation is the matrix's column
+    name (`interp (Triton 3.9.0)` where several Triton releases ran the interpreter); `Run.files` are the files
+    that hold its records."""
+    sel = _selection_of_files(paths)
+    labels = lineage_labels(slot[:2] for slot in sel.chosen)
+    return {(labels[slot[:2]], slot[2]): run for slot, run in sorted(sel.chosen.items())}
+
+
+def partition_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """(files of the current runs, files that hold only older runs) of the result files under `paths`. A file of
+    other data (tuning sweeps, see `not_a_results_file`) is in neither: only the second list may be pruned."""
+    sel = _selection_of_files(paths)
+    current = {f for run in sel.chosen.values() for f in run.files}
+    every = {f for run in sel.runs.values() for f in run.files}
+    return sorted(current), sorted(every - current)

@@ -1,5 +1,5 @@
 """An approximate log2 in the float form of the ue8m0 rule (vLLM's Triton group quantizer: exp2(ceil(tl.log2(s))),
-lg2.approx on NVIDIA GPUs) is a declared, judged convention (issue 17 item 3): where log2 s lies within the
+lg2.approx on NVIDIA GPUs) is a declared, judged convention: where log2 s lies within the
 approximation's error of an integer either power of two is accepted, everywhere else the scale is exact; a wrong
 or non-power-of-two scale still fails."""
 

@@ -1,4 +1,4 @@
-"""Every indexing path drawn at CI scale (issue 18 item 2): quantized experts cells draw several scale groups
+"""Every indexing path drawn at CI scale: quantized experts cells draw several scale groups
 along K and along N (a scale read one group off is invisible with one group), and the matrix's boundary cases
 include such a shape."""
 
@@ -35,7 +35,7 @@ def test_grouped_quant_cells_draw_several_groups_along_k_and_n(device_info) -> N
 def test_declared_thresholds_are_crossed_on_the_gpu_scale(monkeypatch, device_info,  # type: ignore[no-untyped-def]
                                                         unverifiable) -> None:
     """Each `cross_<dim>` size is judged once per run on the GPU scale: in the matrix plan and in the generic
-    test's explicit examples (issue 18 item 6); on the CPU scale they are left to the GPU runs."""
+    test's explicit examples; on the CPU scale they are left to the GPU runs."""
     from harness.engine.runner import judge
     from harness.plugin.generic import explicit_examples
     from harness.sweep.selection import plan

@@ -1,4 +1,4 @@
-"""Fault injection on a real GPU (#16): out-of-bounds writes, outputs on the wrong device, an illegal memory
+"""Fault injection on a real GPU: out-of-bounds writes, outputs on the wrong device, an illegal memory
 access in the sweep and in the pytest path. Each fault leaves the right verdict on the faulty kernel and every
 other verdict intact. These need CUDA: on a machine without one they are reported as skipped with that reason (the
 GPU machine runs them; its results are committed under results/sm90/)."""

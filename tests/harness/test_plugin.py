@@ -74,7 +74,7 @@ def test_the_generic_tests_get_their_own_profile() -> None:
 
 
 def test_loading_the_plugin_imports_no_torch() -> None:
-    """The plugin loads in every pytest session of an environment that has moe-harness installed."""
+    """The plugin loads in every pytest run of an environment that has moe-harness installed."""
     import subprocess
     import sys
 
@@ -100,7 +100,7 @@ PARTLY_VERIFIABLE = dataclasses.replace(_reference, name="partly-verifiable", su
 
 
 def _pytest(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, str]:
-    """A child pytest session of the generic tests with the plugin's options `args`."""
+    """A child pytest run of the generic tests with the plugin's options `args`."""
     plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", *plugin_arg,
            "harness/plugin/generic.py", "--moe-results-dir", str(tmp_path / "results"), *args]

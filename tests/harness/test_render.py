@@ -14,7 +14,7 @@ import pytest
 from harness import cli
 from harness.core.case import Case
 from harness.core.result import Result
-from harness.store.render import build, render_files, to_markdown
+from harness.store.render import build, dedupe, render_files, to_markdown
 from harness.store.results import load_meta, load_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,17 +48,22 @@ def test_every_failing_case_is_reported_and_nothing_failing_is_listed_as_passing
     reported = {(r["adapter"], r["generation"], Path(r["case_file"]).stem.rsplit("-", 1)[-1])
                 for r in dv["claimed_but_failing"] + dv["undeclared_not_rejected"]}
     assert reported == failing
+    on_the_page = set()
     for a in model["adapters"]:
+        on_the_page.update(a["notes"])
         for ax in a["axes"]:
             for v in ax["values"]:
                 if v["status"] == "pass":
-                    assert v["passed"] == v["exercised"] > 0
-                if v["status"] == "partial":
-                    assert v["note"], (a["name"], ax["name"], v["value"])
+                    assert v["passed"] == v["exercised"] > 0 and not v["notes"]
+                on_the_page.update(v["notes"])
+    # every failing case is in one footnote, and every footnote is on a row or a value
+    assert on_the_page == {n["id"] for n in model["footnotes"]}
+    shown_failing = [r for r in dedupe(results) if r.verdict in ("fail", "error") and r.adapter != "reference"]
+    assert sum(c for n in model["footnotes"] for c, _ in n["generations"].values()) == len(shown_failing)
     # a real verdict beats the parent's timeout marker for the same case
     toy = next(a for a in model["adapters"] if a["name"] == "toy-experts")
     assert toy["generations"]["interp"] == {"status": "pass", "exercised": 4, "passed": 4, "nonvacuous": None,
-                                            "counts": {"pass": 4, "unsupported": 1}}
+                                            "counts": {"pass": 4, "unsupported": 1}, "runs": ["1111111"]}
 
 
 def test_non_vacuous_cases_are_counted_per_generation() -> None:
@@ -70,14 +75,14 @@ def test_non_vacuous_cases_are_counted_per_generation() -> None:
     model = build(results, load_meta([RESULTS]), command=COMMAND, sources=[])
     toy = next(a for a in model["adapters"] if a["name"] == "toy-experts")
     assert toy["generations"]["interp"]["nonvacuous"] == len(passing) - 1
-    assert f"interp ({len(passing) - 1} non-vacuous)" in to_markdown(model)
+    assert f"pass ({len(passing)}; {len(passing) - 1} non-vacuous) @ 1111111" in to_markdown(model)
 
 
 def test_cli_renders_from_files_with_json_and_case_files(tmp_path: Path) -> None:
     out = tmp_path / "docs" / "MATRIX.md"
     assert cli.main(["matrix", "--from", str(RESULTS), "--out", str(out)]) == 0
     model = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
-    assert model["verdicts"] == 20 and len(model["footnotes"]) == 6
+    assert model["verdicts"] == 20 and len(model["footnotes"]) == 5
     for rel in model["case_files"]:
         record = json.loads((out.parent / rel).read_text(encoding="utf-8"))
         assert record["verdict"] in ("fail", "error") and record["case"]["adapter"]
@@ -258,28 +263,3 @@ def test_an_adapter_name_cannot_steer_case_files_out_of_their_folder(tmp_path: P
     written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.json"))
     assert written and all(str(p).startswith("deep/docs/") for p in written), written
     assert any("escaped" in p.name for p in written)
-
-
-def test_footnotes_name_the_smallest_cause() -> None:
-    """A failure that needs two features together (vLLM's bias scaled by the router weight with weight-on-input) is
-    named by those two, not by the first four values the failing case happens to have (issue 18 item 5)."""
-    from harness.core.case import Case
-    from harness.core.result import Result
-    from harness.store.render import _where
-
-    axes = [{"name": n, "title": t} for n, t in (("activation", "Activation"), ("apply_weight_on_input",
-             "Apply weight on input"), ("expert_map", "Expert map"), ("dtype", "Dtype"), ("bias", "Biases"))]
-
-    def r(verdict: str, act: str, awoi: str, emap: str, dt: str, bias: str, seed: int) -> Result:
-        f = {"activation": act, "apply_weight_on_input": awoi, "expert_map": emap, "dtype": dt, "bias": bias}
-        case = Case(op="experts", adapter="a", features=f, shapes={"M": 3 + seed}, seed=seed)
-        return Result(case=case, verdict=verdict)
-
-    failing = [r("fail", "gelu", "Y", "Y", "float16", "Y", 1)]
-    passing = [r("pass", "gelu", "Y", "Y", "float16", "N", 2), r("pass", "silu", "N", "Y", "float16", "Y", 3),
-               r("pass", "gelu", "N", "N", "bfloat16", "Y", 4), r("pass", "silu", "Y", "N", "float32", "N", 5)]
-    assert _where(failing, passing, axes, "") == "Apply weight on input = Y, Biases = Y"
-    # one attribute that only the failing cases have is named alone
-    passing.append(r("pass", "gelu", "N", "Y", "float16", "Y", 6))
-    assert _where(failing, [p for p in passing if p.case.features["apply_weight_on_input"] == "N"], axes, "") == \
-        "Apply weight on input = Y"

@@ -144,7 +144,7 @@ HANGS = "tests.harness.fixtures.fake_adapters:HANGS"
 
 
 def _stopped_session(tmp_path: Path, extra: list[str], sig: int, to_group: bool) -> tuple[int, str]:
-    """A pytest session of the generic test for an adapter whose every case hangs, stopped with `sig` (sent to its
+    """A pytest run of the generic test for an adapter whose every case hangs, stopped with `sig` (sent to its
     whole process group, as Ctrl-C or `timeout` do, or to the pytest process alone) once a case is running."""
     from harness.plugin import is_installed
 

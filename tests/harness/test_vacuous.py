@@ -1,4 +1,4 @@
-"""No vacuous cases (issue 18 item 1): an all-zero or empty expected output tests nothing, so such cases are
+"""No vacuous cases: an all-zero or empty expected output tests nothing, so such cases are
 deliberate boundary cases, never draws; each verdict records what it exercised; the generic test fails for a
 declared cell that only vacuous cases backed."""
 

@@ -1,4 +1,4 @@
-"""Conventions that reproduce a library's numerics bit for bit (issue 17 item 6), each checked against an
+"""Conventions that reproduce a library's numerics bit for bit, each checked against an
 independent derivation: the library's formula written here as plain torch code in the library's own dtypes (torch's
 casts and operators, not the oracle's encoders), or an analytic statement of what the formula gives.
 

@@ -11,7 +11,7 @@ says which one bounds the row. FLOPs = 6 M k N K (both GEMMs); the rate is measu
 scheme's tensor-core type (bf16 matmul; fp8 `torch._scaled_mm`; int8 `torch._int_mm`; weight-only schemes
 multiply in bf16). Bytes = the weights of the experts the routing actually hits in their stored format (codes,
 scales, zero points) plus x and out. Targets: kernel time <= floor / 0.8 for M <= 64 (decode, bandwidth),
->= 60% of the fp8 tensor-core floor at M >= 1024 for fp8 block-scaled (issue 20).
+>= 60% of the fp8 tensor-core floor at M >= 1024 for fp8 block-scaled.
 Both kernels are timed as CUDA-graph replays (`kernel_us`, the GPU time, L2 flushed) and as eager calls
 (`eager_us`).
 
