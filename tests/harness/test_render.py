@@ -219,8 +219,8 @@ def test_selection_names_the_adapters_swept_in_full_next_to_a_pairwise_run() -> 
 
 
 def test_from_skips_other_jsonl_in_result_folders_with_a_note(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    """A result folder may hold tuning data (results/sm90/tune/*.jsonl): --from and diff skip it with a note, and
-    still refuse a corrupt results file."""
+    """A result folder may hold tuning data (results/sm90/bench/*-tile-sweep/*.jsonl): --from and diff skip it with a
+    note, and still refuse a corrupt results file."""
     folder = tmp_path / "results"
     (folder / "tune").mkdir(parents=True)
     (folder / "run.jsonl").write_text(RESULTS.read_text(encoding="utf-8"), encoding="utf-8")
