@@ -89,19 +89,19 @@ def _render_only(args: argparse.Namespace) -> int:
 def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     started = time.monotonic()
     prepare_interpreter(args.device)
-    from harness import registry
     from harness.core.device import detect
+    from harness.engine import remote
     from harness.store.results import new_run_id
     from harness.sweep import VerdictsLost, run_sweep
+    from harness.sweep import run_files as sweep_files
     from harness.sweep.progress import duration
 
     try:
         dev = detect(args.device)
-        registry.probe_imports(args.adapter)  # an import that ends the process from C code must not end this one
-        specs = registry.expand(args.adapter) if args.adapter else [a.name for a in registry.all_adapters()]
-        for spec in specs:
-            registry.resolve(spec)
-    except ValueError as e:
+        # listed in a host (which probes the imports first: one that ends the process from C code is named), so
+        # that this process, which renders the verdicts, never imports an adapter module
+        specs = remote.expand(list(args.adapter or []), probe=True).specs
+    except (ValueError, remote.HostError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     suffix = f"-shard{shard.index}of{shard.count}" if shard else ""
@@ -126,7 +126,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
         return 1
     bad = sum(c["fail"] + c["error"] for c in totals.values())
     judged, swept = sum(sum(c.values()) for c in totals.values()), time.monotonic() - sweep_started
-    run_files = sorted(Path(args.results_dir).glob(f"{run_id}-*.jsonl"))
+    run_files = sweep_files(args.results_dir, run_id)
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl ({judged} verdicts)")
     if out and run_files:
         _render_run(args, run_id, run_files, out, command)

@@ -63,13 +63,13 @@ def exit_code_for(verdict: str, reason: str = "") -> int:
     return EXIT_UNTESTABLE  # unsupported, not-verifiable, untestable
 
 
-def _resolve_any(specs: list[str]) -> tuple[Adapter | None, str]:
-    from harness import registry
+def _resolve_any(specs: list[str], device: str) -> tuple[Adapter | None, str]:
+    from harness.engine import remote
 
     problems = []
     for spec in specs:
-        try:
-            return registry.resolve(spec), ""
+        try:  # in a kernel host of its own: this process judges, it never imports the adapter's module
+            return remote.open_adapter(spec, device), ""
         except Exception as e:  # a kernel module that does not import (syntax error, missing symbol, no triton)
             problems.append(f"{spec}: {type(e).__name__}: {e}")
     return None, "adapter not importable here (" + "; ".join(problems) + ")"
@@ -91,14 +91,14 @@ def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str) 
         except ValueError as e:
             conn.send({"status": "bad-case", "reason": f"not a valid case: {e}"})
             return
-        adapter, why = _resolve_any(specs)
-        if adapter is None:
-            conn.send({"status": "untestable", "reason": why})
-            return
         try:
             dev = detect(device)
         except ValueError as e:
-            conn.send({"status": "untestable", "reason": f"device not available: {e}", "adapter": adapter.name})
+            conn.send({"status": "untestable", "reason": f"device not available: {e}", "adapter": specs[0]})
+            return
+        adapter, why = _resolve_any(specs, dev.device)
+        if adapter is None:
+            conn.send({"status": "untestable", "reason": why})
             return
         if case.adapter != adapter.name:
             case = case.replace(adapter=adapter.name)
@@ -207,12 +207,20 @@ def run(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
+def _device_name(text: str) -> str:
+    """A device argument's form (whether it exists here is the replay's business: 125 when it does not)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use auto, cpu, cuda or cuda:N")
+    return text
+
+
 def add_parser(sub: Any) -> None:
     """Add the command to the `python -m harness` subparsers."""
     r = sub.add_parser("replay", help="re-run one case file; exit 0 pass, 1 fail, 125 cannot test here")
     r.add_argument("case", help="a case JSON file (a Case, or a result record holding one)")
     r.add_argument("--adapter", help="run this adapter (name or module:object) instead of the case file's")
-    r.add_argument("--device", default="auto")
+    r.add_argument("--device", default="auto", type=_device_name,
+                   help="auto (the GPU if there is one), cpu, cuda or cuda:N")
     r.add_argument("--timeout", type=positive(float), default=300.0,
                    help="seconds before a hanging kernel is killed and the case failed (default 300)")
     r.set_defaults(func=run)

@@ -11,7 +11,8 @@ torch.Tensor, every `reference.*` module; replaced or deleted names, and for tor
 added method shadows the C implementation), the default dtype and device, grad mode, deterministic algorithms, the
 fp32 matmul precision and TF32 switches, the thread count, the working directory, warning filters, the SIGINT and
 SIGTERM handlers and the blocked-signal mask. The CPU RNG state is restored without blame (kernels may draw random
-numbers). Not covered: the flush-denormal mode (torch has no getter for it) and state of other libraries.
+numbers). Also watched: flush-denormal (read by computing with a denormal), mkldnn, the cudnn switches and the CUDA
+reduced-precision reduction switches. Not covered: the state of other libraries.
 `pristine()` gives the oracle the functions as they were when the harness loaded; `Containment` refuses the exits
 a kernel attempts while it runs.
 
@@ -66,11 +67,36 @@ def _settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
         "SIGINT handler": (lambda: signal.getsignal(signal.SIGINT), lambda h: signal.signal(signal.SIGINT, h)),
         "SIGTERM handler": (lambda: signal.getsignal(signal.SIGTERM), lambda h: signal.signal(signal.SIGTERM, h)),
     }
+    found.update(_backend_flags())
     if hasattr(signal, "pthread_sigmask"):  # a blocked SIGALRM would disable every later case's deadline
         found["blocked signals"] = (lambda: sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
                                     lambda v: signal.pthread_sigmask(signal.SIG_SETMASK, v))
     if hasattr(torch, "get_default_device"):
         found["default device"] = (lambda: str(torch.get_default_device()), torch.set_default_device)
+    return found
+
+
+def _flag(owner: Any, attr: str) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    return (lambda: getattr(owner, attr)), (lambda v: setattr(owner, attr, v))
+
+
+def _flushes_denormals() -> bool:
+    """Whether this thread flushes denormals to zero (torch.set_flush_denormal has no getter: a denormal times one
+    reads as zero when it does)."""
+    return float((torch.tensor([1e-40], dtype=torch.float32) * 1.0)[0]) == 0.0
+
+
+def _backend_flags() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
+    """Switches of torch's backends that change what later computations give (or how fast), all process-wide."""
+    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    found = {"flush denormal": (_flushes_denormals, torch.set_flush_denormal),
+             "mkldnn": _flag(torch.backends.mkldnn, "enabled"),
+             "cudnn enabled": _flag(cudnn, "enabled"), "cudnn benchmark": _flag(cudnn, "benchmark"),
+             "cudnn deterministic": _flag(cudnn, "deterministic")}
+    for dtype in ("fp16", "bf16"):
+        attr = f"allow_{dtype}_reduced_precision_reduction"
+        if hasattr(cuda, attr):
+            found[f"cuda {dtype} reduced-precision reduction"] = _flag(cuda, attr)
     return found
 
 

@@ -10,7 +10,6 @@ adapter declares them, determinism (two runs bitwise equal) and batch invariance
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import faulthandler
 import os
@@ -31,12 +30,19 @@ from harness.core.case import Case
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set, run_bits
 from harness.core.device import DeviceInfo
 from harness.core.result import Result
+from harness.engine.arena import Arena, arena_bytes
+from harness.engine.host import STICKY_CUDA, HostDied, KernelRaised
+from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter  # noqa: F401  (re-exported)
 from harness.engine.interpreter import TRITON_VERSION, unverified_reason
+from harness.engine.remote import RemoteAdapter
 from harness.ops.base import Check, OutputSpec
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
-# Two poison patterns per dtype: an element still holding pattern A after run 1 and pattern B after run 2 was
-# never written. Float patterns are NaNs with distinctive payloads.
+# The first run's output buffers hold "garbage" (finite values of assorted magnitudes, drawn from a generator this
+# process seeds privately: nothing a kernel could recognise as the judge's, unlike a fixed pattern); the second
+# run's hold poison pattern B (NaNs with a distinctive payload for floats). An element still holding its garbage
+# after run 1 and pattern B after run 2 was never written. Pattern A is the older fixed first fill (kept for the
+# tests that build buffers by hand).
 _POISON: dict[torch.dtype, tuple[int, int]] = {
     torch.float64: (0x7FF8DEADBEEFDEAD, 0x7FF4BADC0FFEE000),
     torch.float32: (0x7FC0DEAD, 0x7FA0BEEF),
@@ -52,6 +58,8 @@ _POISON: dict[torch.dtype, tuple[int, int]] = {
 }
 
 
+#: seconds the judge waits at the end of a case before it checks that no output changed after the kernel returned
+SETTLE_S = 0.005
 #: poisoned elements around every output buffer, each side: a write out of bounds within this distance is caught
 GUARD_BYTES = 64 * 1024
 
@@ -74,6 +82,33 @@ def _fill_poison(t: torch.Tensor, which: int) -> torch.Tensor:
     return t
 
 
+_GARBAGE = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def _garbage(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """`n` values of `dtype` like stale memory: finite, assorted magnitudes and signs, never poison pattern B."""
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=_GARBAGE).bool()
+    if dtype.is_floating_point:
+        v = torch.randn(n, generator=_GARBAGE) * torch.exp2(torch.randint(-8, 9, (n,), generator=_GARBAGE).float())
+        if dtype in _FP8_MAX:
+            v = v.clamp(-_FP8_MAX[dtype], _FP8_MAX[dtype])
+        return v.to(dtype)
+    info = torch.iinfo(dtype)
+    v = torch.randint(max(info.min, -2**62), min(info.max, 2**62), (n,), generator=_GARBAGE, dtype=torch.int64)
+    v = v.to(dtype)
+    b = _POISON[dtype][1]
+    return torch.where(v == b, v ^ 1, v) if dtype in _POISON else v
+
+
+def _fill(t: torch.Tensor, which: int) -> torch.Tensor:
+    """Fill a 1-D buffer for run `which`: 0 garbage, 1 poison pattern B."""
+    if which == 0 and t.dtype in (*_POISON, torch.bool):
+        return t.copy_(_garbage(t.numel(), t.dtype).to(t.device))
+    return _fill_poison(t, which)
+
+
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, step = [], 1
     for n in reversed(shape):
@@ -84,21 +119,32 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclasses.dataclass
 class Band:
-    """An output's whole allocation: `base[start:end]` holds the output, the rest is poisoned guard."""
+    """An output's whole allocation: `base[start:end]` holds the output, the rest is guard; `initial` is what the
+    whole buffer held before the kernel ran (on the CPU), `shape` and `stride` the output's view of it."""
 
     base: torch.Tensor
     start: int
     end: int
     which: int
+    initial: torch.Tensor | None = None
+    shape: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+
+    def untouched(self, t: torch.Tensor) -> torch.Tensor:
+        """Which elements of output `t` still hold what this buffer held before the run."""
+        if self.initial is None or tuple(t.shape) != self.shape:
+            return _is_poison(t, self.which)
+        return bits(t.detach().cpu()) == bits(self.initial.as_strided(self.shape, self.stride, self.start))
 
 
 def banded(spec: OutputSpec, device: str, which: int) -> tuple[torch.Tensor, Band]:
-    """An output tensor of `spec` filled with poison pattern `which` (0 or 1), inside a larger poisoned buffer."""
+    """An output tensor of `spec` filled for run `which` (0 garbage, 1 poison B), inside a larger buffer of it."""
     stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
     span = 0 if 0 in spec.shape else 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride))
     guard = GUARD_BYTES // spec.dtype.itemsize
-    base = _fill_poison(torch.empty(guard + span + guard, dtype=spec.dtype, device=device), which)
-    return base.as_strided(tuple(spec.shape), stride, guard), Band(base, guard, guard + span, which)
+    base = _fill(torch.empty(guard + span + guard, dtype=spec.dtype, device=device), which)
+    band = Band(base, guard, guard + span, which, base.detach().cpu().clone(), tuple(spec.shape), tuple(stride))
+    return base.as_strided(tuple(spec.shape), stride, guard), band
 
 
 def poisoned(spec: OutputSpec, device: str, which: int) -> torch.Tensor:
@@ -122,7 +168,8 @@ def _guard_checks(bands: Mapping[str, Band], run: str) -> list[Comparison]:
     found = []
     for name, band in bands.items():
         flat = band.base.detach().cpu()
-        ref = _fill_poison(torch.empty(flat.shape, dtype=flat.dtype), band.which)
+        ref = band.initial if band.initial is not None else _fill_poison(torch.empty(flat.shape, dtype=flat.dtype),
+                                                                         band.which)
         hit = bits(flat) != bits(ref)
         hit[band.start:band.end] = False
         n = int(hit.sum())
@@ -137,48 +184,9 @@ def _guard_checks(bands: Mapping[str, Band], run: str) -> list[Comparison]:
     return found
 
 
-_INTERPRETER_FILE = os.path.join("triton", "runtime", "interpreter.py")
-
-
-def _from_interpreter(e: BaseException) -> bool:
-    """Whether an exception came out of Triton's interpreter itself (any frame of it, or its own error type)."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if type(e).__name__ == "InterpreterError":
-            return True
-        if any(f.filename.endswith(_INTERPRETER_FILE) for f in traceback.extract_tb(e.__traceback__)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
 #: frames of the judge itself, skipped when naming where a kernel raised
 _JUDGE_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, "")
                     for d in ("engine", "core"))
-
-
-class KernelExitAttempt(Exception):
-    """The kernel tried to end the process (SystemExit, os._exit, a KeyboardInterrupt of its own); refused."""
-
-
-def _contained_call(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor],
-                    outputs: dict[str, torch.Tensor], device: str) -> Any:
-    with isolation.Containment() as contained:
-        try:
-            returned = adapter.run(copy.deepcopy(case), dict(inputs), outputs)  # its own copy of the Case
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            return returned
-        except KeyboardInterrupt:
-            if contained.interrupted:  # the user's Ctrl-C: stop the run
-                raise
-            raise KernelExitAttempt("the kernel raised KeyboardInterrupt itself").with_traceback(
-                sys.exc_info()[2]) from None
-        except (SystemExit, isolation.KernelExit) as e:
-            what = str(e) if isinstance(e, isolation.KernelExit) else f"the kernel raised SystemExit({e.code!r})"
-            raise KernelExitAttempt(f"{what}; refused, the process judges other kernels").with_traceback(
-                e.__traceback__) from None
 
 
 def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor],
@@ -191,7 +199,7 @@ def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor
         outputs[name], bands[name] = banded(spec, device, which)
     before = isolation.take()
     try:
-        returned = _contained_call(adapter, case, inputs, outputs, device)
+        returned = contained_call(adapter, case, inputs, outputs, device)
     finally:
         if changed is not None:
             changed += [c for c in isolation.changes(before) if c not in changed]
@@ -203,6 +211,62 @@ def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor
     return outputs, bands
 
 
+def _band_layout(spec: OutputSpec) -> tuple[tuple[int, ...], int, int]:
+    """An output's strides, its span in elements and the guard on each side (elements)."""
+    stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
+    span = 0 if 0 in spec.shape else 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride))
+    return stride, span, GUARD_BYTES // spec.dtype.itemsize
+
+
+def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str, Any],
+              specs: Mapping[str, OutputSpec], which: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Copy the inputs and poisoned output buffers into the host's arena and have it run the kernel there. The
+    reply (JSON), the output buffers and the input copies as they are in the arena after the run."""
+    if host.arena is None:
+        host.arena = Arena()
+    arena = host.arena
+    layouts = {name: _band_layout(spec) for name, spec in specs.items()}
+    need = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+    need += [(spec.dtype, (2 * layouts[n][2] + layouts[n][1],), (1,)) for n, spec in specs.items()]
+    arena.reserve(arena_bytes(need))
+    shared_in, msg_in = {}, {}
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            shared_in[k], slot = arena.put(v)
+            msg_in[k] = {"slot": dataclasses.asdict(slot)}
+        else:
+            msg_in[k] = {"value": v}
+    shared_bands, msg_out = {}, {}
+    for name, spec in specs.items():
+        stride, span, guard = layouts[name]
+        base, slot = arena.empty(spec.dtype, (2 * guard + span,), (1,))
+        _fill(base, which)
+        shared_bands[name] = (base, Band(base, guard, guard + span, which, base.clone(), tuple(spec.shape),
+                                         tuple(stride)))
+        msg_out[name] = {"band": dataclasses.asdict(slot), "start": guard, "shape": list(spec.shape),
+                         "stride": list(stride)}
+    reply = host.ask(("run", adapter.spec, case.to_dict(), (arena.path, arena.size), msg_in, msg_out))
+    return reply, shared_bands, shared_in
+
+
+def _reported_problems(meta: Mapping[str, Any], spec: OutputSpec, device: str) -> list[str]:
+    """What is wrong with an output the kernel returned, from its host's description of it."""
+    if meta.get("type") != "Tensor" or meta.get("layout") != str(torch.strided):
+        return [f"a {meta.get('type')} with layout {meta.get('layout')}, not a plain strided torch.Tensor"]
+    problems = []
+    got, want = torch.device(meta["device"]), torch.device(device)
+    if got.type != want.type or (want.index is not None and got.index != want.index):
+        problems.append(f"on device {got}, the case runs on {device}")
+    if tuple(meta["shape"]) != tuple(spec.shape):
+        problems.append(f"shape {list(meta['shape'])} != {list(spec.shape)}")
+    if meta["dtype"] != str(spec.dtype).removeprefix("torch."):
+        problems.append(f"dtype torch.{meta['dtype']} != {spec.dtype}")
+    if (spec.stride is not None and not problems and 0 not in spec.shape
+            and tuple(meta["stride"]) != tuple(spec.stride)):
+        problems.append(f"strides {tuple(meta['stride'])} != contractual {spec.stride}")
+    return problems
+
+
 def _on_device(t: torch.Tensor, device: str) -> bool:
     want = torch.device(device)
     if t.device.type != want.type:
@@ -212,9 +276,17 @@ def _on_device(t: torch.Tensor, device: str) -> bool:
     return True
 
 
-def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any], device: str) -> list[Comparison]:
+def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any], device: str,
+                      reported: Mapping[str, Mapping[str, Any]] | None = None) -> list[Comparison]:
+    """Each output is a plain strided tensor of its spec's shape, dtype and contractual strides on the case's
+    device; `reported`: outputs a kernel host said its kernel returned, judged from that description."""
     found = []
     for name, spec in specs.items():
+        if reported and name in reported:
+            problems = _reported_problems(reported[name], spec, device)
+            why = f"output {name!r}: " + "; ".join(problems) if problems else ""
+            found.append(_check(f"output:{name}", not problems, why))
+            continue
         t = outputs.get(name)
         if not isinstance(t, torch.Tensor):
             why = f"output {name!r} missing or not a tensor ({type(t).__name__})"
@@ -238,10 +310,11 @@ def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any
     return found
 
 
-def _unwritten(name: str, first: torch.Tensor, second: torch.Tensor | None, mask: torch.Tensor | None) -> Comparison:
-    sus = _is_poison(first, 0)
-    if second is not None:
-        sus &= _is_poison(second, 1)
+def _unwritten(name: str, first: torch.Tensor, first_band: Band, second: torch.Tensor | None,
+               second_band: Band | None, mask: torch.Tensor | None) -> Comparison:
+    sus = first_band.untouched(first)
+    if second is not None and second_band is not None:
+        sus &= second_band.untouched(second)
     if mask is not None:
         sus &= mask.cpu().expand_as(sus)
     n = int(sus.sum())
@@ -300,8 +373,15 @@ def _summary(checks: list[Comparison]) -> tuple[str, dict[str, Any]]:
     return "; ".join(c.reason for c in failed), metrics
 
 
+def _where(e: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_JUDGE_DIRS)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
 def _describe(e: BaseException) -> str:
     """The exception and its causes: a Triton CompilationError names the failing line, its cause says why."""
+    if isinstance(e, KernelRaised):
+        return str(e)
     parts, seen = [], set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen and len(parts) < 4:
@@ -309,10 +389,6 @@ def _describe(e: BaseException) -> str:
         parts.append(f"{type(cur).__name__}: {cur}".strip())
         cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
     return " <- caused by ".join(parts)
-
-
-#: exception types a kernel raises on purpose to reject what it does not support
-REJECTIONS: tuple[type[Exception], ...] = (Unsupported, NotImplementedError)
 
 
 def _words(text: str) -> str:
@@ -327,6 +403,10 @@ def rejects_cleanly(e: BaseException, features: Mapping[str, str]) -> bool:
     if isinstance(e, REJECTIONS) and str(e).strip():
         return True
     said, seen, cur = [], set(), e
+    if isinstance(e, KernelRaised):  # raised in a kernel host: what it reported of the exception
+        if e.info.get("rejection"):
+            return True
+        said, cur = [m.partition(": ")[2] for m in e.info.get("chain", [])], None
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         said.append(str(cur))
@@ -408,6 +488,9 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     isolation.restore(before)  # the next case, whoever's, starts from the same state
     _probe_cuda(device)
     metrics = {**result.metrics, "accepted_state": accepted} if accepted else result.metrics
+    host_notes = [*getattr(adapter, "notes", ()), *judging.notes]
+    if host_notes:  # what the kernel changed in its own host: named, never charged (it cannot reach the judge)
+        metrics = {**metrics, "kernel_host": host_notes}
     result = dataclasses.replace(result, metrics=metrics, duration_s=round(time.perf_counter() - t0, 4))
     return _charged(result, changed) if changed else result
 
@@ -462,6 +545,10 @@ class _Judging:
         self.case, self.adapter, self.device, self.unverifiable = case, adapter, device, unverifiable
         self.t0 = time.perf_counter()
         self.changed: list[str] = []
+        self.notes: list[str] = []  # what a kernel host said it saw: diagnostics, never a verdict
+        self.taken: list[tuple[str, dict[str, torch.Tensor], dict[str, Band]]] = []  # remote runs' outputs
+        self.bands: dict[str, dict[str, Band]] = {}  # each run's output buffers, by run
+        self.kernel_s = 0.0  # the longest kernel run of a host so far, as the host timed it (only sets a wait)
         try:
             self.declared, self.why_not = adapter.declares(case.features, device)
             self.broken_rule = ""
@@ -471,6 +558,8 @@ class _Judging:
     def result(self, verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
         if self.adapter.library is not None:  # the library version that produced the verdict (provenance)
             metrics = {**metrics, "library": self.adapter.library.label()}
+        if ":" in (spec := getattr(self.adapter, "spec", "")):  # how a replay finds it (`module:object[#name]`)
+            metrics = {**metrics, "adapter_object": spec}
         return Result(case=self.case, verdict=verdict, reason=reason, metrics=metrics,
                       checks=[c.to_dict() for c in checks or []], declared=self.declared,
                       duration_s=round(time.perf_counter() - self.t0, 4), generation=self.device.generation,
@@ -483,7 +572,7 @@ class _Judging:
             return self.result("unsupported", f"{adapter.name} does not run on {device.generation}")
         if (missing := adapter.not_installed()) is not None:
             return self.result("not-installed", missing)
-        if adapter.library is not None and (broken := registry.import_library(adapter.library)):
+        if adapter.library is not None and (broken := adapter.library_error()):
             return self.result("error", broken)
         if self.broken_rule:
             return self.result("error", f"support rule error: {self.broken_rule}")
@@ -514,34 +603,92 @@ class _Judging:
                run: str, case: Case | None = None) -> dict[str, torch.Tensor]:
         """One contained kernel run; its outputs, or `_KernelFailed` with the verdict (raised, out of bounds)."""
         snapshot = {k: v.detach().clone().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        reported: Mapping[str, Mapping[str, Any]] = {}
         try:
-            outputs, bands = _run_adapter(self.adapter, case or self.case, inputs, specs, self.device.device, which,
-                                          self.changed)
+            if isinstance(self.adapter, RemoteAdapter):
+                outputs, bands, after, reported = self.remote(case or self.case, inputs, specs, which, run)
+            else:
+                after = inputs
+                outputs, bands = _run_adapter(self.adapter, case or self.case, inputs, specs, self.device.device,
+                                              which, self.changed)
+        except HostDied as e:
+            raise _KernelFailed(self.result("error", f"{e} (in the kernel's {run})", host_died=str(e))) from None
         except Exception as e:
             raise _KernelFailed(self.raised(e, run)) from None
-        checks = _unchanged(inputs, snapshot) + _guard_checks(bands, run)
-        checks += _structure_checks(specs, outputs, self.device.device)
+        self.bands[run] = bands
+        checks = _unchanged(after, snapshot) + _guard_checks(bands, run)
+        checks += _structure_checks(specs, outputs, self.device.device, reported)
         if not all(c.passed for c in checks):
             reason, metrics = _summary(checks)
             raise _KernelFailed(self.result("fail", reason, checks, **metrics))
         return outputs
 
+    def remote(self, case: Case, inputs: Mapping[str, torch.Tensor], specs: Mapping[str, OutputSpec], which: int,
+               run: str) -> tuple[dict[str, torch.Tensor], dict[str, Band], dict[str, torch.Tensor], Mapping]:
+        """One run in the adapter's kernel host; what it wrote, copied into the judge's memory at once."""
+        assert isinstance(self.adapter, RemoteAdapter) and self.adapter.host is not None
+        host = self.adapter.host
+        self.late_writes()  # the arena is about to be reused: what the last run wrote after it returned, now
+        reply, shared_bands, shared_in = _send_run(self.adapter, host, case, inputs, specs, which)
+        if left := host.sweep_children():
+            self.notes.append(f"{left} process(es) the kernel started were still running after its {run}; killed")
+        outputs, bands = {}, {}
+        for name, (base, band) in shared_bands.items():
+            private = base.to(self.device.device, copy=True)
+            spec = specs[name]
+            stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
+            outputs[name] = private.as_strided(tuple(spec.shape), stride, band.start)
+            bands[name] = dataclasses.replace(band, base=private)
+        after = {k: t.clone() for k, t in shared_in.items()}
+        self.taken.append((run, {n: shared_bands[n][0] for n in shared_bands}, bands))
+        self.kernel_s = max(self.kernel_s, float(reply.get("kernel_s") or 0.0))
+        self.notes += [f"{c} (in its kernel host; restored there)" for c in reply.get("changed", [])
+                       if f"{c} (in its kernel host; restored there)" not in self.notes]
+        lost = reply.get("context_lost") or (reply.get("status") == "raised" and STICKY_CUDA.search(
+            " ".join((reply.get("exception") or {}).get("chain", []))))
+        if lost:  # every later CUDA call of that host would fail: the next case gets a fresh one
+            host.kill()
+            self.notes.append("its kernel host lost its CUDA context and was replaced")
+        if reply.get("status") == "raised":
+            raise KernelRaised(reply.get("exception") or {})
+        if reply.get("context_lost"):
+            raise HostDied(f"the kernel host lost its CUDA context: {reply['context_lost']}")
+        return outputs, bands, after, reply.get("returned") or {}
+
+    def late_writes(self, settle: bool = False) -> None:
+        """Fail the case when a kernel run's output buffers changed after the judge took its copy (a thread or a
+        stream still writing after the kernel returned: what a caller reads later is not what was judged). settle:
+        wait first (SETTLE_S, or a tenth of the kernel's time when that is longer), at the end of a case."""
+        if settle and self.taken:
+            time.sleep(max(SETTLE_S, 0.1 * self.kernel_s))
+        for run, shared, bands in self.taken:
+            for name, base in shared.items():
+                if not torch.equal(bits(base), bits(bands[name].base.detach().cpu())):
+                    check = _check(f"settled:{name}", False, f"{name}: the output changed after the kernel's {run} "
+                                   "had returned (written late, by a thread or an unsynchronised stream)")
+                    self.taken = []
+                    raise _KernelFailed(self.result("fail", check.reason, [check], failed_checks=[check.name]))
+        self.taken = []
+
     def raised(self, e: Exception, run: str) -> Result:
         msg = _describe(e)
-        if self.unverified_interpreter() and _from_interpreter(e):  # the interpreter's crash, not the kernel's
+        remote = e.info if isinstance(e, KernelRaised) else None
+        interp = remote["interpreter"] if remote is not None else from_interpreter(e)
+        if self.unverified_interpreter() and interp:  # the interpreter's crash, not the kernel's
             return self.result("not-verifiable", f"{unverified_reason()}; it raised {msg}")
         # only the first run can reject: a kernel that already ran the cell once has accepted it
         if not self.declared and run == "first run" and rejects_cleanly(e, self.case.features):
             return self.result("unsupported", f"rejected undeclared cell ({self.why_not}): {msg}", exception=msg)
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_JUDGE_DIRS)]
-        tb = frames[-1] if frames else None
-        kind = "rejected a declared cell" if isinstance(e, Unsupported) else "raised"
+        unsupported = remote["unsupported"] if remote is not None else isinstance(e, Unsupported)
+        kind = "rejected a declared cell" if unsupported else "raised"
         if not self.declared:
             kind = (f"rejected undeclared cell ({self.why_not}) naming none of its axes or values" if run == "first run"
                     else f"raised on undeclared cell ({self.why_not})")
-        where = f" (at {tb.filename}:{tb.lineno})" if tb else ""
+        at = remote.get("where", "") if remote is not None else _where(e)
+        where = f" (at {at})" if at else ""
+        type_name = e.type_name if isinstance(e, KernelRaised) else type(e).__name__
         return self.result("error", f"kernel {kind}{'' if run == 'first run' else ' on its ' + run}: {msg}{where}",
-                           exception=msg, exception_type=type(e).__name__)
+                           exception=msg, exception_type=type_name)
 
     def unverified_interpreter(self) -> bool:
         return bool(self.unverifiable) and TRITON_VERSION in self.unverifiable and self.device.generation == "interp"
@@ -568,11 +715,14 @@ class _Judging:
         try:
             first = self.kernel(inputs, specs, 0, "first run")
             second = None
-            if any(_is_poison(first[n], 0).any() for n in specs) or "deterministic" in adapter.properties:
+            untouched = any(self.bands["first run"][n].untouched(first[n]).any() for n in specs)
+            if untouched or "deterministic" in adapter.properties:
                 second = self.kernel(inputs, specs, 1, "second run")
             checks = self.compare(spec, specs, expected, first, second)
             if "batch_invariant" in adapter.properties and spec.token_subset is not None:
                 checks += self.batch_invariance(spec, inputs, first)
+            checks += self.fresh_inputs(spec, conventions, expected)
+            self.late_writes(settle=True)
         except _KernelFailed as failed:
             return failed.result
         except Exception as e:
@@ -587,8 +737,9 @@ class _Judging:
         checks = []
         for name in specs:
             chk = expected.get(name)
-            checks.append(_unwritten(name, first[name], None if second is None else second[name],
-                                     None if chk is None else chk.mask))
+            again = None if second is None else second[name]
+            checks.append(_unwritten(name, first[name], self.bands["first run"][name], again,
+                                     self.bands.get("second run", {}).get(name), None if chk is None else chk.mask))
         for name, chk in expected.items():
             if name not in first:
                 checks.append(_check(f"output:{name}", False, f"the oracle expects output {name!r}; kernel gave none"))
@@ -599,6 +750,28 @@ class _Judging:
         if second is not None and "deterministic" in self.adapter.properties:
             checks += _determinism_checks(specs, first, second, expected)
         return checks
+
+    def fresh_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any],
+                     expected: Mapping[str, Check]) -> list[Comparison]:
+        """Once per kernel host, after its first case that tests something: the same case on other input values of
+        the same shapes, judged too. A kernel that reuses results (or state derived from its inputs) across calls
+        by shape alone is otherwise never given two different inputs of one shape in one process."""
+        host = getattr(self.adapter, "host", None)
+        if host is None or host.fresh_checked or exercised(expected.values())["vacuous"]:
+            return []
+        host.fresh_checked = True
+        case = self.case.replace(seed=self.case.seed + 7919)
+        inputs = spec.make_inputs(case, self.device.device)
+        with isolation.pristine():
+            again = {c.name: c for c in spec.expected(case, inputs, conventions)}
+        out = self.kernel(inputs, spec.outputs(case, inputs), 0, "run on other inputs of the same shapes", case)
+        found = []
+        for name, chk in again.items():
+            if name in out:
+                c = _compare(chk, out[name], out)
+                found.append(dataclasses.replace(c, name=f"fresh_inputs:{c.name}", reason=(
+                    f"on other inputs of the same shapes (seed {case.seed}): {c.reason}" if c.reason else "")))
+        return found
 
     def batch_invariance(self, spec: ops.OpSpec, inputs: Mapping[str, torch.Tensor],
                          full: Mapping[str, torch.Tensor]) -> list[Comparison]:

@@ -86,14 +86,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     are recorded `not-installed` and their generic tests skip with that reason."""
     if not is_active(config):
         return []
-    from harness import registry
-
     missing: dict[str, list[str]] = {}
+    catalog = _catalog(config)
     for name in selected_adapters(config):
-        adapter = registry.resolve(name)
-        if adapter.library is not None and adapter.not_installed() is not None:
-            missing.setdefault(f"{adapter.library.distribution} {adapter.library.written_for}: "
-                               f"{adapter.library.install}", []).append(name)
+        lib = catalog.manifests.get(name, {}).get("library")
+        if lib is not None and lib.get("missing") is not None:
+            missing.setdefault(f"{lib['distribution']} {lib['written_for']}: {lib['install']}", []).append(name)
     from harness.engine.interpreter import version_notice
 
     notice = version_notice()  # None unless Triton's interpreter is in use and its release is not verified
@@ -116,22 +114,33 @@ def has_entry_points() -> bool:
     return any(True for _ in metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
+#: the adapters' listing, once per process: made in a kernel host, so that the judging process (this one) never
+#: imports an adapter module
+_CATALOGS: dict[tuple[str, ...], Any] = {}
+#: the groups a host expands: `@entry-points` for the adapters that installed packages publish
+ENTRY_POINTS = "@entry-points"
+
+
+def _catalog(config: pytest.Config) -> Any:
+    from harness.engine import remote
+
+    specs = tuple(adapter_specs(config)) or (ENTRY_POINTS,)
+    if specs not in _CATALOGS:
+        try:
+            _CATALOGS[specs] = remote.expand(list(specs))
+        except (ValueError, remote.HostError) as e:
+            raise pytest.UsageError(f"--moe-adapter: {e}") from None
+    return _CATALOGS[specs]
+
+
 def selected_adapters(config: pytest.Config) -> list[str]:
     """Names of the adapters whose generic tests run (a spec that does not resolve is a usage error)."""
-    from harness import registry
+    return list(dict.fromkeys(_catalog(config).names))
 
-    specs = adapter_specs(config)
-    if not specs:
-        return [a.name for a in registry.entry_point_adapters()]
-    names: list[str] = []
-    try:
-        # `all`, `external`: groups of registered adapters; a list or factory under module:object: each adapter
-        for spec in registry.expand(specs):
-            found = registry.resolve(spec).name
-            names += [found] if found not in names else []
-    except ValueError as e:
-        raise pytest.UsageError(f"--moe-adapter: {e}") from None
-    return names
+
+def adapter_spec(config: pytest.Config, name: str) -> str:
+    """The spec that loads adapter `name` in a kernel host (its `module:object[#name]`, or the name itself)."""
+    return _catalog(config).spec_of(name)
 
 
 @pytest.hookimpl(tryfirst=True)

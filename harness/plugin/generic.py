@@ -83,6 +83,17 @@ def _skip_or_count_unverified(request: pytest.FixtureRequest, name: str, results
                                 f"{unverified_reasons(results)}"))
 
 
+def _hosted(request: pytest.FixtureRequest, name: str, device) -> registry.Adapter:  # type: ignore[no-untyped-def]
+    """Adapter `name` in its kernel host on this worker's device: its module is never imported here, the judge."""
+    from harness.engine import remote
+    from harness.plugin import adapter_spec
+
+    try:
+        return remote.open_adapter(adapter_spec(request.config, name), device.device)
+    except remote.HostError as e:
+        pytest.fail(f"{name}: its kernel host could not load it: {e}", pytrace=False)
+
+
 def _explain(r: Result) -> str:
     return (f"{r.verdict}: {r.reason}\n  case: {r.case.to_json()}\n"
             f"  replay: save the case JSON to case.json and run `python -m harness replay case.json`")
@@ -90,7 +101,7 @@ def _explain(r: Result) -> str:
 
 def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_results, moe_unverifiable,  # type: ignore[no-untyped-def]
                              moe_profile, request) -> None:
-    adapter = registry.resolve(moe_adapter_name)
+    adapter = _hosted(request, moe_adapter_name, moe_device)
     moe_device = adapter.device_for(moe_device)  # a CPU-native kernel is judged on `cpu`, not `interp`
     cells = hs.declared_cells(adapter, moe_device)
     if cells and (missing := adapter.not_installed()) is not None:
@@ -289,7 +300,7 @@ def _fail_on_vacuous_cells(judged: list[Result], deliberate: set[str]) -> None:
 
 def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_results,  # type: ignore[no-untyped-def]
                                            moe_unverifiable, request) -> None:
-    adapter = registry.resolve(moe_adapter_name)
+    adapter = _hosted(request, moe_adapter_name, moe_device)
     moe_device = adapter.device_for(moe_device)
     spec = ops.get(adapter.op)
     cells = hs.undeclared_cells(adapter, moe_device)

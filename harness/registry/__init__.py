@@ -236,6 +236,10 @@ class Adapter:
         """Why this adapter cannot run here because its library is missing (None: it is installed, or has none)."""
         return self.library.missing() if self.library is not None else None
 
+    def library_error(self) -> str:
+        """Why the adapter's library cannot be imported ("" when it is usable or there is none)."""
+        return import_library(self.library) if self.library is not None else ""
+
     def conventions_of(self, case: Case, device: DeviceInfo) -> dict[str, Any]:
         """The conventions the oracle follows for `case` on `device` (`conventions`, then `conventions_for`)."""
         from harness.core import conventions as conv

@@ -59,6 +59,8 @@ def case_record(result: Result, *, adapter_object: str | None = None) -> dict[st
     """The case-file content for a judged result."""
     from harness import __version__
 
+    if adapter_object is None:  # the judge recorded it (an adapter loaded in a kernel host), else look it up here
+        adapter_object = result.metrics.get("adapter_object")
     if adapter_object is None and (a := _registered(result.adapter)) is not None:
         adapter_object = adapter_reference(a)
     dev = result.device or {}

@@ -28,6 +28,7 @@ sets it apart), numbered in reading order.
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
 import re
@@ -114,8 +115,10 @@ def _gen_order(g: str) -> tuple[int, str]:
 
 
 def _cell(v: Any) -> str:
-    """Text safe inside a markdown table cell."""
-    return " ".join(str(v).split()).replace("|", "\\|")
+    """Text safe inside a markdown table cell: one line, pipes escaped, no raw HTML (an adapter's name or a kernel's
+    message could hold some) but for the footnote markers this renderer adds (`<sup>`)."""
+    text = html.escape(" ".join(str(v).split()), quote=False).replace("|", "\\|")
+    return text.replace("&lt;sup&gt;", "<sup>").replace("&lt;/sup&gt;", "</sup>")
 
 
 _AT = re.compile(r"\s\(at [^()]*:\d+\)")  # source locations are in the case files

@@ -55,14 +55,58 @@ class ResultStore:
         self.path = self.directory / f"{stem}.jsonl"
         self._fh: IO[str] | None = None
         self.count = 0
+        self.tampered = 0  # times another process changed the file and it was restored (check_untouched)
+        self._lines: list[str] = []
+        self._seen: tuple[int, int, int] | None = None
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             self.directory.mkdir(parents=True, exist_ok=True)
             _drop_partial_last_line(self.path)  # a resumed run appends after a process killed mid-write
             self._fh = open(self.path, "a", encoding="utf-8")
-        self._fh.write(json.dumps(strict_json(record), sort_keys=True, allow_nan=False) + "\n")
+            self._lines = [self.path.read_text(encoding="utf-8")] if self.path.stat().st_size else []
+            self._seen = self._stamp()
+        self.check_untouched()
+        line = json.dumps(strict_json(record), sort_keys=True, allow_nan=False) + "\n"
+        self._fh.write(line)
         self._fh.flush()
+        self._lines.append(line)
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        """The file's identity, size and change time (which no process can set back): another writer changes it."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_ctime_ns
+
+    def check_untouched(self) -> bool:
+        """Whether the file still holds exactly what this store wrote; if another process changed, replaced or
+        removed it (a kernel host writing into the results), it is rewritten from this store's own record, a
+        `tampered` record is added, and `self.tampered` counts it. True when it was untouched."""
+        if self._fh is None or self._stamp() == self._seen:
+            return True
+        text = "".join(self._lines)
+        try:
+            same = self.path.read_text(encoding="utf-8") == text
+        except OSError:
+            same = False
+        if same:
+            self._seen = self._stamp()
+            return True
+        self.tampered += 1
+        self._fh.close()
+        note = json.dumps({"kind": "tampered", "schema": SCHEMA_VERSION, "run_id": self.run_id,
+                           "note": "the file was changed by another process; rewritten from the judge's record"},
+                          sort_keys=True) + "\n"
+        self._lines.append(note)
+        tmp = self.path.with_name(self.path.name + ".restore")
+        tmp.write_text("".join(self._lines), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._seen = self._stamp()
+        return False
 
     def append(self, result: Result) -> None:
         result.run_id = result.run_id or self.run_id
@@ -98,6 +142,7 @@ class ResultStore:
 
     def close(self) -> None:
         if self._fh is not None:
+            self.check_untouched()
             self._fh.close()
             self._fh = None
 
@@ -235,7 +280,9 @@ def _iter_file_records(paths: Iterable[str | os.PathLike], strict: bool,
                         raise ValueError(f"unknown generation {r.generation!r} (known: {', '.join(_generations())})")
                     yield path, r
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                truncated = lineno == last and not line.endswith("}")
+                # the last line, cut (no newline after it, wherever it was cut, even right after a `}`), or
+                # unfinished: a writer killed mid-line
+                truncated = lineno == last and (last == len(lines) - 1 or not line.endswith("}"))
                 if truncated or not strict:
                     continue
                 raise ResultsFileError(f"{path}:{lineno + 1}: not a valid result record ({e})") from None

@@ -8,8 +8,11 @@ to the results store as soon as it is judged.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
+import re
 import sys
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -21,6 +24,8 @@ from harness import registry
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
+from harness.engine import remote
+from harness.engine.host import Host
 from harness.store.results import ResultStore, load_results, new_run_id
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
 from harness.sweep.selection import (
@@ -51,7 +56,10 @@ class _Run:
     totals: dict[str, Counter] = field(default_factory=dict)
     left_of: Counter = field(default_factory=Counter)
 
-    def account(self, index: int, verdict: str, declared: bool) -> None:
+    def account(self, index: int, verdict: str, declared: bool, record: str | None = None) -> None:
+        """Count a verdict; `record`: its result as a worker judged it (JSON), written to the run's file here."""
+        if record is not None:
+            self.main.append(Result.from_dict(json.loads(record)))
         name = self.owner[index].name
         self.totals[name][counted_as(verdict, declared)] += 1
         assert self.progress is not None
@@ -71,23 +79,62 @@ class _Run:
         self.account(index, r.verdict, declared)
 
 
+def check_run_id(run_id: str) -> None:
+    """A run id names files in the results folder: letters, digits, `.`, `_` and `-` only, never a path."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", run_id or ""):
+        raise ValueError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' only (it names files in the "
+                         "results folder, never a path)")
+
+
+def _lock_run(results_dir: str, run_id: str) -> Any:
+    """Hold `<run_id>.lock` for as long as this process lives: a second sweep (a second `--resume`) of the same
+    run id is refused instead of judging its cases twice. ValueError when another process holds it."""
+    import fcntl
+
+    os.makedirs(results_dir, exist_ok=True)
+    fh = open(os.path.join(results_dir, f"{run_id}.lock"), "w")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise ValueError(f"run {run_id} is being swept by another process (its lock, {run_id}.lock, is held); "
+                         "wait for it to finish") from None
+    return fh
+
+
+def run_files(results_dir: str | os.PathLike, run_id: str) -> list[Path]:
+    """The results file of sweep `run_id` (one, written by the sweep's parent): [] before it exists. Other files
+    of the run's name in the folder are not the sweep's (something else wrote them) and are never read."""
+    path = Path(results_dir) / f"{run_id}-main.jsonl"
+    return [path] if path.exists() else []
+
+
 def _judged_before(results_dir: str, run_id: str) -> dict[str, Result]:
     """Cases run `run_id` already judged (for --resume), by case id."""
-    previous = sorted(Path(results_dir).glob(f"{run_id}-*.jsonl"))
+    previous = run_files(results_dir, run_id)
     if not previous:
         raise ValueError(f"resume: no results of run {run_id!r} in {results_dir}")
     # a case marked "not run" (its workers never started it) was never judged: a resume runs it
     return {r.case.case_id: r for r in load_results(previous, strict=False)
-            if not (r.metrics.get("marker") and r.reason.startswith("not run"))}
+            if not _never_judged(r)}
+
+
+def _never_judged(r: Result) -> bool:
+    """A verdict the parent wrote for a case that never ran: its workers did not start, or the adapter could not
+    be loaded (a resume judges it, whatever was broken may be fixed)."""
+    marker = r.metrics.get("marker")
+    return bool(marker) and (marker == "unloadable" or r.reason.startswith("not run"))
 
 
 def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard: Shard | None,
-                   out: IO[str] | None, on_plan: Callable[[str, Plan], None] | None) -> list[tuple[Any, str, Plan]]:
+                   out: IO[str] | None, on_plan: Callable[[str, Plan], None] | None,
+                   planner: Host) -> list[tuple[Any, str, Plan]]:
     """Each adapter's plan (its shard of it), recorded as metadata; an adapter that cannot be planned is recorded
-    with the reason and skipped."""
+    with the reason and skipped. The declarations are read from `planner`, a host that imports the adapters'
+    modules so that this process never does."""
     planned = []
     for spec_name in adapter_specs:
-        adapter = registry.resolve(spec_name)
+        adapter = remote.open_adapter(spec_name, "cpu", host=planner)
         try:
             p = plan(adapter, profile)
         except Exception as e:  # an op without a spec, or a boundary() that raises: say so, sweep the rest
@@ -149,8 +196,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter.
 
     `adapter_specs` are registered names or module:object specs (workers resolve them the same way).
-    Results go to `<results_dir>/<run_id>-w<pid>.jsonl` (workers) and `<run_id>-main.jsonl` (metadata and the
-    verdicts of cases whose worker hung or died).
+    Results go to `<results_dir>/<run_id>-main.jsonl`, written by this process alone (the workers send it their
+    verdicts): metadata, every verdict, and the verdicts of cases whose worker hung or died.
     resume: continue run `run_id` (its files in results_dir): cases it already judged are counted, not re-run,
     so a sweep cut short (a time limit, a lost machine) finishes in a later call.
     shard: judge only this shard of the cells (the metadata still describes the whole plan, so shards merge).
@@ -158,7 +205,21 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     were running get no verdict (the user stopped them, not their kernels) and `resume` judges them later.
     """
     run_id = run_id or f"matrix-{device.generation}-{new_run_id()}"
+    check_run_id(run_id)
     results_dir = os.path.abspath(results_dir)  # fixed now: a kernel that changes the cwd cannot move the results
+    lock = _lock_run(results_dir, run_id)
+    try:
+        return _sweep_locked(adapter_specs, device, results_dir, run_id, profile, jobs, case_timeout, command, out,
+                             on_plan, resume, shard)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock.name)
+        lock.close()
+
+
+def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str, run_id: str, profile: str,
+                  jobs: int | None, case_timeout: float, command: str, out: IO[str] | None,
+                  on_plan: Callable[[str, Plan], None] | None, resume: bool, shard: Shard | None) -> dict[str, Counter]:
     done = _judged_before(results_dir, run_id) if resume else {}
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
     commit, dirty = git_state()
@@ -166,7 +227,11 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
                                  "command": command, "commit": os.environ.get("MOE_HARNESS_COMMIT", commit),
                                  "dirty": dirty, "quick_all_cells": QUICK_ALL_CELLS,
                                  "cases_per_cell": CASES_PER_CELL[profile], "shard": str(shard or "")})
-    planned = _plan_adapters(adapter_specs, run, profile, shard, out, on_plan)
+    planner = Host("cpu")
+    try:
+        planned = _plan_adapters(adapter_specs, run, profile, shard, out, on_plan, planner)
+    finally:
+        planner.close()
     n_jobs = max(1, jobs or default_jobs(device))
     chunk_size = max(8, math.ceil(sum(len(p.cases) for _, _, p in planned) / (3 * n_jobs)))
     chunks, finished = _chunk_cases(planned, run, done, chunk_size)
@@ -198,7 +263,7 @@ class VerdictsLost(RuntimeError):
 
 def _check_recorded(results_dir: str, run_id: str, run: _Run) -> None:
     """Every case the parent counted has its verdict in the run's files: what is rendered is what was judged."""
-    recorded = {r.case.case_id for r in load_results(sorted(Path(results_dir).glob(f"{run_id}-*.jsonl")),
+    recorded = {r.case.case_id for r in load_results(run_files(results_dir, run_id),
                                                      strict=False)}
     lost = [c for c in run.cases.values() if c.case_id not in recorded]
     if lost:

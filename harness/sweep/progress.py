@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 
 def duration(seconds: float) -> str:
@@ -112,15 +112,3 @@ class WorkerWarnings:
         """One line for the end of the sweep ("" when no worker warned)."""
         n = self.count()
         return f"{n} warning(s) from the worker processes (Python, Triton): {self.path}" if n else ""
-
-
-def log_warnings_to(log: str) -> None:
-    """In a worker process: every warning it shows is appended to `log` as one line, not written to its stderr."""
-    import warnings
-
-    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        text = " ".join(f"{category.__name__}: {message} ({filename}:{lineno})".split())
-        with open(log, "a", encoding="utf-8") as fh:  # append: workers share the file, one short write each
-            fh.write(f"{text} [pid {os.getpid()}]\n")
-
-    warnings.showwarning = show

@@ -1,19 +1,21 @@
 """The sweep's worker processes and the parent that feeds and watches them (fault isolation).
 
-Cases run in worker processes (never forked from a process that may hold a CUDA context: a fork server, else spawn;
-a pool sized to the CPU count, or six per GPU, at most one per CPU), each writing its own results file, one flushed
-line per verdict. The parent hands out chunks of one adapter's cases, watches every worker, and when a case hangs
+Cases run in worker processes (never forked from a process that may hold a CUDA context: a fork server, else spawn; a
+pool sized to the CPU count, or six per GPU, at most one per CPU); each worker judges and sends every verdict to the
+parent, which writes them all. A worker never imports an adapter module: the kernel runs in the worker's kernel host
+(harness.engine.host). The parent hands out chunks of one adapter's cases, watches every worker, and when a case hangs
 past the per-case timeout (the worker is killed) or the worker dies (os._exit, a signal, a CUDA context lost to an
-illegal memory access), writes an `error` verdict for that case with the reason, starts a fresh worker and carries
-on with the rest. Ctrl-C or SIGTERM (to the parent, or to the workers with it) stops the sweep instead
+illegal memory access), writes an `error` verdict for that case with the reason, starts a fresh worker and carries on
+with the rest. Ctrl-C or SIGTERM (to the parent, or to the workers with it) stops the sweep instead
 (`SweepInterrupted`): the cases that were running get no verdict, since the user stopped them, not their kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing as mp
 import os
-import re
 import signal
 import threading
 import time
@@ -24,27 +26,21 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from harness import registry
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, detect
 from harness.core.exits import INTERRUPT_SIGNALS
-from harness.core.result import Result
-from harness.engine import runner
-from harness.store.results import ResultStore
-from harness.sweep.progress import Progress, log_warnings_to
+from harness.core.result import Result, strict_json
+from harness.engine import remote, runner
+from harness.engine.host import HostDied, log_warnings_to
+from harness.sweep.progress import Progress
 
 #: seconds a worker may take to start (import torch, triton, the kernels) before it counts as dead
 START_TIMEOUT_S = 180.0
 #: after this many worker deaths on one chunk before its first case starts, the chunk is marked, not retried
 MAX_SILENT_DEATHS = 2
-#: each worker judges one adapter's cases only: whatever a kernel leaves behind that the judge cannot undo (threads,
-#: allocator state, a module's globals) never reaches another adapter's verdicts (a fresh worker from the fork server
-#: costs about 0.4 s on CPU)
-FRESH_WORKER_PER_ADAPTER = True
-#: CUDA errors after which the context is unusable: the worker exits and a fresh one takes over
-_STICKY_CUDA = re.compile(r"illegal memory access|unspecified launch failure|misaligned address|"
-                          r"device-side assert|CUDA error: an illegal|cudaErrorIllegalAddress|CUDA-capable device",
-                          re.IGNORECASE)
+#: whether a worker is replaced before it judges another adapter: no longer needed, since kernels run in kernel hosts
+#: (one per adapter, closed when the worker moves on), never in the worker; what a kernel leaves behind stays there
+FRESH_WORKER_PER_ADAPTER = False
 
 
 def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[str] | None) -> Result:
@@ -78,10 +74,15 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def _worker(conn: Connection, device: str, results_dir: str, run_id: str, slot: int, threads: int,
-            lifeline: Connection | None = None, warnings_log: str | None = None) -> None:
-    """Worker loop: receive (adapter spec, [(index, case dict)]) chunks, judge each case, append, report."""
+            lifeline: Connection | None = None, warnings_log: str | None = None,
+            env: dict[str, str] | None = None) -> None:
+    """Worker loop: receive (adapter spec, [(index, case dict)]) chunks, judge each case, report each verdict."""
+    if env is not None:  # the sweep's environment now (the fork server's is as old as the server)
+        os.environ.clear()
+        os.environ.update(env)
     if warnings_log:
         log_warnings_to(warnings_log)  # not on stderr, where they would cut the parent's progress lines
+        os.environ["MOE_HARNESS_WARNINGS_LOG"] = warnings_log  # and its kernel hosts' too
     try:
         _serve(conn, device, results_dir, run_id, threads, lifeline)
     except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the parent stops the sweep, no verdict
@@ -104,14 +105,10 @@ def _serve(conn: Connection, device: str, results_dir: str, run_id: str, threads
         from harness.engine.interpreter import unverifiable_here
 
         unverifiable = unverifiable_here()
-    store = ResultStore(results_dir, run_id=run_id, worker=f"w{os.getpid()}")
-    try:
-        _judge_chunks(conn, dev, store, unverifiable)
-    finally:
-        store.close()
+    _judge_chunks(conn, dev, unverifiable)
 
 
-def _judge_chunks(conn: Connection, dev: DeviceInfo, store: ResultStore, unverifiable: set[str] | None) -> None:
+def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | None) -> None:
     resolved: dict[str, Any] = {}
     conn.send(("ready", os.getpid()))
     while True:
@@ -119,22 +116,27 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, store: ResultStore, unverif
         if msg is None:
             break
         spec, items = msg
-        try:
-            adapter = resolved.get(spec) or registry.resolve(spec)
+        for other in [k for k in resolved if k != spec]:  # one kernel host at a time
+            remote.close_adapter(other, dev.device)
+            del resolved[other]
+        try:  # the adapter's module is imported in its kernel host, never in this judging process
+            adapter = resolved.get(spec) or remote.open_adapter(spec, dev.device)
             resolved[spec] = adapter
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
         for index, case_dict in items:
+            if adapter.host is not None:  # a host replaced after a death starts before the case's clock does
+                with contextlib.suppress(HostDied):
+                    adapter.host.ready()
             conn.send(("start", index))
             r = judge_safely(Case.from_dict(case_dict), adapter, dev, unverifiable)
-            store.append(r)
-            conn.send(("done", index, r.verdict, r.declared))
-            lost = runner.context_lost() or (dev.is_cuda and r.verdict == "error" and _STICKY_CUDA.search(r.reason)
-                                             and r.reason)
+            # the parent writes every verdict: one writer, whose file a kernel host that writes into the results
+            # folder cannot change unnoticed (ResultStore.check_untouched)
+            conn.send(("done", index, r.verdict, r.declared, json.dumps(strict_json(r.to_dict()))))
+            lost = runner.context_lost()  # the judge's own context (a kernel's lost one is its host's, replaced)
             if lost:  # the CUDA context is gone: the parent starts a fresh worker for the rest of the chunk
                 conn.send(("recycle", str(lost)[:200]))
-                store.close()
                 os._exit(3)
         conn.send(("idle",))
 
@@ -256,7 +258,7 @@ class WorkerPool:
         parent, child = self.ctx.Pipe()
         slot.proc = self.ctx.Process(target=_worker, args=(child, slot.device, self.results_dir, self.run_id,
                                                            slot.index, self.cpu_threads, self.lifeline,
-                                                           self.warnings_log),
+                                                           self.warnings_log, dict(os.environ)),
                                      daemon=True)
         slot.proc.start()
         child.close()
@@ -354,7 +356,7 @@ class WorkerPool:
             slot.current, slot.since = msg[1], time.monotonic()
         elif kind == "done":
             index = msg[1]
-            self.account(index, msg[2], msg[3])
+            self.account(index, msg[2], msg[3], msg[4] if len(msg) > 4 else None)
             if slot.chunk is not None:
                 slot.chunk.items = [(i, c) for i, c in slot.chunk.items if i != index]
             slot.current = None

@@ -107,22 +107,21 @@ def _generic_tests_in_xdist(results: Path, *adapters: str) -> tuple[subprocess.C
 
 
 def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> None:
+    """The kernel crashes its kernel host, never the test process: each crash is an error verdict naming the
+    signal, a fresh host takes the next case, and the other adapters' tests pass."""
     p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:SEGV", "reference-activation")
     assert p.returncode == 1, out[-3000:]
-    assert "robust-segv" in out and "crashed" in out, out[-3000:]
-    assert "1 passed" in out, out[-3000:]
+    assert "robust-segv" in out and "1 passed" in out, out[-3000:]
     kept = [r for r in load_results([tmp_path]) if r.adapter == "reference-activation"]
     assert kept and all(r.verdict in ("pass", "not-verifiable") for r in kept)
-    # the case the worker died in has its verdict (error, naming the signal) and a replayable case file
     dead = [r for r in load_results([tmp_path]) if r.adapter == "robust-segv"]
-    assert len(dead) == 1 and dead[0].verdict == "error", out[-3000:]
-    assert "Segmentation fault" in dead[0].reason, dead[0].reason
-    assert (tmp_path / "cases" / f"{dead[0].case.case_id}.json").exists()
-    assert "recorded as error" in out, out[-3000:]
+    assert dead and all(r.verdict == "error" and "SIGSEGV" in r.reason for r in dead), [r.reason for r in dead]
+    assert all((tmp_path / "cases" / f"{r.case.case_id}.json").exists() for r in dead)
 
 
 def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -> None:
-    """Plain `pytest` (one process, supervised): the session fails with the signal and the case is recorded."""
+    """Plain `pytest` (one process): the crash ends the kernel host, not the session, which fails the test with
+    the signal in each verdict."""
     from harness.plugin import is_installed
 
     plugin = [] if is_installed() else ["-p", "harness.plugin"]
@@ -133,10 +132,10 @@ def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -
     env.pop("MOE_HARNESS_SUPERVISE", None)
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = p.stdout + p.stderr
-    assert p.returncode == 128 + signal.SIGSEGV, out[-3000:]
+    assert p.returncode == 1, out[-3000:]
     dead = load_results([tmp_path])
-    assert [r.verdict for r in dead] == ["error"], out[-3000:]
-    assert "SIGSEGV" in dead[0].reason and "Segmentation fault" in dead[0].reason, dead[0].reason
+    assert dead and {r.verdict for r in dead} == {"error"}, out[-3000:]
+    assert all("killed by SIGSEGV" in r.reason for r in dead), [r.reason for r in dead]
     assert (tmp_path / "cases" / f"{dead[0].case.case_id}.json").exists()
 
 
@@ -251,18 +250,20 @@ def test_bad_option_values_are_usage_errors(argv: list[str], capsys: pytest.Capt
 def _loses_context(case, inputs, outputs):  # type: ignore[no-untyped-def]
     _reference.run(case, inputs, outputs)
     runner.CONTEXT_LOST = "simulated: an illegal memory access was encountered"  # as a sticky CUDA error leaves it
+    raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
 
 
 #: resolvable as tests.harness.test_robustness:LOSES_CONTEXT
 LOSES_CONTEXT = _like("robust-loses-context", _loses_context)
 
 
-def test_a_lost_cuda_context_in_the_pytest_path_ends_that_worker_only(tmp_path: Path) -> None:
-    # an illegal memory access in one test once failed two correct adapters after it on an H100
+def test_a_lost_cuda_context_in_the_pytest_path_fails_that_adapter_only(tmp_path: Path) -> None:
+    # an illegal memory access in one test once failed two correct adapters after it on an H100; the context is
+    # now its kernel host's, replaced before the next case
     p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:LOSES_CONTEXT", "reference-activation",
                                      "reference-reduce")
     assert p.returncode == 1, out[-3000:]
-    assert "robust-loses-context" in out and "crashed" in out, out[-3000:]
+    assert "robust-loses-context" in out, out[-3000:]
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1 and "robust-loses-context" in failed[0], out[-3000:]  # the others passed after it
 

@@ -1,0 +1,135 @@
+"""The shared-memory arena through which the judge hands a kernel host its inputs and output buffers.
+
+A file in shared memory that both processes map: the judge allocates tensors in it (`Arena.put`, `Arena.empty`) and
+describes each with a `Slot` (offset, dtype, shape, strides); the host views the same bytes (`view`). Nothing but
+these descriptions crosses the pipe, and no tensor is pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor lies in the arena: byte offset, dtype, shape, strides (in elements)."""
+
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    nbytes: int
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dt
+
+
+def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    return 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def view(buf: Any, slot: Slot) -> torch.Tensor:
+    """The tensor `slot` describes, over the buffer `buf` (an mmap)."""
+    dt = _dtype(slot.dtype)
+    raw = torch.frombuffer(buf, dtype=torch.uint8, count=max(slot.nbytes, 1), offset=slot.offset)
+    flat = raw[:slot.nbytes].view(dt) if dt != torch.bool else raw[:slot.nbytes].view(torch.bool)
+    return flat.as_strided(slot.shape, slot.stride, 0)
+
+
+class Arena:
+    """A file in shared memory that the judge and one host map: the tensors of one kernel run. The judge allocates
+    (`put`, `empty`), resets it before each run, and grows it into a new file when a run needs more."""
+
+    def __init__(self, size: int = 1 << 20):
+        self.size, self.used = 0, 0
+        self.path = ""
+        self.buf: mmap.mmap | None = None
+        self._grow(size)
+
+    def _grow(self, size: int) -> None:
+        self.close()
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self.path = os.path.join(folder, f"moe-harness-arena-{os.getpid()}-{secrets.token_hex(6)}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self.buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.size = size
+
+    def reserve(self, nbytes: int) -> None:
+        """Make room for `nbytes` from the start (a new, larger file when needed); forgets what was allocated."""
+        self.used = 0
+        if nbytes > self.size:
+            self._grow(max(nbytes, 2 * self.size))
+
+    def empty(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[torch.Tensor, Slot]:
+        nbytes = _span(shape, stride) * dtype.itemsize
+        offset = -(-self.used // _ALIGN) * _ALIGN
+        if offset + nbytes > self.size:
+            raise MemoryError(f"arena of {self.size} bytes is full (reserve more before the run)")
+        self.used = offset + nbytes
+        slot = Slot(offset, str(dtype).removeprefix("torch."), tuple(shape), tuple(stride), nbytes)
+        return view(self.buf, slot), slot
+
+    def put(self, t: torch.Tensor) -> tuple[torch.Tensor, Slot]:
+        """A copy of `t` in the arena, with its strides when they are dense, else contiguous."""
+        stride = tuple(t.stride()) if _dense(t) else _contiguous(tuple(t.shape))
+        shared, slot = self.empty(t.dtype, tuple(t.shape), stride)
+        shared.copy_(t.detach())
+        return shared, slot
+
+    def close(self) -> None:
+        if self.buf is not None:
+            with contextlib.suppress(BufferError):  # a tensor still viewing it: the mapping goes with the process
+                self.buf.close()
+            self.buf = None
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            self.path = ""
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill its span exactly once (a permutation of a contiguous layout)."""
+    if t.numel() == 0:
+        return True
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
+    step = 1
+    for s, n in dims:
+        if s != step:
+            return False
+        step *= n
+    return True
+
+
+def arena_bytes(tensors: list[torch.Tensor | tuple[torch.dtype, tuple[int, ...], tuple[int, ...]]]) -> int:
+    """Bytes an arena needs for these tensors (or (dtype, shape, stride) triples), alignment included."""
+    total = 0
+    for t in tensors:
+        dtype, shape, stride = (t.dtype, tuple(t.shape), tuple(t.stride())) if isinstance(t, torch.Tensor) else t
+        total += -(-_span(shape, stride) * dtype.itemsize // _ALIGN) * _ALIGN + _ALIGN
+    return total

@@ -1,0 +1,334 @@
+"""The kernel host: the process that imports an adapter's module and runs its kernel, apart from the judge.
+
+The judge (the sweep's worker, the pytest process, replay's child) never imports an adapter module. It asks a host
+for the adapter's declarations (`describe`, `rule`, `conventions`, ...), builds the case's inputs itself, computes
+the expected values with the oracle in its own memory, and hands the kernel only copies of the inputs and poisoned
+output buffers in a shared-memory arena (`Arena`). After the run it copies what the arena holds into its own memory
+and judges that: the host never holds an expected value, a comparison or the verdict store.
+
+Messages from the judge to the host are pickled (the host trusts the judge); replies from the host are JSON, read
+with `json.loads` (a pickle would run code in the judge). On a GPU the host copies the arena's tensors to the device,
+runs the kernel there and copies the outputs (and the inputs, so that a kernel that writes into them is seen) back.
+
+The host runs in a session of its own: whatever it starts is ended with it (`kill_session`); it dies with its
+judge (PR_SET_PDEATHSIG). Its own process-state checks (`harness.core.isolation`) are diagnostics: the reply names
+what a kernel changed, and the host restores it before the next case, but no verdict depends on what a host says
+about itself beyond its output tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from harness.engine.arena import Arena
+
+#: largest reply a judge reads from a host (a reply is JSON: descriptions, never tensors)
+MAX_REPLY = 16 * 1024 * 1024
+#: seconds a host may take to start (import torch, the adapter's module, its library) before it counts as dead
+START_TIMEOUT_S = 300.0
+#: resident memory (MiB) past which the judge kills a host mid-run (None: no limit); MOE_HARNESS_HOST_MEMORY_MB
+HOST_MEMORY_MB_ENV = "MOE_HARNESS_HOST_MEMORY_MB"
+_ALIGN = 64
+#: CUDA errors after which a process's context is unusable: its host is replaced before the next case
+STICKY_CUDA = re.compile(r"illegal memory access|unspecified launch failure|misaligned address|"
+                         r"device-side assert|CUDA error: an illegal|cudaErrorIllegalAddress|CUDA-capable device",
+                         re.IGNORECASE)
+
+
+class HostDied(Exception):
+    """The host process ended (a crash, an exit from C code, killed for its memory) or stopped answering."""
+
+
+class KernelRaised(Exception):
+    """The kernel raised in its host; what the host reported of the exception (type, message chain, frame)."""
+
+    def __init__(self, info: Mapping[str, Any]):
+        self.info = dict(info)
+        super().__init__(" <- caused by ".join(self.info.get("chain") or [self.info.get("type", "exception")]))
+
+    @property
+    def type_name(self) -> str:
+        return str(self.info.get("type", "Exception"))
+
+
+# --- the host process ---------------------------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def log_warnings_to(log: str) -> None:
+    """In a worker or a kernel host: every warning it shows is appended to `log` as one line, not to its stderr."""
+    import warnings
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        text = " ".join(f"{category.__name__}: {message} ({filename}:{lineno})".split())
+        with open(log, "a", encoding="utf-8") as fh:  # append: processes share the file, one short write each
+            fh.write(f"{text} [pid {os.getpid()}]\n")
+
+    warnings.showwarning = show
+
+
+def _watch_judge(judge: int) -> None:
+    """End this host as soon as its judge is gone, even mid-kernel (its parent is a fork server, so the parent-death
+    signal alone does not tell)."""
+    import threading
+
+    real_exit = os._exit  # a kernel's run refuses os._exit (isolation.Containment); this thread is not a kernel
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.25)
+            try:
+                os.kill(judge, 0)
+            except ProcessLookupError:
+                real_exit(70)
+            except OSError:
+                pass
+
+    threading.Thread(target=watch, name="moe-harness-judge-watch", daemon=True).start()
+
+
+def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: list[str], cwd: str,
+               judge: int) -> None:
+    """The host's loop: answer the judge's requests until it says stop or goes away."""
+    with contextlib.suppress(OSError):
+        os.setsid()  # a session of its own: what it starts is found and ended with it
+    _die_with_parent()
+    _watch_judge(judge)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the judge decides when a host ends
+        signal.signal(sig, signal.SIG_DFL)
+    # the judge's environment, import path and folder as they are now (a fork server started earlier has older ones)
+    os.environ.clear()
+    os.environ.update(env)
+    # no compile pool: a process a kernel leaves running is killed after its run
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    sys.path[:] = path
+    with contextlib.suppress(OSError):
+        os.chdir(cwd)
+    if env.get("MOE_HARNESS_WARNINGS_LOG"):  # a sweep's: the warnings of its kernels go to its log
+        log_warnings_to(env["MOE_HARNESS_WARNINGS_LOG"])
+    torch.set_num_threads(max(1, threads))
+    from harness.engine import hosted
+
+    served = hosted.Served(device)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        try:
+            reply = served.answer(msg)
+        except BaseException as e:  # never end the loop on a request: say why it failed
+            reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc(limit=6)}
+        try:
+            conn.send_bytes(json.dumps(reply, default=str).encode())
+        except OSError:  # the judge is gone (killed for a hang, or finished): nothing left to answer
+            return
+
+
+def _context() -> Any:
+    """A fork server where there is one: a host forks from a clean, single-threaded process that has imported torch
+    and never touched CUDA (forking the judge itself can deadlock on a lock a thread of its held); else spawn."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "harness.engine.hosted"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def session_members(sid: int) -> list[int]:
+    """Processes of session `sid` (Linux /proc), but for its leader."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == sid:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 3 and int(fields[3]) == sid:  # fields after the name: state ppid pgrp session
+            found.append(int(entry))
+    return found
+
+
+def kill_session(sid: int) -> int:
+    """SIGKILL every process of session `sid` but its leader; how many there were."""
+    members = session_members(sid)
+    for pid in members:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(members)
+
+
+def memory_limit_mb() -> float | None:
+    raw = os.environ.get(HOST_MEMORY_MB_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{HOST_MEMORY_MB_ENV}={raw!r}: expected a number of MiB") from None
+    return value if value > 0 else None
+
+
+class Host:
+    """The judge's handle on one host process: start it, ask it, kill it. `ask` returns the decoded JSON reply;
+    a host that dies, or runs past `deadline` or its memory limit, raises `HostDied` (and is killed)."""
+
+    def __init__(self, device: str, *, threads: int | None = None):
+        self.device = device
+        self.threads = threads if threads is not None else max(1, torch.get_num_threads())
+        self.proc: Any = None
+        self.conn: Any = None
+        self.arena: Arena | None = None
+        self.left_behind = 0  # processes the host's kernels started and left running, killed with it
+        self.fresh_checked = False  # whether a case has been judged on a second set of inputs of the same shapes
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def start(self) -> None:
+        ctx = _context()
+        mine, theirs = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_host_main, name="moe-harness-kernel-host",
+                                args=(theirs, self.device, self.threads, dict(os.environ), list(sys.path), os.getcwd(),
+                                      os.getpid()))
+        config = mp.current_process()._config  # type: ignore[attr-defined]
+        daemon = config.get("daemon")
+        config["daemon"] = False  # a sweep worker is daemonic; its host dies with it anyway (PR_SET_PDEATHSIG)
+        try:
+            self.proc.start()
+        finally:
+            if daemon is not None:
+                config["daemon"] = daemon
+        theirs.close()
+        self.conn = mine
+
+    def ask(self, msg: Any, *, deadline: float | None = None) -> dict[str, Any]:
+        if not self.alive():
+            self.start()
+        try:
+            self.conn.send(msg)
+        except (OSError, BrokenPipeError) as e:
+            self.kill()
+            raise HostDied(f"the kernel host is gone ({e})") from None
+        try:
+            return self._reply(deadline)
+        except BaseException:  # a timeout or Ctrl-C in the judge while the host works: it must not go on alone
+            if self.alive():
+                self.kill()
+            raise
+
+    def _reply(self, deadline: float | None) -> dict[str, Any]:
+        limit = memory_limit_mb()
+        started = time.monotonic()
+        while not self.conn.poll(0.02):
+            if not self.proc.is_alive():
+                code = self.proc.exitcode
+                self.kill()
+                raise HostDied(_ended(code))
+            if limit is not None and (rss := _rss_mb(self.proc.pid)) > limit:
+                self.kill()
+                raise HostDied(f"the kernel host used {rss:.0f} MiB, past the limit of {limit:g} MiB "
+                               f"({HOST_MEMORY_MB_ENV}); killed")
+            if deadline is not None and time.monotonic() - started > deadline:
+                self.kill()
+                raise HostDied(f"no answer within {deadline:g}s; the kernel host was killed")
+        try:
+            raw = self.conn.recv_bytes(MAX_REPLY)
+        except (EOFError, OSError) as e:  # it died as it answered: how, once it is reaped
+            self.proc.join(5)
+            code = self.proc.exitcode
+            self.kill()
+            raise HostDied(_ended(code) if code is not None else f"the kernel host is gone ({e!r})") from None
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            self.kill()
+            raise HostDied("the kernel host answered something that is not JSON; killed") from None
+        if not isinstance(reply, dict):
+            self.kill()
+            raise HostDied("the kernel host answered something that is not a JSON object; killed")
+        return reply
+
+    def ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Start the host if it is not running and wait until it answers (HostDied when it cannot start): a case's
+        time then never includes a host's start."""
+        if not self.alive():
+            self.ask(("ping",), deadline=timeout)
+
+    def sweep_children(self) -> int:
+        """Kill what the host started and left running; how many there were."""
+        if self.proc is None or self.proc.pid is None:
+            return 0
+        n = kill_session(self.proc.pid)
+        self.left_behind += n
+        return n
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            pid = self.proc.pid
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+                self.proc.join(5)
+            if pid is not None:
+                kill_session(pid)
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.proc = self.conn = None
+
+    def close(self) -> None:
+        if self.alive():
+            with contextlib.suppress(Exception):
+                self.conn.send(None)
+                self.proc.join(2)
+        self.kill()
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
+
+def _ended(code: int | None) -> str:
+    from harness.core.exits import exit_cause
+
+    return f"the kernel host died ({exit_cause(code)})" if code is not None else "the kernel host died"
+
+
+@contextlib.contextmanager
+def closing(host: Host) -> Iterator[Host]:
+    try:
+        yield host
+    finally:
+        host.close()

@@ -1,0 +1,281 @@
+"""What runs inside a kernel host (`harness.engine.host`): the adapter's module, its declarations, its kernel.
+
+`Served.answer(request)` answers one request of the judge with a JSON-able dict. The kernel runs contained as in
+the judge's own process before (an exit it attempts is refused, what it changes in the process state is named and
+undone), over tensors that lie in the arena the judge shares with this host.
+"""
+
+from __future__ import annotations
+
+import copy
+import mmap
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from harness import registry
+from harness.core import isolation
+from harness.core.case import Case
+from harness.core.device import DeviceInfo
+from harness.engine.arena import Slot, view
+from harness.registry import Adapter, SupportRuleError, Unsupported
+
+#: exception types a kernel raises on purpose to reject what it does not support
+REJECTIONS: tuple[type[Exception], ...] = (Unsupported, NotImplementedError)
+
+_INTERPRETER_FILE = os.path.join("triton", "runtime", "interpreter.py")
+#: frames of the harness itself, skipped when naming where a kernel raised
+_HARNESS_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, "")
+                      for d in ("engine", "core"))
+
+
+class KernelExitAttempt(Exception):
+    """The kernel tried to end the process (SystemExit, os._exit, a KeyboardInterrupt of its own); refused."""
+
+
+def from_interpreter(e: BaseException) -> bool:
+    """Whether an exception came out of Triton's interpreter itself (any frame of it, or its own error type)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if type(cur).__name__ == "InterpreterError":
+            return True
+        if any(f.filename.endswith(_INTERPRETER_FILE) for f in traceback.extract_tb(cur.__traceback__)):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def chain(e: BaseException, limit: int = 4) -> list[str]:
+    """`Type: message` of the exception and its causes (a Triton CompilationError names the line, its cause why)."""
+    parts, seen = [], set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen and len(parts) < limit:
+        seen.add(id(cur))
+        parts.append(f"{type(cur).__name__}: {cur}".strip())
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    return parts
+
+
+def where(e: BaseException) -> str:
+    """`file:line` of the innermost frame of `e` outside the harness ("" when there is none)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_HARNESS_DIRS)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def contained_call(adapter: Adapter, case: Case, inputs: Mapping[str, Any], outputs: dict[str, torch.Tensor],
+                   device: str) -> Any:
+    """`adapter.run` with its own copy of the case; an exit it attempts is refused (`KernelExitAttempt`)."""
+    with isolation.Containment() as contained:
+        try:
+            returned = adapter.run(copy.deepcopy(case), dict(inputs), outputs)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            return returned
+        except KeyboardInterrupt:
+            if contained.interrupted:  # the user's Ctrl-C: stop the run
+                raise
+            raise KernelExitAttempt("the kernel raised KeyboardInterrupt itself").with_traceback(
+                sys.exc_info()[2]) from None
+        except (SystemExit, isolation.KernelExit) as e:
+            what = str(e) if isinstance(e, isolation.KernelExit) else f"the kernel raised SystemExit({e.code!r})"
+            raise KernelExitAttempt(f"{what}; refused, the process judges other kernels").with_traceback(
+                e.__traceback__) from None
+
+
+def exception_info(e: BaseException) -> dict[str, Any]:
+    return {"type": type(e).__name__, "chain": chain(e),
+            "rejection": isinstance(e, REJECTIONS) and bool(str(e).strip()),
+            "unsupported": isinstance(e, Unsupported), "interpreter": from_interpreter(e), "where": where(e),
+            "base": not isinstance(e, Exception)}
+
+
+def device_from(d: Mapping[str, Any] | None) -> DeviceInfo | None:
+    if d is None:
+        return None
+    cap = d.get("capability")
+    return DeviceInfo(**{**d, "capability": tuple(cap) if cap else None})
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in (sorted(value) if isinstance(value, (set, frozenset)) else value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def manifest(adapter: Adapter) -> dict[str, Any]:
+    """What the judge needs of an adapter, as JSON: its declarations; its rules stay here (`rule`, ...)."""
+    lib = adapter.library
+    return {
+        "name": adapter.name, "op": adapter.op, "source": adapter.source, "description": adapter.description,
+        "support": _jsonable(adapter.support), "generations": list(adapter.generations),
+        "conventions": _jsonable(adapter.conventions), "properties": sorted(adapter.properties),
+        "limits": _jsonable(adapter.limits), "test_aid": adapter.test_aid,
+        "rule": None if adapter.requires is None else ("shapes" if registry._takes_shapes(adapter.requires)
+                                                       else "cell"),
+        "interp_features": adapter.interp_features is not None,
+        "conventions_for": adapter.conventions_for is not None,
+        "library": None if lib is None else {"distribution": lib.distribution, "module": lib.module,
+                                             "written_for": lib.written_for, "install": lib.install,
+                                             "label": lib.label(), "missing": lib.missing()},
+        "from_spec": registry.FROM_SPEC.get(adapter.name),
+        "import_changes": registry.IMPORT_CHANGES.get(adapter.name, []),
+        "import_accepted": registry.IMPORT_ACCEPTED.get(adapter.name, []),
+    }
+
+
+class Served:
+    """The host's state: its device, the adapters it resolved, the arena it mapped."""
+
+    def __init__(self, device: str):
+        self.device = device
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        elif os.environ.get("TRITON_INTERPRET") == "1":
+            from harness.engine.interpreter import unverifiable_here
+
+            unverifiable_here()  # the interpreter's fidelity fixes, installed before any kernel module is imported
+        self.adapters: dict[str, Adapter] = {}
+        self.path, self.buf = "", None
+
+    def adapter(self, spec: str) -> Adapter:
+        if spec not in self.adapters:
+            self.adapters[spec] = registry.resolve(spec)
+        return self.adapters[spec]
+
+    def answer(self, msg: tuple) -> dict[str, Any]:
+        kind, args = msg[0], msg[1:]
+        handler = getattr(self, f"do_{kind}", None)
+        if handler is None:
+            return {"error": f"unknown request {kind!r}"}
+        return handler(*args)
+
+    def do_expand(self, specs: list[str], probe: bool) -> dict[str, Any]:
+        if probe:
+            registry.probe_imports(specs)
+        try:
+            if specs == ["@entry-points"]:  # the adapters installed packages publish (the plugin's default)
+                found = [a.name for a in registry.entry_point_adapters()]
+            else:
+                found = registry.expand(specs) if specs else [a.name for a in registry.all_adapters()]
+            adapters = [self.adapter(s) for s in found]
+        except ValueError as e:
+            return {"usage_error": str(e)}
+        return {"specs": found, "names": [a.name for a in adapters], "load_failures": dict(registry.LOAD_FAILURES),
+                "manifests": {a.name: manifest(a) for a in adapters}}
+
+    def do_ping(self) -> dict[str, Any]:
+        return {"ok": True}
+
+    def do_describe(self, spec: str) -> dict[str, Any]:
+        try:
+            return {"ok": manifest(self.adapter(spec))}
+        except ValueError as e:
+            return {"usage_error": str(e)}
+
+    def do_rule(self, spec: str, device: Mapping[str, Any] | None, features: Mapping[str, str],
+                shapes: Mapping[str, int] | None) -> dict[str, Any]:
+        try:
+            return {"ok": self.adapter(spec)._rule(device_from(device), features, shapes)}
+        except SupportRuleError as e:
+            return {"rule_error": str(e)}
+
+    def do_conventions(self, spec: str, case: Mapping[str, Any], device: Mapping[str, Any]) -> dict[str, Any]:
+        adapter = self.adapter(spec)
+        try:
+            return {"ok": _jsonable(adapter.conventions_of(Case.from_dict(case), device_from(device)))}
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    def do_interp(self, spec: str, features: Mapping[str, str]) -> dict[str, Any]:
+        fn = self.adapter(spec).interp_features
+        return {"ok": sorted(fn(features)) if fn is not None else []}
+
+    def do_library(self, spec: str) -> dict[str, Any]:
+        lib = self.adapter(spec).library
+        return {"ok": registry.import_library(lib) if lib is not None else ""}
+
+    def _map(self, path: str, size: int) -> Any:
+        if path != self.path:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                self.buf = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            self.path = path
+        return self.buf
+
+    def do_run(self, spec: str, case: Mapping[str, Any], arena: tuple[str, int], inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any]) -> dict[str, Any]:
+        adapter = self.adapter(spec)
+        buf = self._map(*arena)
+        shared_in = {k: view(buf, Slot(**v["slot"])) if "slot" in v else v["value"] for k, v in inputs.items()}
+        shared_bands = {k: view(buf, Slot(**v["band"])) for k, v in outputs.items()}
+        on_device = self.device.startswith("cuda")
+        ins = {k: _to(t, self.device) if on_device and isinstance(t, torch.Tensor) else t for k, t in shared_in.items()}
+        bands = {k: b.to(self.device) if on_device else b for k, b in shared_bands.items()}
+        outs = {k: bands[k].as_strided(tuple(v["shape"]), tuple(v["stride"]), v["start"]) for k, v in outputs.items()}
+        reply: dict[str, Any] = {"status": "ok"}
+        before = isolation.take()
+        t0 = time.perf_counter()
+        try:
+            returned = contained_call(adapter, Case.from_dict(case), ins, outs, self.device)
+            reply["returned"] = _take_returned(returned, outs)
+        except BaseException as e:  # a BaseException of its own: reported, this host goes on
+            reply = {"status": "raised", "exception": exception_info(e)}
+        finally:
+            reply["kernel_s"] = round(time.perf_counter() - t0, 6)
+            reply["changed"] = isolation.changes(before)
+            reply["accepted"] = isolation.accepted(before)
+            isolation.restore(before, rng=False)
+        if on_device:
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # a sticky error (illegal address, device assert): this host is done for
+                reply["context_lost"] = f"{type(e).__name__}: {e}"[:300]
+                return reply
+            for k, b in bands.items():
+                shared_bands[k].copy_(b.cpu())
+            for k, t in ins.items():
+                if isinstance(t, torch.Tensor):
+                    shared_in[k].copy_(t.cpu())
+        return reply
+
+def _to(t: torch.Tensor, device: str) -> torch.Tensor:
+    """`t` on `device` with the same strides (a kernel may rely on its inputs' layout)."""
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+    return out.copy_(t)
+
+
+def _take_returned(returned: Any, outs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Outputs the kernel returned instead of writing them: copied into their buffers where they fit, each
+    described (type, layout, device, shape, dtype, strides) for the judge's structure checks."""
+    if returned is None:
+        return {}
+    if not isinstance(returned, Mapping):
+        raise TypeError(f"the adapter returned {type(returned).__name__}, expected a dict or None")
+    found = {}
+    for name, t in returned.items():
+        if not isinstance(t, torch.Tensor):
+            found[str(name)] = {"type": type(t).__name__}
+            continue
+        meta = {"type": "Tensor" if type(t) is torch.Tensor else type(t).__name__, "layout": str(t.layout),
+                "device": str(t.device), "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                "stride": list(t.stride()) if t.layout == torch.strided else None}
+        target = outs.get(name)
+        if (target is not None and type(t) is torch.Tensor and t.layout == torch.strided
+                and tuple(t.shape) == tuple(target.shape) and t.dtype == target.dtype):
+            target.copy_(t)
+            meta["copied"] = True
+        found[str(name)] = meta
+    return found

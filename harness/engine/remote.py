@@ -1,0 +1,213 @@
+"""Adapters as the judge sees them: declarations read from a kernel host, kernel runs sent to it.
+
+`open_adapter(spec, device)` starts (or reuses) the host for `spec` on `device` and returns a `RemoteAdapter`: an
+`Adapter` whose fields come from the host's description and whose rules (`requires`, `conventions_for`,
+`interp_features`) and library import are asked of the host, the answers cached. Its kernel never runs in this
+process: the runner sends each run to `adapter.host` (`harness.engine.runner`). `expand(specs)` lists adapters
+(the groups `all` and `external`, lists and factories under `module:object`) through a host too, so the judge never
+imports an adapter module, not even to learn their names.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.core.case import Case
+from harness.core.device import DeviceInfo
+from harness.engine.host import Host, HostDied
+from harness.registry import Adapter, Library, SupportRuleError
+
+
+class HostError(RuntimeError):
+    """A host could not describe or list adapters (its module failed, it died while importing)."""
+
+
+@dataclass(frozen=True)
+class RemoteLibrary(Library):
+    """A library as its host found it: installed or not, and its provenance label."""
+
+    reported_label: str = ""
+    reported_missing: str | None = None
+
+    def label(self) -> str:
+        return self.reported_label
+
+    def missing(self) -> str | None:
+        return self.reported_missing
+
+
+def _ask(host: Host, msg: tuple, what: str) -> dict[str, Any]:
+    try:
+        reply = host.ask(msg)
+    except HostDied as e:
+        raise HostError(f"{what}: {e}") from None
+    if "error" in reply:
+        raise HostError(f"{what}: {reply['error']}")
+    return reply
+
+
+def _no_local_run(case: Case, inputs: Any, outputs: Any) -> None:
+    raise RuntimeError("a remote adapter's kernel runs in its host (harness.engine.runner sends it there)")
+
+
+def _requires_marker(device: Any, features: Any, shapes: Any = None) -> None:  # answered by `_rule` below
+    return None
+
+
+@dataclass(frozen=True)
+class RemoteAdapter(Adapter):
+    """An adapter whose module lives in a kernel host (`host`); `spec` names it there."""
+
+    spec: str = ""
+    host: Host | None = field(default=None, compare=False, repr=False)
+    rule_kind: str | None = None  # None: no rule; "cell": the rule ignores shapes; "shapes": it takes them
+    notes: tuple[str, ...] = ()  # what the host said its module changed on import (diagnostics)
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def _asked(self, key: tuple, msg: tuple) -> dict[str, Any]:
+        k = json.dumps(key, sort_keys=True, default=str)
+        if k not in self._cache:
+            assert self.host is not None
+            self._cache[k] = _ask(self.host, msg, f"adapter {self.name}")
+        return self._cache[k]
+
+    def _rule(self, device: DeviceInfo | None, features: Mapping[str, str],
+              shapes: Mapping[str, int] | None) -> str | None:
+        if self.rule_kind is None:
+            return None
+        if self.rule_kind == "cell":
+            shapes = None
+        dev = None if device is None else device.to_dict()
+        reply = self._asked(("rule", dev, dict(features), None if shapes is None else dict(shapes)),
+                            ("rule", self.spec, dev, dict(features), None if shapes is None else dict(shapes)))
+        if "rule_error" in reply:
+            raise SupportRuleError(reply["rule_error"])
+        return reply.get("ok")
+
+    def case_unsupported(self, device: DeviceInfo, features: Mapping[str, str],
+                         shapes: Mapping[str, int]) -> str | None:
+        return self._rule(device, features, shapes) if self.rule_kind == "shapes" else None
+
+    def conventions_of(self, case: Case, device: DeviceInfo) -> dict[str, Any]:
+        from harness.core import conventions as conv
+
+        merged = dict(self.conventions)
+        if self.conventions_for is not None:
+            reply = self._asked(("conventions", case.to_dict(), device.to_dict()),
+                                ("conventions", self.spec, case.to_dict(), device.to_dict()))
+            if "ok" not in reply:
+                raise ValueError(reply.get("error", "conventions_for failed"))
+            conv.validate(self.op, reply["ok"], f"adapter {self.name!r}: conventions_for")
+            merged.update(reply["ok"])
+        return merged
+
+    def library_error(self) -> str:
+        if self.library is None:
+            return ""
+        try:
+            return str(self._asked(("library",), ("library", self.spec)).get("ok", ""))
+        except HostError as e:
+            return str(e)
+
+
+def _interp(adapter_ref: list[RemoteAdapter]) -> Any:
+    def interp_features(features: Mapping[str, str]) -> set[str]:
+        a = adapter_ref[0]
+        return set(a._asked(("interp", dict(features)), ("interp", a.spec, dict(features))).get("ok", []))
+
+    return interp_features
+
+
+def _marker_conventions_for(case: Case, device: DeviceInfo) -> Mapping[str, Any]:  # answered by conventions_of
+    return {}
+
+
+def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
+    """The judge's view of the adapter a host described."""
+    lib = m.get("library")
+    library = None if lib is None else RemoteLibrary(
+        distribution=lib["distribution"], module=lib["module"], written_for=lib["written_for"],
+        install=lib["install"], reported_label=lib["label"], reported_missing=lib["missing"])
+    limits = {k: tuple(v) if isinstance(v, list) else v for k, v in (m.get("limits") or {}).items()}
+    ref: list[RemoteAdapter] = []
+    adapter = RemoteAdapter(
+        name=m["name"], op=m["op"], source=m["source"], run=_no_local_run,
+        support={k: tuple(v) for k, v in m["support"].items()}, generations=tuple(m["generations"]),
+        conventions=dict(m["conventions"]), properties=frozenset(m["properties"]), limits=limits,
+        requires=_requires_marker if m.get("rule") else None,
+        interp_features=_interp(ref) if m.get("interp_features") else None, description=m.get("description", ""),
+        test_aid=bool(m.get("test_aid")), conventions_for=_marker_conventions_for if m.get("conventions_for") else None,
+        library=library, spec=spec, host=host, rule_kind=m.get("rule"),
+        notes=tuple([*m.get("import_changes", []), *m.get("import_accepted", [])]))
+    ref.append(adapter)
+    return adapter
+
+
+#: (spec, device) -> the adapter and its host, for the life of this process
+_OPEN: dict[tuple[str, str], RemoteAdapter] = {}
+
+
+def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteAdapter:
+    """The adapter `spec` (a registered name or `module:object[#name]`) in a kernel host of its own on `device`
+    (or in `host`, shared with other adapters, to read their declarations: planning runs no kernel). ValueError
+    when the spec names no adapter, HostError when the host cannot load it."""
+    if host is not None:
+        return _described(spec, host)
+    key = (spec, device)
+    if key not in _OPEN:
+        _OPEN[key] = _described(spec, Host(device))
+    return _OPEN[key]
+
+
+def _described(spec: str, host: Host) -> RemoteAdapter:
+    reply = _ask(host, ("describe", spec), f"adapter {spec!r}")
+    if "usage_error" in reply:
+        raise ValueError(reply["usage_error"])
+    return from_manifest(reply["ok"], spec, host)
+
+
+def close_adapter(spec: str, device: str) -> None:
+    found = _OPEN.pop((spec, device), None)
+    if found is not None and found.host is not None:
+        found.host.close()
+
+
+@atexit.register
+def close_all() -> None:
+    for key in list(_OPEN):
+        with contextlib.suppress(Exception):
+            close_adapter(*key)
+
+
+@dataclass
+class Catalog:
+    """What a host found when it loaded the adapters: the specs to judge (groups expanded), their names, each
+    one's description (`manifests`, by name) and the providers that failed to load."""
+
+    specs: list[str]
+    names: list[str]
+    load_failures: dict[str, str]
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def spec_of(self, name: str) -> str:
+        return self.specs[self.names.index(name)] if name in self.names else name
+
+
+def expand(specs: list[str], *, probe: bool = False) -> Catalog:
+    """`registry.expand` (every registered adapter when `specs` is empty), done in a host; ValueError for a spec
+    that names nothing. probe: first import the adapter modules in a probe child (an import that ends the process
+    from C code is named, not fatal)."""
+    host = Host("cpu")
+    try:
+        reply = _ask(host, ("expand", list(specs), probe), "listing adapters")
+    finally:
+        host.close()
+    if "usage_error" in reply:
+        raise ValueError(reply["usage_error"])
+    return Catalog(list(reply["specs"]), list(reply["names"]), dict(reply.get("load_failures") or {}),
+                   dict(reply.get("manifests") or {}))

@@ -1,0 +1,170 @@
+"""The kernel runs in a host process that holds neither the expected values nor the verdict: kernels that attack
+the judge (tests/harness/fixtures/hostile_adapters.py), each 1% wrong, fail (or error with their reason) in the
+sweep and under pytest, the honest control judged beside them passes, and what is stored is what the judge decided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.core.device import detect
+from harness.core.result import Result
+from harness.engine import host as host_mod
+from harness.engine import runner
+from harness.store.results import load_results
+from harness.sweep import run_sweep
+from harness.sweep.selection import Shard
+
+FIXTURE = "tests.harness.fixtures.hostile_adapters"
+ROOT = Path(__file__).resolve().parents[2]
+ATTACKS = ["plain-wrong", "overwrite-expected", "patch-judge", "patch-writer", "swap-oracle-code", "patch-sys-modules",
+           "call-stack", "late-write", "fork-child", "write-results", "base-exception"]
+
+
+def _verdicts(folder: Path) -> dict[str, list[Result]]:
+    found: dict[str, list[Result]] = {}
+    for r in load_results(sorted(folder.glob("*.jsonl")), strict=False):
+        found.setdefault(r.case.adapter, []).append(r)
+    return found
+
+
+def _expect(found: dict[str, list[Result]]) -> None:
+    """The control passes; each attack gains nothing: a case it passed, the plain 1%-wrong kernel (no trick, judged
+    here in-process) passes too."""
+    from tests.harness.fixtures import hostile_adapters as fixture
+
+    assert found.get("honest-control") and {r.verdict for r in found["honest-control"]} == {"pass"}, found
+    device = detect("cpu")
+    assert sum(r.verdict == "fail" for a in ATTACKS for r in found.get(f"hostile-{a}", [])) >= 3, found
+    for name in ATTACKS:
+        results = found.get(f"hostile-{name}")
+        assert results, f"hostile-{name}: no verdict recorded"
+        if name == "base-exception":
+            assert {r.verdict for r in results} == {"error"}, [r.reason for r in results]
+            assert all("KernelPanic" in r.reason for r in results), [r.reason for r in results]
+            continue
+        if name == "late-write":  # its write lands before the judge's copy (`out`) or within the settle time
+            caught = [r for r in results if {"out", "settled:out"} & set(r.metrics.get("failed_checks", []))]
+            assert caught, [(r.verdict, r.metrics.get("failed_checks")) for r in results]
+            continue
+        for r in results:
+            if r.verdict == "pass":
+                plain = runner.judge(dataclasses.replace(r.case, adapter="hostile-plain-wrong"), fixture.ATTACKS[0],
+                                     device)
+                assert plain.verdict == "pass", f"hostile-{name} passed a case the plain wrong kernel fails: {r.case}"
+
+
+def _no_session_survivors(before: set[int]) -> None:
+    time.sleep(0.2)
+    mine = os.getpid()
+    left = [p for p in _children_of(mine) if p not in before]
+    assert not left, f"processes a kernel started are still running: {left}"
+
+
+def _children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and "moe-harness" not in Path(f"/proc/{entry}/cmdline").read_text(errors="ignore"):
+                found.add(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the host's session is found through /proc")
+def test_attacks_fail_in_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOSTILE_RESULTS", str(tmp_path))
+    specs = [f"{FIXTURE}:HONEST", *(f"{FIXTURE}:ATTACKS#hostile-{a}" for a in ATTACKS), f"{FIXTURE}:HONEST"]
+    run_sweep(specs, detect("cpu"), str(tmp_path), profile="quick", jobs=2, out=None, shard=Shard(1, 9))
+    time.sleep(2.5)  # past the forked child's sleep: had it survived, it would have rewritten the verdicts by now
+    _expect(_verdicts(tmp_path))
+
+
+def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HOSTILE_RESULTS": str(tmp_path / "r"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "moe_generic", "--moe-profile", "ci",
+           "--moe-results-dir", str(tmp_path / "r"), "--moe-adapter", f"{FIXTURE}:HONEST",
+           "--moe-adapter", f"{FIXTURE}:ATTACKS", "-k", "declared", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_attacks_fail_under_pytest(tmp_path: Path, workers: list[str]) -> None:
+    before = _children_of(os.getpid())
+    done = _pytest(tmp_path, *workers)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    time.sleep(2.5)
+    _expect(_verdicts(tmp_path / "r"))
+    for name in ATTACKS:  # the test of every attack failed, the control's passed
+        assert f"hostile-{name}" in done.stdout, done.stdout[-3000:]
+    assert "FAILED" not in "".join(line for line in done.stdout.splitlines() if "honest-control" in line)
+    _no_session_survivors(before)
+
+
+@pytest.mark.parametrize("name", ["hostile-poison-aware", "hostile-shape-cache"])
+def test_kernels_right_only_when_they_think_they_are_judged_fail(name: str) -> None:
+    """One poisons nothing it can recognise (the first run's buffers hold garbage like torch.empty's); the other is
+    given other inputs of the same shapes in the same host."""
+    from harness.core.case import Case
+    from harness.engine import remote
+
+    adapter = remote.open_adapter(f"{FIXTURE}:SNEAKY#{name}", "cpu")
+    case = Case(op="activation", adapter=name, features={"activation": "silu_and_mul", "dtype": "float32"},
+                shapes={"T": 4, "N": 24}, dtypes={"x": "float32"}, seed=1)
+    r = runner.judge(case, adapter, detect("cpu"))
+    assert r.verdict == "fail", (r.verdict, r.reason)
+    want = "fresh_inputs:out" if name.endswith("cache") else "out"
+    assert want in r.metrics["failed_checks"], r.metrics["failed_checks"]
+
+
+def test_a_host_past_its_memory_limit_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.core.case import Case
+    from harness.engine import remote, runner
+
+    monkeypatch.setenv(host_mod.HOST_MEMORY_MB_ENV, "900")
+    device = detect("cpu")
+    leak = remote.open_adapter(f"{FIXTURE}:LEAK", "cpu")
+    honest = remote.open_adapter(f"{FIXTURE}:HONEST", "cpu")
+    case = Case(op="activation", adapter="x", features={"activation": "silu_and_mul", "dtype": "float32"},
+                shapes={"T": 4, "N": 24}, dtypes={"x": "float32"}, seed=1)
+    verdicts = [runner.judge(case, leak, device) for _ in range(20)]
+    killed = [r for r in verdicts if r.verdict == "error" and "past the limit" in r.reason]
+    assert killed, [(r.verdict, r.reason[:120]) for r in verdicts]
+    assert all(r.verdict in ("fail", "error") for r in verdicts)
+    assert runner.judge(case, honest, device).verdict == "pass"
+
+
+def test_replies_are_json_never_pickles() -> None:
+    """A reply that is not JSON (a pickle would run code in the judge) kills the host instead of being read."""
+    import multiprocessing as mp
+    import pickle
+
+    class Alive:
+        pid = None
+
+        def is_alive(self) -> bool:
+            return True
+
+        def kill(self) -> None:
+            pass
+
+        def join(self, timeout: float) -> None:
+            pass
+
+    judge_end, host_end = mp.Pipe()
+    h = host_mod.Host("cpu")
+    h.proc, h.conn = Alive(), judge_end
+    host_end.send_bytes(pickle.dumps({"status": "ok"}))
+    with pytest.raises(host_mod.HostDied, match="not JSON"):
+        h.ask(("run",))
+    assert h.proc is None  # killed
