@@ -7,6 +7,7 @@ from harness.core.isolation import accept_process_state
 from harness.registry import (
     ENTRY_POINT_GROUP,
     Adapter,
+    FilesLibrary,
     Library,
     Unsupported,
     adapter_factory,
@@ -15,5 +16,5 @@ from harness.registry import (
     resolve,
 )
 
-__all__ = ["ENTRY_POINT_GROUP", "Adapter", "Library", "Unsupported", "accept_process_state", "adapter_factory",
-           "all_adapters", "register", "resolve"]
+__all__ = ["ENTRY_POINT_GROUP", "Adapter", "FilesLibrary", "Library", "Unsupported", "accept_process_state",
+           "adapter_factory", "all_adapters", "register", "resolve"]

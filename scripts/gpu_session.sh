@@ -15,8 +15,9 @@ Sections (they run in this order; default: pytest matrix bench):
                verdicts go to <run>/pytest/
     matrix     python -m harness matrix --profile <--matrix-profile> [--adapter ...]; verdicts to
                <run>/matrix-<profile>/, its own matrix rendered to <run>/logs/matrix-<profile>.md
-    external   the third-party libraries carried as wheels (--wheels) into a private folder: their tests and
-               their adapters' generic tests (<run>/pytest-external/), their quick matrix (<run>/matrix-external/)
+    external   the third-party libraries carried as wheels (--wheels) into a private folder, and those read from
+               their files (--third-party, scripts/third_party.sh): their quick matrix (<run>/matrix-external/),
+               their tests and their adapters' generic tests (<run>/pytest-external/)
     bench      python -m harness bench: --op OP for each --bench-op, then each --bench line as given; tables
                (.md) and logs in <bench>
     probe      scripts/probe_experts.py once per --probe line: JSON lines, logs and summary.log in <bench>
@@ -45,7 +46,8 @@ What runs:
   --against-vllm PATH    vLLM's fused_moe folder: its kernel is timed beside ours in every experts bench
   --probe ARGS           one scripts/probe_experts.py call (repeatable), e.g. "--shape mixtral-tp2 --quant
                          fp8_w8a8:A --m 4096 --tiles 64,128,128,4,3"
-  --wheels DIR           the external section's wheels (default: .whl)
+  --wheels DIR           the external section's wheels (default: .whl; none there: nothing is installed)
+  --third-party DIR      the folder of unpacked library files (default: third_party/, exported as MOE_THIRD_PARTY)
   --replay CASE          replay this case file on cuda and on cpu after the tests (repeatable)
   --pythonpath DIR       put DIR on PYTHONPATH (repeatable), e.g. examples/fused_moe_style for its adapters
 
@@ -68,7 +70,8 @@ AGAINST_VLLM=""; WHEELS=.whl
 TESTS=(); ADAPTERS=(); BENCH_OPS=(); BENCHES=(); PROBES=(); REPLAYS=(); PATHS=()
 PYTEST_TIMEOUT=300; MATRIX_TIMEOUT=300; EXTERNAL_TIMEOUT=330; BENCH_TIMEOUT=200; PROBE_TIMEOUT=240; CASE_TIMEOUT=60
 VALUED="--sections --out --results --generation --run-id --label --commit --tests --pytest-args --profile --workers
-  --adapter --matrix-profile --matrix-args --bench-op --bench --against-vllm --probe --wheels --replay --pythonpath
+  --adapter --matrix-profile --matrix-args --bench-op --bench --against-vllm --probe --wheels --third-party --replay
+  --pythonpath
   --pytest-timeout --matrix-timeout --external-timeout --bench-timeout --probe-timeout --case-timeout"
 VALUED=$(echo $VALUED)  # one line, single spaces
 
@@ -102,6 +105,7 @@ while [[ $# -gt 0 ]]; do
     --against-vllm) AGAINST_VLLM=$val ;;
     --probe) PROBES+=("$val") ;;
     --wheels) WHEELS=$val ;;
+    --third-party) export MOE_THIRD_PARTY=$val ;;
     --replay) REPLAYS+=("$val") ;;
     --pythonpath) PATHS+=("$val") ;;
     --pytest-timeout) PYTEST_TIMEOUT=$val ;;
@@ -178,7 +182,7 @@ echo "run $RUN_ID: sections $SECTIONS; verdicts in $RUN; timings in $BENCH_DIR"
 if [[ -n $DRY ]]; then echo "[env] PYTHONPATH=$PYTHONPATH${MOE_HARNESS_COMMIT:+ MOE_HARNESS_COMMIT=$MOE_HARNESS_COMMIT}"; fi
 if [[ -z $DRY ]]; then mkdir -p "$RUN/logs"; fi
 
-if wants external; then
+if wants external && { [[ -n $DRY ]] || compgen -G "$WHEELS/*.whl" > /dev/null; }; then
   step install "$RUN/logs/install.log" 600 python -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
 fi
@@ -209,12 +213,13 @@ if wants matrix; then
 fi
 
 if wants external; then
-  step "external tests" "$RUN/logs/external-tests.log" "$EXTERNAL_TIMEOUT" env HYPOTHESIS_PROFILE="$PROFILE" \
-    python -m pytest -n "$WORKERS" -q -p no:cacheprovider -rfE --moe-results-dir "$RUN/pytest-external" \
-    tests/external tests/harness/test_libraries.py harness/plugin/generic.py --moe-adapter external
+  # the matrix first: its verdicts are the rows; the tests after it
   step "external matrix" "$RUN/logs/matrix-external.log" "$EXTERNAL_TIMEOUT" python -m harness matrix \
     --profile quick --adapter external --results-dir "$RUN/matrix-external" --case-timeout "$CASE_TIMEOUT" \
     --only-this-run --out "$RUN/logs/matrix-external.md"
+  step "external tests" "$RUN/logs/external-tests.log" "$EXTERNAL_TIMEOUT" env HYPOTHESIS_PROFILE="$PROFILE" \
+    python -m pytest -n "$WORKERS" -q -p no:cacheprovider -rfE --moe-results-dir "$RUN/pytest-external" \
+    tests/external tests/harness/test_libraries.py harness/plugin/generic.py --moe-adapter external
 fi
 
 if wants bench; then

@@ -233,6 +233,14 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
                    "its MMA", values={"bfloat16": "", "float16": ""}),
         Convention("act_quant", "the activation quantizer's recipe (quantized cells)", kind="recipe",
                    fields=_EXPERT_QUANT_FIELDS),
+        Convention("intermediate_quant", "whether the activation output is re-quantized before GEMM2 (w8a8 cells)",
+                   values={"requantized": "by the act_quant recipe, as x before GEMM1 (fused_moe kernels)",
+                           "none": "GEMM2 multiplies the unquantized activation output by the dequantized W2 "
+                                   "(vLLM's NaiveBatchedExperts)"}, default="requantized"),
+        Convention("act_quant_scope", "what a per-tensor activation scale spans in the batched format (w8a8 "
+                   "cells)", values={"batch": "the whole input, every expert's batch together",
+                                     "expert": "each expert's batch on its own (vLLM's batched prepare quantizes "
+                                               "expert by expert: one scale per expert)"}, default="batch"),
         Convention("weight_quant", "how the harness quantizes the weights it gives the kernel", kind="recipe",
                    fields=_EXPERT_QUANT_FIELDS),
     ),

@@ -17,6 +17,7 @@ quantized schemes' floor: each bracket is paid as a worst case summed over N (do
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -229,6 +230,55 @@ def _add_bias(r: torch.Tensor, e: torch.Tensor, bias: torch.Tensor, ids: torch.T
     return r.to(rounded).double(), rounding_bracket(r, e, rounded)
 
 
+def _weights64(cpu: Mapping[str, torch.Tensor], quant: ref.ExpertsQuant | None,
+               dev: torch.device) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """(the oracle's weight arguments, their float64 values): plain, or dequantized from the scheme."""
+    if quant is None:
+        return cpu["w13"], cpu["w2"], cpu["w13"].double(), cpu["w2"].double()
+    return (None, None, *quant.dequantized_weights(dev))
+
+
+def _batched_parts(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Mapping[str, Any],
+                   kw: Mapping[str, Any], quant: ref.ExpertsQuant | None) -> tuple[torch.Tensor, ...]:
+    """The batched format's expected output, bound and mask."""
+    dev = cpu["x"].device
+    biases = {b: cpu[b] for b in ("w13_bias", "w2_bias") if b in cpu}
+    w13, w2, w13_64, w2_64 = _weights64(cpu, quant, dev)
+    want = ref.batched_experts(cpu["x"], cpu["expert_num_tokens"], w13, w2, **kw, **biases, quant=quant,
+                               compute_dtype=torch.float64, out_dtype=torch.float64)
+    e_loc, t, hidden = cpu["x"].shape
+    rows = cpu["x"].reshape(e_loc * t, hidden)
+    mask = (torch.arange(t, device=dev)[None, :] < cpu["expert_num_tokens"][:, None].long())
+    ids = torch.where(mask.reshape(-1), torch.arange(e_loc, device=dev).repeat_interleave(t), -1)
+    if quant is not None:
+        rows = quant.quantize_input(rows, ids >= 0)
+    mask = mask[..., None].expand_as(want)
+    bound = _bound(case, w13_64, w2_64, cpu, conventions, rows, ids, kw, quant).reshape(want.shape)
+    return want, bound, mask
+
+
+def _per_expert(cpu: Mapping[str, torch.Tensor], quant: ref.ExpertsQuant, e: int) -> tuple[dict[str, torch.Tensor],
+                                                                                           ref.ExpertsQuant]:
+    """Expert e's batch as a batched case of one expert (the `act_quant_scope=expert` convention)."""
+    part = {n: t[e:e + 1] for n, t in cpu.items() if t.dim() > 0 and t.shape[0] == cpu["x"].shape[0]}
+    return part, dataclasses.replace(quant, w13=quant.w13[e:e + 1], w2=quant.w2[e:e + 1])
+
+
+def _batched_checks(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Mapping[str, Any],
+                    kw: Mapping[str, Any], quant: ref.ExpertsQuant | None) -> list[Check]:
+    if quant is not None and conventions.get("act_quant_scope") == "expert" and cpu["x"].shape[0] > 0:
+        parts = []
+        for e in range(cpu["x"].shape[0]):
+            part, part_quant = _per_expert(cpu, quant, e)
+            parts.append(_batched_parts(case, part, conventions, kw, part_quant))
+        want, bound, mask = (torch.cat([p[i] for p in parts]) for i in range(3))
+    else:
+        want, bound, mask = _batched_parts(case, cpu, conventions, kw, quant)
+    dt = cpu["x"].dtype
+    bound = bound + C_OUT * unit_roundoff(dt) * want.abs() + float(torch.finfo(dt).smallest_normal)
+    return [Check("out", "bounded", expected=want, bound=bound, mask=mask)]
+
+
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
     # The oracle runs where the inputs are (fp64 on a GPU is fast; real shapes on a CPU are not).
     cpu = {n: t.detach() for n, t in inputs.items()}
@@ -239,26 +289,11 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     biases = {b: cpu[b] for b in ("w13_bias", "w2_bias") if b in cpu}
     tiny = float(torch.finfo(dt).smallest_normal)
     sch = xq.scheme(case, conventions)
-    quant = None if sch is None else xq.to_experts_quant(cpu, sch)
-    if quant is None:
-        w13, w2 = cpu["w13"], cpu["w2"]
-        w13_64, w2_64 = w13.double(), w2.double()
-    else:
-        w13 = w2 = None
-        w13_64, w2_64 = quant.dequantized_weights(dev)
+    requantize = conventions.get("intermediate_quant", "requantized") == "requantized"
+    quant = None if sch is None else xq.to_experts_quant(cpu, sch, requantize=requantize)
     if _batched(case):
-        want = ref.batched_experts(cpu["x"], cpu["expert_num_tokens"], w13, w2, **kw, **biases, quant=quant,
-                                   compute_dtype=torch.float64, out_dtype=torch.float64)
-        e_loc, t, hidden = cpu["x"].shape
-        rows = cpu["x"].reshape(e_loc * t, hidden)
-        mask = (torch.arange(t, device=dev)[None, :] < cpu["expert_num_tokens"][:, None].long())
-        ids = torch.where(mask.reshape(-1), torch.arange(e_loc, device=dev).repeat_interleave(t), -1)
-        if quant is not None:
-            rows = quant.quantize_input(rows, ids >= 0)
-        mask = mask[..., None].expand_as(want)
-        bound = _bound(case, w13_64, w2_64, cpu, conventions, rows, ids, kw, quant).reshape(want.shape)
-        bound = bound + C_OUT * u_out * want.abs() + tiny
-        return [Check("out", "bounded", expected=want, bound=bound, mask=mask)]
+        return _batched_checks(case, cpu, conventions, kw, quant)
+    w13, w2, w13_64, w2_64 = _weights64(cpu, quant, dev)
     on_input = yes(case.features["apply_weight_on_input"])
     red = _reduce_kwargs(conventions)
     m, k = cpu["topk_ids"].shape

@@ -199,8 +199,9 @@ def _activation(case: Case) -> str:
     return ACTIVATIONS[case.features["activation"]]
 
 
-def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme) -> ref.ExpertsQuant:
-    """The oracle's view of the quantized inputs: one QuantizedTensor per expert and the activation recipes."""
+def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme, *, requantize: bool = True) -> ref.ExpertsQuant:
+    """The oracle's view of the quantized inputs: one QuantizedTensor per expert and the activation recipes
+    (`requantize=False`: the intermediate stays unquantized, the `intermediate_quant=none` convention)."""
     per: dict[str, list[QuantizedTensor]] = {}
     logical: dict[str, tuple[int, int]] = {}
     for name in ("w13", "w2"):
@@ -218,7 +219,7 @@ def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme) -> ref.Exp
     if "a13_global_scale" in inputs:
         gs = {"act_global_scale": inputs["a13_global_scale"].cpu(),
               "intermediate_global_scale": inputs["a2_global_scale"].cpu()}
-    return ref.ExpertsQuant(per["w13"], per["w2"], act=sch.act, intermediate=sch.act,
+    return ref.ExpertsQuant(per["w13"], per["w2"], act=sch.act, intermediate=sch.act if requantize else None,
                             expert_shapes=(logical["w13"], logical["w2"]), **gs)
 
 

@@ -25,7 +25,7 @@ from harness.core import isolation
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
 from harness.core.text import one_line
-from harness.registry import provenance
+from harness.registry import provenance, sourcefiles
 
 ENTRY_POINT_GROUP = "moe_harness.adapters"
 PROPERTIES = ("deterministic", "batch_invariant")
@@ -94,6 +94,45 @@ class Library:
         name = f"{self.distribution} {self.version()}" if self.version() else self.distribution
         return f"{name} ({found.label()})" if found is not None else name
 
+    def load(self) -> None:
+        """Import the library (`import_library` calls it once per process, inside `prepare`)."""
+        importlib.import_module(self.module)
+
+
+@dataclass(frozen=True)
+class FilesLibrary(Library):
+    """A library whose kernels are read from its package's files rather than imported with it
+    (`harness.registry.sourcefiles`): present when its package directory is found, installed or unpacked in a
+    git-ignored folder, with every file of `needs` (paths relative to it). Its version is the one its files name,
+    and its provenance label carries a content hash of `needs`."""
+
+    needs: tuple[str, ...] = ()
+
+    def found(self) -> sourcefiles.Found | None:
+        return sourcefiles.locate(self.module, self.distribution, self.needs)
+
+    def version(self) -> str | None:
+        found = self.found()
+        return found.version if found is not None else None
+
+    def missing(self) -> str | None:
+        if self.found() is not None:
+            return None
+        where = ", ".join(str(f) for f in sourcefiles.folders())
+        return (f"{self.distribution}'s files are not here (the adapter was written for {self.distribution} "
+                f"{self.written_for}; it reads {self.module}/ from the installed package or from {where}; get them "
+                f"with: {self.install})")
+
+    def source(self) -> provenance.Source | None:
+        found = self.found()
+        if found is None:
+            return None
+        return provenance.Source(path=str(found.package), content=sourcefiles.content_hash(found.package, self.needs))
+
+    def load(self) -> None:
+        if self.found() is None:
+            raise ImportError(self.missing())
+
 
 @functools.cache
 def _installed_version(distribution: str) -> str | None:
@@ -108,29 +147,29 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-#: library module -> why importing it failed ("" once imported)
-_LIBRARY_IMPORTS: dict[str, str] = {}
+#: library -> why importing it failed ("" once imported)
+_LIBRARY_IMPORTS: dict[Library, str] = {}
 
 
 def import_library(library: Library) -> str:
     """Import `library` once per process; "" when it is usable, else why not. The import is watched like an
     adapter module's (an exit it attempts is refused) and what it changes in the judge's state is undone; unlike an
     adapter module's, that change is not charged to the cases: the library's import is not its kernel."""
-    if library.module in _LIBRARY_IMPORTS:
-        return _LIBRARY_IMPORTS[library.module]
+    if library in _LIBRARY_IMPORTS:
+        return _LIBRARY_IMPORTS[library]
     before = isolation.take()
     try:
         with isolation.Containment(), (library.prepare() if library.prepare else contextlib.nullcontext()):
-            importlib.import_module(library.module)
-        _LIBRARY_IMPORTS[library.module] = ""
+            library.load()
+        _LIBRARY_IMPORTS[library] = ""
     except (Exception, SystemExit, isolation.KernelExit) as e:
-        _LIBRARY_IMPORTS[library.module] = (f"{library.label()} is installed but `import {library.module}` failed: "
+        _LIBRARY_IMPORTS[library] = (f"{library.label()} is installed but `import {library.module}` failed: "
                                             f"{type(e).__name__}: {e}")
     finally:
         isolation.restore(before)
-    if not _LIBRARY_IMPORTS[library.module]:
+    if not _LIBRARY_IMPORTS[library]:
         library.source()  # where it came from, looked up as imported, before any kernel of it runs
-    return _LIBRARY_IMPORTS[library.module]
+    return _LIBRARY_IMPORTS[library]
 
 
 def library_module(library: Library, name: str) -> Any:

@@ -43,6 +43,7 @@ from harness.core.case import OPS
 from harness.core.causes import Fact, ran_without, separate, what_failed
 from harness.core.device import GENERATIONS
 from harness.core.text import one_line
+from harness.store import seed_table
 from harness.store.results import (
     FIDELITY,
     VERIFIED,
@@ -697,6 +698,7 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
         "generations": generations,
         "runs": _run_rows(rs, runs, shown_meta, infos),
         "adapters": adapters_out,
+        "seed_table": seed_table.build(adapters_out),
         "declared_vs_verified": dv,
         "footnotes": notes,
         "case_files": files.files,
@@ -967,6 +969,7 @@ def to_markdown(model: Mapping[str, Any]) -> str:
     kernels = [a for a in adapters if a["kind"] != "reference"]
     refs = [a for a in adapters if a["kind"] == "reference"]
     out = _header(model)
+    out += seed_table.to_markdown(model.get("seed_table") or [], _table)
     out += _kernel_sections(kernels, notes, history)
     out += _runs_section(model)
     out += _generations_section(kernels, gens, history)

@@ -1,9 +1,11 @@
-"""Adapters of third-party kernel libraries (vLLM's CPU build, torchao, Liger): one module per library.
+"""Adapters of third-party kernel libraries (vLLM's CPU build, vLLM's and SGLang's Triton MoE read from their files,
+torchao, Liger): one module per library.
 
 Every adapter here is registered whether or not its library is installed: its support is written down for the
 library version it names (`harness.registry.Library`), and the library is imported only when a case runs. Where it
 is missing, each of its cases is reported `not-installed` with the command that installs it, never as an error and
-never dropped. Nothing of the libraries' code is copied here: the adapters call it.
+never dropped. Nothing of the libraries' code is copied here: the adapters call it, or read it at run time from the
+library's own files (`harness.registry.sourcefiles`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""A library read from its files (harness.registry.sourcefiles, FilesLibrary): found in a folder, its version and
+content hash recorded, functions taken unchanged, the library's own imports answered by stand-ins, and
+`not-installed` with the way to get the files where they are missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import registry
+from harness.registry import FilesLibrary, sourcefiles
+
+SOURCE = '''
+import functools
+
+
+def helper(x):
+    return x + 1
+
+
+@functools.lru_cache
+def decorated(x):
+    return helper(x) * 2
+
+
+def overridden():
+    from fakepkg.config import get_config
+    return get_config()
+
+
+def unrelated():
+    raise AssertionError("not taken")
+'''
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    pkg = tmp_path / "fakepkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "sub" / "mod.py").write_text(SOURCE)
+    (tmp_path / "fakepkg-1.2.3.dist-info").mkdir()
+    (tmp_path / "fakepkg-1.2.3.dist-info" / "METADATA").write_text("Name: fakepkg\nVersion: 1.2.3\n")
+    monkeypatch.setenv(sourcefiles.FOLDERS_ENV, str(tmp_path))
+    sourcefiles.locate.cache_clear()
+    yield tmp_path
+    sourcefiles.locate.cache_clear()
+
+
+def _library(**kw: object) -> FilesLibrary:
+    return FilesLibrary(distribution="fakepkg", module="fakepkg", written_for="1.2.3",
+                        install="bash scripts/third_party.sh", **kw)  # type: ignore[arg-type]
+
+
+def test_found_with_version_and_content_hash(folder: Path) -> None:
+    lib = _library(needs=("sub/mod.py",))
+    assert lib.missing() is None and lib.version() == "1.2.3"
+    label = lib.label()
+    assert label.startswith("fakepkg 1.2.3 (source ") and str(folder / "fakepkg") in label and "sha256" in label
+    assert registry.import_library(lib) == ""
+
+
+def test_missing_files_are_not_installed_with_the_way_to_get_them(folder: Path) -> None:
+    lib = _library(needs=("sub/absent.py",))
+    why = lib.missing()
+    assert why is not None and "bash scripts/third_party.sh" in why and "1.2.3" in why
+    assert "bash scripts/third_party.sh" in registry.import_library(lib)  # never usable: no kernel of it runs
+
+
+def test_take_copies_named_functions_unchanged_and_names_missing_ones() -> None:
+    text = sourcefiles.take(SOURCE, ("helper", "decorated"), "mod.py")
+    assert "@functools.lru_cache\ndef decorated(x):" in text and "unrelated" not in text
+    with pytest.raises(ValueError, match="absent"):
+        sourcefiles.take(SOURCE, ("helper", "absent"), "mod.py")
+
+
+def test_build_answers_the_library_imports_with_stand_ins(folder: Path) -> None:
+    found = sourcefiles.locate("fakepkg", "fakepkg", ("sub/mod.py",))
+    assert found is not None and found.version == "1.2.3"
+
+    class Config:
+        @staticmethod
+        def get_config() -> str:
+            return "stand-in"
+
+    m = sourcefiles.build(found, "fake", "import functools\n", {"sub/mod.py": ("helper", "decorated", "overridden")},
+                          {"fakepkg.config": Config})
+    assert m.decorated(1) == 4 and m.overridden() == "stand-in"
+    assert not hasattr(m, "unrelated")
+    again = sourcefiles.build(found, "fake", "import functools\n", {"sub/mod.py": ("helper", "decorated",
+                                                                                  "overridden")},
+                              {"fakepkg.config": Config})
+    assert again is m  # one module per content
