@@ -10,8 +10,8 @@ Messages from the judge to the host are pickled (the host trusts the judge); rep
 with `json.loads` (a pickle would run code in the judge). On a GPU the host copies the arena's tensors to the device,
 runs the kernel there and copies the outputs (and the inputs, so that a kernel that writes into them is seen) back.
 
-The host runs in a session of its own: whatever it starts is ended with it (`kill_session`); it dies with its
-judge (PR_SET_PDEATHSIG). Its own process-state checks (`harness.core.isolation`) are diagnostics: the reply names
+The host leads a process group of its own (setsid): whatever it starts is ended with it (`kill_session`); it dies
+with its judge (PR_SET_PDEATHSIG, and a thread that watches the judge's pid). Its own process-state checks (`harness.core.isolation`) are diagnostics: the reply names
 what a kernel changed, and the host restores it before the next case, but no verdict depends on what a host says
 about itself beyond its output tensors.
 """
@@ -109,7 +109,7 @@ def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: 
                judge: int) -> None:
     """The host's loop: answer the judge's requests until it says stop or goes away."""
     with contextlib.suppress(OSError):
-        os.setsid()  # a session of its own: what it starts is found and ended with it
+        os.setsid()  # a group of its own: what it starts is found and ended with it
     _die_with_parent()
     _watch_judge(judge)
     for sig in (signal.SIGINT, signal.SIGTERM):  # the judge decides when a host ends
