@@ -10,10 +10,10 @@ Messages from the judge to the host are pickled (the host trusts the judge); rep
 with `json.loads` (a pickle would run code in the judge). On a GPU the host copies the arena's tensors to the device,
 runs the kernel there and copies the outputs (and the inputs, so that a kernel that writes into them is seen) back.
 
-The host leads a process group of its own (setsid): whatever it starts is ended with it (`kill_session`); it dies
-with its judge (PR_SET_PDEATHSIG, and a thread that watches the judge's pid). Its own process-state checks (`harness.core.isolation`) are diagnostics: the reply names
-what a kernel changed, and the host restores it before the next case, but no verdict depends on what a host says
-about itself beyond its output tensors.
+The host leads a process group of its own (setsid): whatever it starts is ended with it (`kill_session`); it dies with
+its judge (PR_SET_PDEATHSIG, and a thread that watches the judge's pid). Its own process-state checks
+(`harness.core.isolation`) are diagnostics: the reply names what a kernel changed, and the host restores it before the
+next case, but no verdict depends on what a host says about itself beyond its output tensors.
 """
 
 from __future__ import annotations
