@@ -225,6 +225,9 @@ class Served:
         ins = {k: _to(t, self.device) if on_device and isinstance(t, torch.Tensor) else t for k, t in shared_in.items()}
         bands = {k: b.to(self.device) if on_device else b for k, b in shared_bands.items()}
         outs = {k: bands[k].as_strided(tuple(v["shape"]), tuple(v["stride"]), v["start"]) for k, v in outputs.items()}
+        # an empty tensor has no bytes to share; one of its own can be resized (Triton's interpreter does)
+        ins = {k: _own_if_empty(t) for k, t in ins.items()}
+        outs = {k: _own_if_empty(t) for k, t in outs.items()}
         reply: dict[str, Any] = {"status": "ok"}
         before = isolation.take()
         t0 = time.perf_counter()
@@ -250,6 +253,12 @@ class Served:
                 if isinstance(t, torch.Tensor):
                     shared_in[k].copy_(t.cpu())
         return reply
+
+def _own_if_empty(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.numel() == 0:
+        return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+    return t
+
 
 def _to(t: torch.Tensor, device: str) -> torch.Tensor:
     """`t` on `device` with the same strides (a kernel may rely on its inputs' layout)."""

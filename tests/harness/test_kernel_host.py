@@ -168,3 +168,20 @@ def test_replies_are_json_never_pickles() -> None:
     with pytest.raises(host_mod.HostDied, match="not JSON"):
         h.ask(("run",))
     assert h.proc is None  # killed
+
+
+def test_empty_inputs_reach_a_kernel_host_as_tensors_of_its_own() -> None:
+    """A tensor with no elements is not a view of the shared arena (Triton's interpreter resizes such tensors; an
+    arena view cannot be resized): the empty-batch case of the Triton align kernel passes through a host."""
+    from harness import registry
+    from harness.engine import remote
+    from harness.engine import strategies as hs
+    from harness.sweep.selection import plan
+
+    device = detect("cpu")
+    local = registry.resolve("triton-align")
+    cells = hs.declared_cells(local, device)
+    empty = [c for c in plan(local, "quick").cases if c.shapes.get("M") == 0 and c.features in cells]
+    assert empty
+    r = runner.judge(empty[0], remote.open_adapter("triton-align", "cpu"), device)
+    assert r.verdict == "pass", r.reason
