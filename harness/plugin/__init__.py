@@ -33,6 +33,20 @@ _ADAPTER_ARGS = ("moe_adapter_name", "moe_shard")
 DEFAULT_CASE_TIMEOUT_S = 300.0
 
 
+class _BadNumber(str):
+    """An option value (or its environment variable's) that is not a number: a usage error at configure time."""
+
+
+def _number(kind: type, option: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            return _BadNumber(f"{option} (or its environment variable) must be a number, got {text!r}")
+
+    return parse
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("moe-harness", "moe-harness: generic tests of MoE kernel adapters")
     group.addoption("--moe-adapter", action="append", default=[], metavar="SPEC",
@@ -45,11 +59,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--moe-profile", default=None, metavar="NAME",
                     help="hypothesis profile of the generic tests: ci (default), dev, gpu, thorough "
                          "(also MOE_HARNESS_PROFILE, or HYPOTHESIS_PROFILE when it names one of these)")
-    group.addoption("--moe-shards", type=int, default=int(os.environ.get("MOE_HARNESS_SHARDS", "1")),
+    group.addoption("--moe-shards", type=_number(int, "--moe-shards"),
+                    default=os.environ.get("MOE_HARNESS_SHARDS", "1"),
                     help="split each adapter's property test into N items, so xdist runs one adapter on several "
                          "workers (GPU runs)")
-    group.addoption("--moe-case-timeout", type=float,
-                    default=float(os.environ.get("HARNESS_CASE_TIMEOUT") or DEFAULT_CASE_TIMEOUT_S), metavar="S",
+    group.addoption("--moe-case-timeout", type=_number(float, "--moe-case-timeout"),
+                    default=os.environ.get("HARNESS_CASE_TIMEOUT") or str(DEFAULT_CASE_TIMEOUT_S), metavar="S",
                     help="seconds one judged case may take (every runner.judge call of the session); past it the case "
                          f"is an error verdict, and a hang inside C code ends the process after a grace period "
                          f"(default {DEFAULT_CASE_TIMEOUT_S:g}, also HARNESS_CASE_TIMEOUT; 0: none)")
@@ -188,6 +203,9 @@ def _check_options(config: pytest.Config) -> None:
     profile = config.getoption("moe_profile")
     if profile is not None and profile not in PROFILES:
         raise pytest.UsageError(f"--moe-profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    for name in ("moe_shards", "moe_case_timeout"):
+        if isinstance(value := config.getoption(name), _BadNumber):
+            raise pytest.UsageError(str(value))
     shards = config.getoption("moe_shards")
     if shards < 1:
         raise pytest.UsageError(f"--moe-shards must be >= 1, got {shards}")
@@ -272,7 +290,10 @@ def worker_device(config: pytest.Config) -> str:
     from harness.plugin.gpus import device_for_worker, parse_gpus
 
     requested = config.getoption("moe_device")
-    gpus = parse_gpus(config.getoption("moe_gpus"))
+    try:
+        gpus = parse_gpus(config.getoption("moe_gpus"))
+    except ValueError as e:
+        raise pytest.UsageError(f"{e} (--moe-gpus or MOE_HARNESS_GPUS)") from None
     count = 0
     if requested != "cpu":
         import torch

@@ -91,3 +91,14 @@ def test_a_kernel_raising_a_base_exception_is_a_fail_of_its_case_in_replay(tmp_p
     done = subprocess.run([sys.executable, "-m", "harness", "replay", str(path), "--device", "cpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1, done.stdout + done.stderr  # a verdict on the kernel, never "cannot test here"
+
+
+@pytest.mark.parametrize(("env", "words"), [("HARNESS_CASE_TIMEOUT", "--moe-case-timeout"),
+                                            ("MOE_HARNESS_SHARDS", "--moe-shards"),
+                                            ("MOE_HARNESS_GPUS", "--moe-gpus")])
+def test_a_bad_environment_variable_is_a_usage_error_not_a_traceback(env: str, words: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "moe_generic",
+                           "--moe-adapter", "reference-activation", "--collect-only"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), env: "abc"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 4 and words in out and "Traceback" not in out, out[-2000:]
