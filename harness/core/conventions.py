@@ -231,6 +231,11 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
             "promoted to fp32 only every few steps (CUTLASS, DeepGEMM)"}, default="ieee"),
         Convention("weight_dequant_dtype", "a weight-only kernel rounds dequantized weights to this dtype before "
                    "its MMA", values={"bfloat16": "", "float16": ""}),
+        Convention("padding_rows", "the batched format's rows at or past each expert's count", values={
+            "free": "not part of the contract: the kernel may write anything there (grouped GEMMs over whole "
+            "batches: torch._grouped_mm)",
+            "untouched": "never written, left as the caller had them (masked GEMMs that stop at the count: this "
+            "project's Triton batched kernel)"}, default="free"),
         Convention("act_quant", "the activation quantizer's recipe (quantized cells)", kind="recipe",
                    fields=_EXPERT_QUANT_FIELDS),
         Convention("intermediate_quant", "whether the activation output is re-quantized before GEMM2 (w8a8 cells)",

@@ -4,7 +4,9 @@ Every tensor is drawn on the CPU from a `torch.Generator` seeded by the case see
 to the device, so a case produces bit-identical inputs on every machine (replays reproduce). Magnitudes are chosen
 so outputs are O(1) and never all zero. Routing patterns: random, skewed (Zipf), one_expert, some_empty, ties (for
 grouped routing also tied and near-tied groups), nonfinite (NaN/Inf rows and rows with masked -Inf experts; only for
-properties that test them).
+properties that test them; params["values"] = "every_kind": each kind of row in turn). Boundary values of other ops:
+`edge_rows` (zero rows and groups, amax outliers), per-expert counts at block multiples (`near_multiples`,
+`counts_to_rows`, `ids_for_counts`) and an expert map whose local experts are a contiguous range (`contiguous_map`).
 """
 
 from __future__ import annotations
@@ -76,11 +78,14 @@ def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *
             x = _tied_groups(x, groups, dtype, g)
     elif pattern == "nonfinite" and m > 0:
         kind = torch.randint(0, 4, (m,), generator=g)
+        if case.params.get("values") == "every_kind":  # each kind of row in turn, the masked one first
+            kind = torch.arange(m) % 4
         x[kind == 1] = float("nan")
         x[kind == 2, 0] = float("inf")
         x[kind == 3, :] = float("-inf")
         # masked experts: half the finite rows get 1..E-1 logits at -Inf (sometimes fewer than k finite remain)
         masked = (kind == 0) & (torch.rand(m, generator=g) < 0.5)
+        masked[0] |= case.params.get("values") == "every_kind"
         count = torch.randint(1, max(e, 2), (m,), generator=g)
         order = torch.rand((m, e), generator=g).argsort(dim=1)
         drop = masked[:, None] & (order < count[:, None]) & (e > 1)
@@ -149,13 +154,21 @@ def topk_weights(case: Case, m: int, k: int, device: str) -> torch.Tensor:
 def expert_map(case: Case, e: int, device: str, routed: torch.Tensor | None = None) -> torch.Tensor | None:
     """An expert map (global -> local id or -1) when the case asks for one: `params["local_experts"]` local ids.
 
-    routed: the routed global ids; when given (and some expert is local) at least one of them is made local, by
-    swapping its map entry with a local expert's: a map that excludes every routed expert gives an all-zero output,
+    params["map"] = "contiguous": the local experts are a contiguous range (`contiguous_map`), as drawn; otherwise
+    random. routed: the routed global ids; when given (and some expert is local) at least one of them is made local,
+    by swapping its map entry with a local expert's: a map that excludes every routed expert gives an all-zero output,
     which tests nothing (that is a deliberate boundary case: local_experts = 0).
     """
     n_local = case.params.get("local_experts")
     if n_local is None:
         return None
+    if case.params.get("map") == "contiguous":
+        m = contiguous_map(e, n_local, device)
+        ids = None if routed is None else routed.detach().cpu().long().reshape(-1)
+        if ids is not None and n_local > 0 and ids.numel() and not bool((m.cpu()[ids] >= 0).any()):
+            # no routed expert local: the range moved to start at a routed one
+            m = contiguous_map(e, n_local, device, start=min(int(ids[0]), e - n_local))
+        return m
     g = generator(case, "expert_map")
     local = torch.randperm(e, generator=g)[:n_local].sort().values
     m = torch.full((e,), -1, dtype=torch.int32)
@@ -165,4 +178,84 @@ def expert_map(case: Case, e: int, device: str, routed: torch.Tensor | None = No
         if not bool((m[ids] >= 0).any()):
             first, donor = int(ids[0]), int(local[0])
             m[first], m[donor] = m[donor].clone(), m[first].clone()
+    return m.to(device)
+
+
+# ------------------------------------------------------------------------------------------ boundary values
+#: the factor of the amax outlier in `edge_rows`: far above the other values' amax, finite in every input dtype
+OUTLIER = 64.0
+
+
+def edge_rows(case: Case, x: torch.Tensor, segment: int, *, outlier: float = OUTLIER) -> torch.Tensor:
+    """x [R, C] with boundary values in its rows: row 0 all zero (a padding row), in every odd row one
+    `segment`-wide unit zero (an all-zero group), in every other even row one element times `outlier` (an amax
+    outlier); the rest as given. The last row always keeps values (an outlier where it would be zeroed whole), so
+    the case never becomes all zeros. A copy."""
+    x = x.clone()
+    r, c = x.shape
+    if r == 0 or c == 0:
+        return x
+    g = generator(case, "edge_rows")
+    seg = max(1, min(segment, c))
+    starts = torch.randint(0, max(1, c // seg), (r,), generator=g) * seg
+    where = torch.randint(0, c, (r,), generator=g)
+    for i in range(r):
+        whole = i == 0 or seg == c
+        if i == r - 1 and (whole or i % 2 == 0):
+            x[i, int(where[i])] *= outlier
+        elif i == 0:
+            x[i] = 0.0
+        elif i % 2:
+            x[i, int(starts[i]): int(starts[i]) + seg] = 0.0
+        else:
+            x[i, int(where[i])] *= outlier
+    return x
+
+
+def has_zero_unit(x: torch.Tensor, segment: int) -> bool:
+    """Whether some row of x [R, C] holds an all-zero run of `segment` aligned columns."""
+    if x.numel() == 0:
+        return False
+    seg = max(1, min(segment, x.shape[1]))
+    units = x.detach().cpu()[:, : x.shape[1] // seg * seg].reshape(x.shape[0], -1, seg)
+    return bool((units == 0).all(dim=2).any())
+
+
+def near_multiples(blocks: tuple[int, ...]) -> list[int]:
+    """Per-expert slot counts at and around exact multiples of each block: b - 1, b, b + 1 and 2b, and 0."""
+    found = [0]
+    for b in blocks:
+        found += [v for v in (b - 1, b, b + 1, 2 * b) if v > 0]
+    return sorted(set(found))
+
+
+def counts_to_rows(counts: list[int], k: int) -> tuple[int, list[int]]:
+    """(M, counts) such that M * k slots hold exactly these counts, every count at most M (k distinct experts per
+    token): the slots they leave over go to filler experts appended after them, so every count stays as asked."""
+    counts = list(counts)
+    m = max(max(counts, default=0), -(-sum(counts) // max(k, 1)), 1)
+    spare = m * k - sum(counts)
+    while spare > 0:
+        counts.append(min(spare, m))
+        spare -= counts[-1]
+    return m, counts
+
+
+def ids_for_counts(case: Case, counts: list[int], m: int, k: int, device: str) -> torch.Tensor:
+    """topk_ids [m, k] in which expert e appears exactly counts[e] times, the k ids of a token distinct (each
+    count at most m, sum m * k): the experts' entries in expert order, dealt slot by slot, shuffled by token."""
+    if sum(counts) != m * k or max(counts, default=0) > m:
+        raise ValueError(f"counts {counts} cannot fill {m} tokens of {k} distinct experts")
+    flat = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts, dtype=torch.int64))
+    ids = flat.reshape(k, m).T  # an expert's entries are contiguous and at most m long: one per token
+    perm = torch.randperm(m, generator=generator(case, "topk_ids"))
+    return ids[perm].to(torch.int32).contiguous().to(device)
+
+
+def contiguous_map(e: int, n_local: int, device: str, start: int | None = None) -> torch.Tensor:
+    """An expert map whose local experts are a contiguous global range (an EP rank's share), by default the one in
+    the middle: non-local experts on both sides, local 0 and local n_local - 1 at its ends."""
+    m = torch.full((e,), -1, dtype=torch.int32)
+    start = (e - n_local) // 2 if start is None else start
+    m[start: start + n_local] = torch.arange(n_local, dtype=torch.int32)
     return m.to(device)

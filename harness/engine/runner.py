@@ -325,6 +325,17 @@ def _unwritten(name: str, first: torch.Tensor, first_band: Band, second: torch.T
                   f"(poison survived; first at {idx[0]})", unwritten=n, first_indices=idx)
 
 
+def _touched(name: str, first: torch.Tensor, band: Band, untouched: torch.Tensor) -> Comparison:
+    """Elements the contract leaves to the caller (Check.untouched) still hold what their buffer held before."""
+    bad = ~band.untouched(first) & untouched.cpu().expand(first.shape)
+    n = int(bad.sum())
+    if n == 0:
+        return _check(f"untouched:{name}", True)
+    idx = bad.nonzero()[:5].tolist()
+    return _check(f"untouched:{name}", False, f"{name}: {n} elements outside the contract were written (the "
+                  f"kernel must leave them as they were; first at {idx[0]})", touched=n, first_indices=idx)
+
+
 def _compare(check: Check, actual: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> Comparison:
     if check.mode == "exact":
         return compare_exact(check.name, actual, check.expected, mask=check.mask)
@@ -740,6 +751,8 @@ class _Judging:
             again = None if second is None else second[name]
             checks.append(_unwritten(name, first[name], self.bands["first run"][name], again,
                                      self.bands.get("second run", {}).get(name), None if chk is None else chk.mask))
+            if chk is not None and chk.untouched is not None:
+                checks.append(_touched(name, first[name], self.bands["first run"][name], chk.untouched))
         for name, chk in expected.items():
             if name not in first:
                 checks.append(_check(f"output:{name}", False, f"the oracle expects output {name!r}; kernel gave none"))

@@ -1,5 +1,8 @@
 """Hypothesis strategies that draw cases *within an adapter's declared support*: the declared and undeclared cells
-of an adapter on a device, and a case of one of them (its sizes drawn by the op's spec, see `harness.core.sizes`).
+of an adapter on a device, and a case of one of them (its sizes and values drawn by the op's spec, see
+`harness.core.sizes` and `harness.core.inputs`). Besides the draws, the explicit cases every run judges: a cover of
+every declared value, one case per value class and family (`value_class_cases`), one past each declared threshold
+(`threshold_cases`).
 """
 
 from __future__ import annotations
@@ -38,28 +41,52 @@ def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]])
     return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
 
 
-def threshold_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> list[Case]:
-    """One case at each size the adapter declares past one of its kernel's internal thresholds (limits
-    `cross_<dim>`: an int or a tuple), on the first of `cells` whose boundary cases have that dim: its boundary case
-    with the fewest elements otherwise and at least one token, with <dim> set to that size. Draws stay small on a
-    CPU, so without these a 1024-wide tile, a scan used above 32768 ids or a split path for wide rows would never
-    be crossed."""
-    spec = ops.get(adapter.op)
-    found: list[Case] = []
+def thresholds(adapter: Adapter) -> list[tuple[str, tuple[int, ...], Mapping[str, tuple[str, ...]]]]:
+    """The adapter's declared thresholds: (dim, sizes just past them, the cells where the code past them runs) from
+    its `cross_<dim>` limits: an int, a tuple of ints, {"at": int or tuple, "where": {axis: values}}, or a list of
+    such mappings (one dim, several thresholds in different cells)."""
+    found = []
     for key, value in adapter.limits.items():
         dim = key.removeprefix("cross_")
         if dim == key:
             continue
-        for cell in cells[:64]:
+        entries = value if isinstance(value, list) else [value]
+        for entry in entries:
+            at, where = (entry["at"], entry.get("where", {})) if isinstance(entry, Mapping) else (entry, {})
+            found.append((dim, tuple(int(v) for v in (at if isinstance(at, (tuple, list)) else (at,))), where))
+    return found
+
+
+def threshold_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> list[Case]:
+    """One case at each size the adapter declares past one of its kernel's internal thresholds (`thresholds`), on the
+    first of `cells` (within the threshold's `where`) whose boundary cases have that dim: its boundary case with the
+    fewest elements and at least one token, with <dim> set to that size: the cheapest shape that crosses it. Draws
+    stay small on a CPU, so without these a 1024-wide tile, a scan used above 32768 ids or a split path for wide
+    rows would never be crossed."""
+    spec = ops.get(adapter.op)
+    found: list[Case] = []
+    for dim, sizes, where in thresholds(adapter):
+        for cell in [c for c in cells if all(c.get(a) in v for a, v in where.items())][:64]:
             usable = [b for b in spec.boundary(adapter, cell) if dim in b["shapes"] and _substantive(b)]
             if not usable:
                 continue
-            base = min(usable, key=lambda b: _size(b["shapes"]))
-            for size in (value if isinstance(value, (tuple, list)) else (value,)):
-                shapes = {**base["shapes"], dim: int(size)}
-                found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell),
-                                  **{**base, "shapes": shapes}))
+            bases = [min(usable, key=lambda b: _size({**b["shapes"], dim: 1})), *_class_bases(adapter, cell, dim)]
+            found += [Case(op=adapter.op, adapter=adapter.name, features=dict(cell),
+                           **{**base, "shapes": {**base["shapes"], dim: size}}) for base in bases for size in sizes]
             break
+    return found
+
+
+def _class_bases(adapter: Adapter, cell: Mapping[str, str], dim: str) -> list[dict[str, Any]]:
+    """The fields of the op's value classes for `cell` that can take another size of `dim` (not those that fix
+    per-expert counts, which fix the token and expert counts): the code past a threshold meets zero rows and
+    outliers too."""
+    found = []
+    for vc in ops.get(adapter.op).value_classes:
+        if vc.applies(adapter, cell):
+            fields = vc.fields(adapter, cell)
+            if dim in fields["shapes"] and "counts" not in fields.get("params", {}):
+                found.append(fields)
     return found
 
 
@@ -106,4 +133,39 @@ def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -
                     next((b for b in ranked if _size(b["shapes"]) >= 16), ranked[-1]))
         found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **base))
         uncovered -= gain
+    return found
+
+
+def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> list[Case]:
+    """One case of each of the op's value classes (all-zero groups, counts at block multiples, the first and last
+    local expert, non-finite rows...) per family of the declared cells that can hold it (the values of the class's
+    family axes): the declared-value cover exercises every value, these every boundary value class in each family,
+    in every run."""
+    spec = ops.get(adapter.op)
+    found: list[Case] = []
+    for vc in spec.value_classes:
+        families: dict[tuple[str, ...], Mapping[str, str]] = {}
+        for cell in cells:
+            if vc.applies(adapter, cell):
+                families.setdefault(tuple(cell.get(a, "") for a in vc.family), cell)
+        for cell in families.values():
+            found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **vc.fields(adapter, cell)))
+    return found
+
+
+def value_class_coverage(adapter: Adapter, cells: Sequence[Mapping[str, str]],
+                         judged: Sequence[Case]) -> dict[tuple[str, tuple[str, ...]], str | None]:
+    """For each value class and family of the declared `cells`, the id of a case of `judged` whose inputs hold the
+    class (asked of the tensors it builds, on the CPU), or None where none does."""
+    spec = ops.get(adapter.op)
+    found: dict[tuple[str, tuple[str, ...]], str | None] = {}
+    for vc in spec.value_classes:
+        for cell in cells:
+            if vc.applies(adapter, cell):
+                found.setdefault((vc.name, tuple(cell.get(a, "") for a in vc.family)), None)
+        for case in judged:
+            key = (vc.name, tuple(case.features.get(a, "") for a in vc.family))
+            if found.get(key, "") is None and vc.applies(adapter, case.features) \
+                    and vc.present(case, spec.make_inputs(case, "cpu")):
+                found[key] = case.case_id
     return found

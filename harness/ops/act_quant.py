@@ -57,7 +57,7 @@ from harness.core.compare import Comparison, bits
 from harness.core.errors import elementwise_bound
 from harness.core.sizes import boundary_sizes, scale
 from harness.ops import activation as act_op
-from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import custom, lim, row_subset
 from harness.registry import Adapter
 from reference import activations as ref
@@ -176,7 +176,11 @@ def _outward(v64: torch.Tensor, down: bool) -> torch.Tensor:
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     t, n = case.shape("T"), case.shape("N")
     # scale 3: saturating and clamped regions (swigluoai's limit 7, clamp_limit) as well as the middle
-    return {"x": gen.randn(case, "x", (t, 2 * n), case.dtype("x"), device, scale=3.0)}
+    x = gen.randn(case, "x", (t, 2 * n), case.dtype("x"), device, scale=3.0)
+    if case.params.get("values") == "edges":
+        # an aligned zero run of 2 groups zeroes at least one output group in either layout (act(0) * up = 0)
+        x = gen.edge_rows(case, x.float(), 2 * int(case.features["group_size"])).to(x.dtype)
+    return {"x": x}
 
 
 def scale_spec(t: int, g: int, layout: str) -> OutputSpec:
@@ -323,6 +327,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     g = draw(st.one_of(st.sampled_from([v for v in (1, 3, 4, 5, 9) if v <= max_g]),
                        st.integers(min_value=1, max_value=max_g)))
     params = {"clamp_limit": draw(st.sampled_from(CLAMP_LIMITS))} if cell["clamp_limit"] == "Y" else {}
+    params["values"] = draw(st.sampled_from(["random", "edges"]))
     return {"shapes": {"T": t, "N": g * int(cell["group_size"])}, "dtypes": {"x": cell["dtype"]}, "params": params}
 
 
@@ -336,10 +341,21 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
 token_subset = row_subset("T")
 
 
+def _zero_groups_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Zero rows, zero groups and outlier rows (`inputs.edge_rows`) over five rows of three groups."""
+    params = {"clamp_limit": 2.5} if cell["clamp_limit"] == "Y" else {}
+    return {"shapes": {"T": 5, "N": 3 * int(cell["group_size"])}, "dtypes": {"x": cell["dtype"]},
+            "params": {**params, "values": "edges"}}
+
+
+ZERO_GROUPS = ValueClass("zero_groups", lambda a, c: True, ("scale_rule",), _zero_groups_fields,
+                         lambda case, inputs: gen.has_zero_unit(inputs["x"], 2 * int(case.features["group_size"])))
+
+
 SPECS = {"act_quant": OpSpec(name="act_quant", title="Fused activation + per-token-group fp8 quant", axes=AXES,
                              make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                              boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                             inapplicable=inapplicable)}
+                             inapplicable=inapplicable, value_classes=(ZERO_GROUPS,))}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.sizes import boundary_sizes, local_experts, num_experts, top_k
-from harness.ops.base import Axis, Check, OpSpec, OutputSpec
-from harness.ops.common import custom, lim
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
+from harness.ops.common import custom, ends_routed, lim, near_multiple_counts
 from harness.registry import Adapter
 from reference import permute as ref
 
@@ -51,7 +51,9 @@ def _conv(case: Case, conventions: Mapping[str, Any]) -> ref.ExpertMapConvention
 
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
-    ids = gen.topk_ids(case, m, e, k, device).to(case.dtype("topk_ids", "int32"))
+    counts = case.params.get("counts")
+    ids = gen.topk_ids(case, m, e, k, device) if counts is None else gen.ids_for_counts(case, counts, m, k, device)
+    ids = ids.to(case.dtype("topk_ids", "int32"))
     found = {"topk_ids": ids}
     if case.features["expert_map"] != "none":
         found["expert_map"] = gen.expert_map(case, e, device, routed=ids)
@@ -97,9 +99,16 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     e = draw(num_experts(lim(adapter, "max_E")))
     k = draw(top_k(e, lim(adapter, "max_k")))
     m = draw(boundary_sizes(int(cell["block_size"]), lim(adapter, "max_M") * 4, minimum=1))  # 0: a boundary case
-    params = {}
+    params: dict[str, Any] = {}
+    if draw(st.booleans()):  # a few experts' counts at and around multiples of the block, the rest filler
+        bs = int(cell["block_size"])
+        near = gen.near_multiples((bs,))
+        m, counts = gen.counts_to_rows([draw(st.sampled_from(near)) for _ in range(min(e, 4))], k)
+        e = max(e, len(counts))
+        params["counts"] = counts + [0] * (e - len(counts))
     if cell["expert_map"] != "none":
         params["local_experts"] = draw(local_experts(e))
+        params["map"] = draw(st.sampled_from(["random", "contiguous"]))
     routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
     return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"topk_ids": cell["ids_dtype"]}, "routing": routing,
             "params": params}
@@ -118,5 +127,31 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
     return found
 
 
+def _counts_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Experts with counts b - 1, b, b + 1, 2b and 0 for the cell's block b; under an expert map a contiguous range
+    of four local experts among eight: local 0 at b, local 1 empty, local 3 (the last) at 2b."""
+    bs = int(cell["block_size"])
+    params: dict[str, Any] = {}
+    if cell["expert_map"] == "none":
+        counts = [bs, 0, bs - 1, bs + 1, 2 * bs]
+    else:
+        counts = [bs + 1, 1, bs, 0, bs - 1, 2 * bs, 3, bs]
+        params = {"local_experts": 4, "map": "contiguous"}
+    m, counts = gen.counts_to_rows(counts, 2)
+    return {"shapes": {"M": m, "E": len(counts), "k": 2}, "dtypes": {"topk_ids": cell["ids_dtype"]},
+            "params": {**params, "counts": counts}}
+
+
+def _counts_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    return near_multiple_counts(torch.bincount(inputs["topk_ids"].cpu().long().reshape(-1)),
+                                int(case.features["block_size"]))
+
+
+BLOCK_COUNTS = ValueClass("block_counts", lambda a, c: True, ("block_size",), _counts_fields, _counts_present)
+MAP_ENDS = ValueClass("first_and_last_local_expert", lambda a, c: c["expert_map"] != "none", ("expert_map",),
+                      _counts_fields, lambda case, inputs: ends_routed(inputs["topk_ids"], inputs["expert_map"]))
+
+
 SPECS = {"align": OpSpec(name="align", title="Align (sorted-token layout)", axes=AXES, make_inputs=make_inputs,
-                         outputs=outputs, expected=expected, draw=draw, boundary=boundary)}
+                         outputs=outputs, expected=expected, draw=draw, boundary=boundary,
+                         value_classes=(BLOCK_COUNTS, MAP_ENDS))}

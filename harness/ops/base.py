@@ -35,6 +35,8 @@ class Check:
     called as judge(actual, all_outputs) so one output can be judged given another (weights given chosen ids).
     mask: elements that are part of the contract (None: all). Elements outside it are neither compared nor required
     to be written.
+    untouched: elements the kernel must leave as they were (rows past a batched count, where the adapter declares
+    it never writes them): the runner requires its poison there after the run.
     """
 
     name: str
@@ -42,6 +44,7 @@ class Check:
     expected: torch.Tensor | None = None
     bound: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    untouched: torch.Tensor | None = None
     k: int = 1
     step_of: Callable[[torch.Tensor], torch.Tensor] | None = None
     judge: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Comparison] | None = None
@@ -54,6 +57,24 @@ class OutputSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     stride: tuple[int, ...] | None = None  # None: contiguous
+
+
+@dataclass(frozen=True)
+class ValueClass:
+    """A kind of input values a bug can hide behind (all-zero groups, per-expert counts at block multiples, the
+    first and last local expert, non-finite rows...): drawn by the op's strategy, and judged once per family in
+    every run (harness.engine.strategies.value_class_cases).
+
+    applies(adapter, cell): whether the cell can hold it. family: the axes whose values each get a case of their own
+    (the code path the values reach differs between them). fields(adapter, cell): the case fields that hold it.
+    present(case, inputs): whether a case's inputs hold it (the coverage test asks the tensors, not the names).
+    """
+
+    name: str
+    applies: Callable[[Adapter, Mapping[str, str]], bool]
+    family: tuple[str, ...]
+    fields: Callable[[Adapter, Mapping[str, str]], dict[str, Any]]
+    present: Callable[[Case, Mapping[str, torch.Tensor]], bool]
 
 
 @dataclass
@@ -83,6 +104,8 @@ class OpSpec:
     #: string for those, None for real cells. Not-applicable combinations are never swept, declared or rendered.
     inapplicable: Callable[[Mapping[str, str]], str | None] | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    #: the value classes of its inputs that every run judges (one case per family among the declared cells)
+    value_classes: tuple[ValueClass, ...] = ()
 
     def axis_names(self) -> list[str]:
         return [a.name for a in self.axes]

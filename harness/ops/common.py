@@ -41,3 +41,18 @@ def row_subset(dim: str, tensor: str = "x") -> Any:
         return case.replace(shapes={**case.shapes, dim: x.shape[0]}), {tensor: x}
 
     return subset
+
+
+def ends_routed(ids: torch.Tensor, emap: torch.Tensor) -> bool:
+    """Whether the global ids `ids` reach the first and the last local expert of `emap` and miss some local one."""
+    local = emap.detach().cpu().long()[ids.detach().cpu().long().reshape(-1)]
+    n = int(emap.max()) + 1
+    hit = set(local[local >= 0].unique().tolist())
+    return n > 0 and {0, n - 1} <= hit and len(hit) < n
+
+
+def near_multiple_counts(counts: torch.Tensor, block: int) -> bool:
+    """Whether some count is an exact multiple of `block` and others lie one below and one above a multiple."""
+    c = counts.detach().cpu().long()
+    c = c[c > 0] % block
+    return bool((c == 0).any() and (c == block - 1).any() and (c == 1 % block).any())

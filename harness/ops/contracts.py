@@ -127,6 +127,18 @@ def contract_of(spec: OpSpec) -> Contract | None:
     return CONTRACTS.get(spec.name)
 
 
+# ------------------------------------------------------------------------- how the harness built the inputs
+#: case parameters that say how the harness built a case's inputs (its value classes: harness.ops.base.ValueClass),
+#: never something the kernel reads
+_NONFINITE_VALUES = Param("values", "str", "how the harness built the non-finite rows: `every_kind` cycles through a "
+                          "masked, a NaN, a +inf and an all -inf row, `random` draws them; not for the kernel",
+                          when={"nonfinite_rows": ("Y",)})
+_COUNTS = Param("counts", "list", "per-expert counts the harness built the routing with (at and around multiples of "
+                "a block; filler experts after them); not for the kernel")
+_MAP = Param("map", "str", "how the harness built the expert map: `contiguous` (a range of local experts, its first "
+             "and last routed) or `random`; not for the kernel")
+
+
 # -------------------------------------------------------------------------------------------------- routing
 
 _ROUTING = Contract(
@@ -148,6 +160,7 @@ _ROUTING = Contract(
         Tensor("topk_ids", "[M, k]", "int32",
                "the k chosen experts of each token (global ids in [0, E), distinct); judged as a set in any order"),
     ),
+    params=(_NONFINITE_VALUES,),
     symbols={"M": "tokens", "E": "experts", "k": "experts chosen per token"},
 )
 
@@ -165,6 +178,7 @@ _GROUPED = dataclasses.replace(
         Param("routed_scaling_factor", "float",
               "the model's scaling factor: with `scaling_placement=weights` the kernel multiplies the weights by "
               "it; with `scaling_placement=reduce` it does not (the reduce op applies it)"),
+        _NONFINITE_VALUES,
     ),
 )
 
@@ -190,7 +204,8 @@ _ALIGN = Contract(
                unless={"expert_map": ("none",)}),
     ),
     params=(Param("local_experts", "int", "how many of the E experts are local (the rest map to -1); 0: none",
-                  unless={"expert_map": ("none",)}),),
+                  unless={"expert_map": ("none",)}),
+            _COUNTS, dataclasses.replace(_MAP, unless={"expert_map": ("none",)})),
     outputs=(
         Tensor("sorted_token_ids", "[cap]", "int32",
                "for each kept expert in ascending id, its flattened (token, slot) indices t*k + j (in any order), "
@@ -263,6 +278,10 @@ _REDUCE = Contract(
               "the rounded sum, which is rounded again"),
         Param("local_experts", "int", "how many of the E experts are local; 0: none (every token's sum is 0)",
               when={"expert_map": ("Y",)}),
+        Param("values", "str", "how the harness built expert_out: `order` puts a big term, its negation and a term "
+              "2^26 smaller in each token's slots (summation order changes the rounded result), `random` does "
+              "not; not for the kernel"),
+        _COUNTS, dataclasses.replace(_MAP, when={"expert_map": ("Y",)}),
     ),
     outputs=(Tensor("out", "[M, K]", "expert_out's dtype",
                     "routed_scaling_factor * sum over local slots j of w[t, j] * y[t, j] (w left out where "
@@ -282,8 +301,8 @@ _GROUP_QUANT = Contract(
                "side; 1.0 for an all-zero x)", when={"quant_dtype": ("nvfp4",)}),
     ),
     params=(
-        Param("pattern", "str", "how the harness built x (`random`, or `special`: rounding ties and scale "
-              "boundaries); not for the kernel"),
+        Param("pattern", "str", "how the harness built x (`random`; `special`: rounding ties and scale "
+              "boundaries; `edges`: zero rows and groups, amax outliers; `zeros`); not for the kernel"),
         Param("exponent", "int", "x's magnitude, 2^exponent (how the harness built x); not for the kernel"),
     ),
     outputs=(
@@ -316,7 +335,9 @@ _ACT_QUANT = Contract(
     inputs=(Tensor("x", "[T, 2*N]", "the cell's dtype", "gate and up parts of each row, as the `gate_order` and "
                    "`layout` conventions say"),),
     params=(Param("clamp_limit", "float", "L: gate' = min(gate, L), up' = clamp(up, -L, L) in fp32, before the "
-                  "activation and its own clamps", when={"clamp_limit": ("Y",)}),),
+                  "activation and its own clamps", when={"clamp_limit": ("Y",)}),
+            Param("values", "str", "how the harness built x: `edges` puts zero rows, zero groups and amax outliers "
+                  "in it, `random` does not; not for the kernel")),
     outputs=(
         Tensor("codes", "[T, N]", "float8_e4m3fn", "the activation's values quantized per group of group_size "
                "columns"),
@@ -401,14 +422,20 @@ _EXPERTS = Contract(
               "the weights are inputs quantized ahead of time", unless={"quant_type": ("none",)}),
         Param("act_quant", "recipe", "the adapter's `act_quant` convention, copied with it",
               unless={"quant_type": ("none",)}),
+        Param("values", "str", "how the harness built x: `edges` puts zero rows, zero groups and amax outliers in "
+              "it, `random` does not; not for the kernel"),
+        dataclasses.replace(_COUNTS, meaning="per-expert counts the harness built the routing (standard: slots of "
+                            "each global expert, filler experts after them) or expert_num_tokens (batched) with, at "
+                            "and around multiples of the block; not for the kernel"),
+        dataclasses.replace(_MAP, when={**_STANDARD, "expert_map": ("Y",)}),
     ),
     outputs=(
         Tensor("out", "[M, K]", "x's dtype", "sum over local slots j of w[t, j] * y[t, j], y = W2[e] . "
                "act(W13[e] . x[t] + b13[e]) + b2[e], e the slot's local expert", when=_STANDARD),
         Tensor("out", "[E_local, max_tokens, K]", "x's dtype", "out[e, r] = W2[e] . act(W13[e] . x[e, r]), no "
                "router weight and no reduce", when={"format": ("batched",)},
-               written="rows r < expert_num_tokens[e] of each expert; the rows past them are not part of the "
-               "contract"),
+               written="rows r < expert_num_tokens[e] of each expert; the rows past them by the `padding_rows` "
+               "convention: `free` (the default) not part of the contract, `untouched` never written"),
     ),
     symbols={"M": "tokens", "E": "experts (global)", "k": "slots per token", "K": "hidden size",
              "N": "intermediate size", "E_local": "local experts: params local_experts, else E",

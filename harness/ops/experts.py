@@ -31,8 +31,8 @@ from harness.core.errors import C_DOT, C_OUT, FP8_MMA_REL, UNIT_ROUNDOFF, roundi
 from harness.core.sizes import boundary_sizes, limit, local_experts, num_experts, top_k
 from harness.ops import experts_quant as xq
 from harness.ops.activation import operand_magnitude, oracle_kwargs, rounded_activation
-from harness.ops.base import Axis, Check, OpSpec, OutputSpec
-from harness.ops.common import lim, yes
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
+from harness.ops.common import ends_routed, lim, near_multiple_counts, yes
 from harness.ops.experts_quant import ACTIVATIONS
 from harness.registry import Adapter
 from reference import activations as acts
@@ -72,27 +72,88 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
         found["w13_bias"] = gen.randn(case, "b13", (e_local, w1), dt, device, scale=0.1)
         found["w2_bias"] = gen.randn(case, "b2", (e_local, hidden), dt, device, scale=0.1)
     if _batched(case):
-        t = case.shape("max_tokens")
-        counts = torch.randint(0, t + 1, (e_local,), generator=gen.generator(case, "counts"), dtype=torch.int32)
-        if e_local and not bool(counts.any()):  # no token anywhere tests nothing: the first expert gets them all
-            counts[0] = t
-        found["x"] = gen.randn(case, "x", (e_local, t, hidden), dt, device)
-        found["expert_num_tokens"] = counts.to(device)
+        _batched_tokens(case, found, e_local, hidden, device)
     else:
-        m, k = case.shape("M"), case.shape("k")
-        found["x"] = gen.randn(case, "x", (m, hidden), dt, device)
-        found["topk_weights"] = gen.topk_weights(case, m, k, device)
-        if k == 1:  # rows of one weight would all be 1.0 after normalizing: a dropped weight would go unseen
-            found["topk_weights"] = gen.uniform(case, "topk_weights", (m, 1), 0.05, 1.0, device)
-        found["topk_ids"] = gen.topk_ids(case, m, e, k, device)
-        if yes(case.features["expert_map"]):
-            found["expert_map"] = gen.expert_map(case, e, device, routed=found["topk_ids"])
+        _standard_tokens(case, found, device)
+        if case.params.get("values") == "order":
+            _order_sensitive(case, found)
     xq.tie_rows(case, found["x"])
+    _boundary_values(case, found)
     sch = xq.scheme(case, {})
     if sch is not None:
         xq.quantize_weights(found, sch, device)
         xq.calibrate_act_global_scales(case, found, sch)
     return found
+
+
+#: rows past a batched count hold x times this: any statistic taken over them (a per-tensor amax) moves by far
+PADDING_POISON = 2.0**10
+
+
+def _batched_tokens(case: Case, found: dict[str, torch.Tensor], e_local: int, hidden: int, device: str) -> None:
+    t = case.shape("max_tokens")
+    counts = torch.randint(0, t + 1, (e_local,), generator=gen.generator(case, "counts"), dtype=torch.int32)
+    if case.params.get("counts") is not None:
+        counts = torch.tensor(case.params["counts"], dtype=torch.int32)
+    if e_local and not bool(counts.any()):  # no token anywhere tests nothing: the first expert gets them all
+        counts[0] = t
+    found["x"] = gen.randn(case, "x", (e_local, t, hidden), case.dtype("x"), device)
+    found["expert_num_tokens"] = counts.to(device)
+
+
+def _standard_tokens(case: Case, found: dict[str, torch.Tensor], device: str) -> None:
+    m, k, e = case.shape("M"), case.shape("k"), case.shape("E")
+    found["x"] = gen.randn(case, "x", (m, case.shape("K")), case.dtype("x"), device)
+    found["topk_weights"] = gen.topk_weights(case, m, k, device)
+    if k == 1:  # rows of one weight would all be 1.0 after normalizing: a dropped weight would go unseen
+        found["topk_weights"] = gen.uniform(case, "topk_weights", (m, 1), 0.05, 1.0, device)
+    counts = case.params.get("counts")
+    found["topk_ids"] = (gen.topk_ids(case, m, e, k, device) if counts is None
+                         else gen.ids_for_counts(case, counts, m, k, device))
+    if yes(case.features["expert_map"]):
+        # the map keeps the first routed expert local: the last token's, whose row `edges` never zeroes
+        found["expert_map"] = gen.expert_map(case, e, device, routed=found["topk_ids"].flip(0))
+
+
+#: the order-sensitive slots' weight ratio: 2^26, past fp32's 24 bits
+ORDER_SMALL = 2.0**-26
+
+
+def _order_sensitive(case: Case, found: dict[str, torch.Tensor]) -> None:
+    """In place (unquantized, k >= 3, no map): expert 1 mirrors expert 0 (same W13, negated W2 and b2), and every
+    token takes both with one weight, and a third expert with that weight times 2^-26: summed in slot order, the
+    third slot survives only where it comes after the cancelling pair, so a summation that starts at another slot
+    gives another result."""
+    ids, w = found["topk_ids"], found["topk_weights"]
+    m, k = ids.shape
+    g = gen.generator(case, "order")
+    for name, sign in (("w13", 1.0), ("w2", -1.0), ("w13_bias", 1.0), ("w2_bias", -1.0)):
+        if name in found:
+            found[name][1] = found[name][0] * sign
+    for t in range(m):
+        slots = torch.randperm(k, generator=g).tolist()
+        others = (torch.randperm(case.shape("E") - 2, generator=g) + 2)[: k - 2].tolist()
+        ids[t, slots[0]], ids[t, slots[1]] = 0, 1
+        for j, e in zip(slots[2:], others):
+            ids[t, j] = e
+        w[t, slots[1]] = w[t, slots[0]]
+        w[t, slots[2]] = w[t, slots[0]] * ORDER_SMALL
+
+
+def _boundary_values(case: Case, found: dict[str, torch.Tensor]) -> None:
+    """In place: `values="edges"` puts zero rows, zero groups and amax outliers into x (`inputs.edge_rows`);
+    the batched format's rows past each count are poisoned (PADDING_POISON), always."""
+    x = found["x"]
+    # each expert's valid rows of the batched format (each keeps a row with values), the tokens of the standard one
+    blocks = ([x[e, : int(n)] for e, n in enumerate(found["expert_num_tokens"].tolist()) if n] if _batched(case)
+              else [x])
+    if case.params.get("values") == "edges" and x.numel():
+        mult = _multiple(case.features)
+        for rows in blocks:
+            rows.copy_(gen.edge_rows(case, rows.float(), mult if mult > 2 else rows.shape[1], outlier=16.0))
+    if _batched(case) and x.numel():
+        past = torch.arange(x.shape[1], device=x.device)[None, :] >= found["expert_num_tokens"][:, None].long()
+        x[past] = x[past] * PADDING_POISON
 
 
 def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
@@ -276,7 +337,8 @@ def _batched_checks(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Ma
         want, bound, mask = _batched_parts(case, cpu, conventions, kw, quant)
     dt = cpu["x"].dtype
     bound = bound + C_OUT * unit_roundoff(dt) * want.abs() + float(torch.finfo(dt).smallest_normal)
-    return [Check("out", "bounded", expected=want, bound=bound, mask=mask)]
+    untouched = ~mask if conventions.get("padding_rows") == "untouched" else None  # rows past each count
+    return [Check("out", "bounded", expected=want, bound=bound, mask=mask, untouched=untouched)]
 
 
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
@@ -400,9 +462,14 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     e = draw(num_experts(min(lim(adapter, "max_E"), 64)))
     hidden = draw(_sizes(limit(adapter, "block_K", 32), lim(adapter, "max_K"), k_mult))
     n = draw(_sizes(limit(adapter, "block_N", 32), lim(adapter, "max_N"), n_mult))
-    params: dict[str, Any] = _quant_params(adapter, cell)
+    params: dict[str, Any] = {**_quant_params(adapter, cell), "values": draw(st.sampled_from(["random", "edges"]))}
+    block = lim(adapter, "block_M")
+    near = [v for v in gen.near_multiples((max(block // 2, 1), block)) if v <= block + 1]  # cheap: one block
+    counts = [draw(st.sampled_from(near)) for _ in range(min(e, 4))] if draw(st.booleans()) else None
     if cell["format"] == "batched":
         t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))
+        if counts is not None:  # a few experts at and around multiples of the block and of its half
+            e, t, params["counts"] = len(counts), max(counts) + 1, counts
         return {"shapes": {"E": e, "K": hidden, "N": n, "max_tokens": t}, "dtypes": {"x": cell["dtype"]},
                 "params": params}
     k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
@@ -413,8 +480,13 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     m = draw(st.one_of(boundary_sizes(max(block // 2, 1), lim(adapter, "max_M"), minimum=1),
                        boundary_sizes(block, lim(adapter, "max_M"), minimum=1),
                        st.integers(min_value=1, max_value=max(1, min(16 // k, lim(adapter, "max_M"))))))
+    if counts is not None:  # a few experts' slot counts at and around multiples of the block, the rest filler
+        m, counts = gen.counts_to_rows(counts, k)
+        e = max(e, len(counts))
+        params["counts"] = counts + [0] * (e - len(counts))
     if yes(cell["expert_map"]):
         params["local_experts"] = draw(local_experts(e))
+        params["map"] = draw(st.sampled_from(["random", "contiguous"]))
     routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
             "routing": routing, "params": params}
@@ -447,5 +519,111 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
     return found
 
 
+# ------------------------------------------------------------------------------------------- value classes
+
+
+def _small_dims(adapter: Adapter, cell: Mapping[str, str]) -> tuple[int, int]:
+    """(K, N): the cheapest sizes of the cell, two groups along K where it is quantized in groups."""
+    k_mult, n_mult = _multiples(adapter, cell)
+    return (2 * k_mult if k_mult > 2 else _fit(32, k_mult)), _fit(16, n_mult)
+
+
+def _tokens_fields(adapter: Adapter, cell: Mapping[str, str], counts: list[int], params: dict[str, Any],
+                   *, e: int | None = None) -> dict[str, Any]:
+    """Case fields whose per-expert counts are `counts` (batched: the tokens of each local expert; standard: the
+    slots of each global expert, `e` of them)."""
+    hidden, n = _small_dims(adapter, cell)
+    params = {**_quant_params(adapter, cell), **params}
+    if cell["format"] == "batched":
+        return {"shapes": {"E": len(counts), "K": hidden, "N": n, "max_tokens": max(counts) + 1},
+                "dtypes": {"x": cell["dtype"]}, "params": {**params, "counts": counts}}
+    k = 1 if yes(cell["apply_weight_on_input"]) else 2
+    m, counts = gen.counts_to_rows(counts, k)
+    e = max(e or 0, len(counts))
+    counts = counts + [0] * (e - len(counts))
+    if yes(cell["expert_map"]):
+        params.setdefault("local_experts", e)
+    return {"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
+            "params": {**params, "counts": counts}}
+
+
+def _zero_rows_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    return _tokens_fields(adapter, cell, [3, 2, 4, 1], {"values": "edges"})
+
+
+def _zero_rows_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    x = inputs["x"].reshape(-1, inputs["x"].shape[-1])
+    mult = _multiple(case.features)
+    return gen.has_zero_unit(x, mult if mult > 2 else x.shape[1])
+
+
+def _block_counts_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Counts at and around multiples of the block and of its half (the split tail's tile); under an expert map a
+    contiguous range of 6 local experts among 10, the first and last of them routed, the second empty; the batched
+    format's rows past each count poisoned (always)."""
+    counts = gen.near_multiples((lim(adapter, "block_M") // 2, lim(adapter, "block_M")))[1:-1]
+    if cell["format"] != "batched" and yes(cell["expert_map"]):
+        b = lim(adapter, "block_M") // 2
+        return _tokens_fields(adapter, cell, [5, 3, b, 0, b + 1, 2 * b - 1, 2 * b + 1, 2 * b, 4, 1],
+                              {"local_experts": 6, "map": "contiguous"})
+    return _tokens_fields(adapter, cell, counts + ([0] if cell["format"] == "batched" else []), {})
+
+
+def _block_counts_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    if _batched(case):
+        counts, poisoned = inputs["expert_num_tokens"], _poisoned_padding(case, inputs)
+    else:
+        ids = inputs["topk_ids"].cpu().long()
+        if "expert_map" in inputs:
+            if not ends_routed(inputs["topk_ids"], inputs["expert_map"]):
+                return False
+            ids = inputs["expert_map"].cpu().long()[ids]
+        counts, poisoned = torch.bincount(ids[ids >= 0].reshape(-1)), True
+    block = 32  # the interpreter's block_M (its half is the split tail's tile)
+    return poisoned and near_multiple_counts(counts, block) and near_multiple_counts(counts, block // 2)
+
+
+def _tensor_scale_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    return _tokens_fields(adapter, cell, [3, 1, 0, 2], {})
+
+
+def _poisoned_padding(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Rows past the counts whose values dwarf the valid rows' (any statistic over them moves)."""
+    x = inputs["x"].detach().cpu().float().abs()
+    past = torch.arange(x.shape[1])[None, :] >= inputs["expert_num_tokens"].cpu()[:, None].long()
+    return bool(past.any()) and float(x[past].amax()) > 16 * float(x[~past].amax())
+
+
+def _order_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    return {"shapes": {"M": 6, "E": 6, "k": 4, "K": 32, "N": 16}, "dtypes": {"x": cell["dtype"]},
+            "params": {"values": "order"}}
+
+
+def _order_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Some token takes two mirrored experts and a slot weighted 2^24 or more below them."""
+    ids, w = inputs["topk_ids"].cpu(), inputs["topk_weights"].cpu()
+    mirrored = bool(torch.equal(inputs["w2"][1].cpu(), -inputs["w2"][0].cpu()))
+    pair = (ids == 0).any(dim=1) & (ids == 1).any(dim=1)
+    spread = w.amax(dim=1) >= 2.0**24 * w.amin(dim=1)
+    return mirrored and bool((pair & spread).any())
+
+
+def _w8a8(cell: Mapping[str, str]) -> bool:
+    return cell.get("quant_type") in ("fp8_w8a8", "int8_w8a8")
+
+
+SUMMATION_ORDER = ValueClass(
+    "summation_order", lambda a, c: c["format"] == "standard" and c["quant_type"] == "none"
+    and not yes(c["expert_map"]) and not yes(c["apply_weight_on_input"]), (), _order_fields, _order_present)
+ZERO_ROWS = ValueClass("zero_rows", lambda a, c: _w8a8(c), ("quant_format",), _zero_rows_fields, _zero_rows_present)
+BLOCK_COUNTS = ValueClass("block_counts", lambda a, c: True, ("format", "expert_map"), _block_counts_fields,
+                          _block_counts_present)
+#: rows past the counts beside a statistic over rows (the per-tensor activation scale)
+PADDING_UNDER_TENSOR_SCALE = ValueClass(
+    "padding_rows_under_a_tensor_scale", lambda a, c: c["format"] == "batched" and _w8a8(c)
+    and c["quant_format"] == "T", ("quant_type",), _tensor_scale_fields, _poisoned_padding)
+
+
 SPECS = {"experts": OpSpec(name="experts", title="Fused experts", axes=AXES, make_inputs=make_inputs, outputs=outputs,
-                           expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable)}
+                           expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable,
+                           value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER))}

@@ -63,7 +63,7 @@ from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.compare import compare_exact
 from harness.core.sizes import boundary_sizes
-from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import custom, lim, row_subset
 from harness.registry import Adapter, Unsupported
 from reference import formats
@@ -215,14 +215,20 @@ def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator, int
 
 
 def make_x(case: Case, m: int, k: int) -> torch.Tensor:
-    """x in float32 holding values exact in the input dtype, following params['pattern'] (random | special)."""
+    """x in float32 holding values exact in the input dtype, following params['pattern']: random, special (the
+    KINDS per unit), edges (`inputs.edge_rows`: zero rows and groups, amax outliers) or zeros."""
     dtype = case.dtype("x")
     g = gen.generator(case, "x")
     qd = case.features["quant_dtype"]
     qmax = _QMAX[qd]
     nseg, seg = _segments(case)
     x = torch.randn((m, nseg, seg), generator=g) * 2.0 ** case.params.get("exponent", 0)
-    if case.params.get("pattern", "random") != "special" or m == 0:
+    pattern = case.params.get("pattern", "random")
+    if pattern in ("zeros", "edges"):  # the all-zero unit of each unit: a tensor, a row, a group
+        outlier = 16.0 if dtype == torch.float16 else gen.OUTLIER  # fp16: 2^8 * 4.5 * 16 stays finite
+        return x.reshape(m, k) * 0.0 if pattern == "zeros" else gen.edge_rows(case, x.reshape(m, k), seg,
+                                                                               outlier=outlier)
+    if pattern != "special" or m == 0:
         return x.reshape(m, k)
     tensor_unit = case.features["unit"] == "tensor"
     shape = (1, 1) if tensor_unit else (m, nseg)  # per-tensor: one kind and exponent for the whole tensor
@@ -463,7 +469,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
         k = gs * n
     else:
         k = draw(boundary_sizes(64, max_k, minimum=1))
-    pattern = draw(st.sampled_from(["random", "special", "special"]))
+    pattern = draw(st.sampled_from(["random", "special", "special", "edges", "edges"]))
     return _fields(cell, m, k, pattern, exponent=draw(st.integers(-8, 8)), non_contiguous=draw(st.booleans()))
 
 
@@ -481,6 +487,21 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
             for i, (m, k, p) in enumerate(zip(ms, ks, pats))]
 
 
+def _zero_units_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Rows holding an all-zero unit (the whole tensor for the tensor unit) and amax outliers (`edges`)."""
+    k = 3 * int(cell["group_size"]) if cell["unit"] == "group" else 130
+    return _fields(cell, 5, k, "zeros" if cell["unit"] == "tensor" else "edges")
+
+
+def _has_zero_unit(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    _, seg = _segments(case)
+    return gen.has_zero_unit(inputs["x"], case.shape("K") if case.features["unit"] == "tensor" else seg) and (
+        case.features["unit"] == "tensor" or bool(inputs["x"].detach().abs().amax() > 0))
+
+
+ZERO_UNITS = ValueClass("zero_units", lambda a, c: True, ("unit",), _zero_units_fields, _has_zero_unit)
+
+
 # per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance
 _x_subset = row_subset("M")
 
@@ -494,7 +515,7 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 SPECS = {"group_quant": OpSpec(name="group_quant", title="Dynamic quantization (group / token / tensor)", axes=AXES,
                                make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                                boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                               inapplicable=inapplicable)}
+                               inapplicable=inapplicable, value_classes=(ZERO_UNITS,))}
 
 
 # --------------------------------------------------------------------------------------------- reference adapter

@@ -18,8 +18,8 @@ from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.errors import C_DOT, UNIT_ROUNDOFF, unit_roundoff
 from harness.core.sizes import boundary_sizes, local_experts, num_experts, top_k
-from harness.ops.base import Axis, Check, OpSpec, OutputSpec
-from harness.ops.common import lim, yes
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
+from harness.ops.common import ends_routed, lim, yes
 from harness.registry import Adapter
 from reference import reduce as ref
 
@@ -32,16 +32,41 @@ AXES = (
 )
 
 
+#: the order-sensitive rows' big and small magnitudes: 2^26 apart, past fp32's 24 bits, so a small term added
+#: before the big pair cancels is lost and one added after it is kept
+ORDER_BIG, ORDER_SMALL = 2.0**12, 2.0**-14
+
+
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     m, e, k, hidden = case.shape("M"), case.shape("E"), case.shape("k"), case.shape("K")
+    counts = case.params.get("counts")
     found = {
         "expert_out": gen.randn(case, "expert_out", (m, k, hidden), case.dtype("expert_out"), device),
         "topk_weights": gen.topk_weights(case, m, k, device),
-        "topk_ids": gen.topk_ids(case, m, e, k, device),
+        "topk_ids": (gen.topk_ids(case, m, e, k, device) if counts is None
+                     else gen.ids_for_counts(case, counts, m, k, device)),
     }
+    if case.params.get("values") == "order" and k >= 3 and m:
+        found["expert_out"], found["topk_weights"] = _order_sensitive(case, found["expert_out"],
+                                                                      found["topk_weights"])
     if yes(case.features["expert_map"]):
         found["expert_map"] = gen.expert_map(case, e, device, routed=found["topk_ids"])
     return found
+
+
+def _order_sensitive(case: Case, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token, three slots (their places drawn): a big term, its exact negation with the same weight, and a small
+    term 2^26 below them: summed in slot order, the small term survives only where it comes last, so a changed
+    summation order changes the rounded result (and two orders give two results)."""
+    g = gen.generator(case, "order")
+    y, w = y.clone(), w.clone()
+    for t in range(y.shape[0]):
+        a, b, c = torch.randperm(y.shape[1], generator=g)[:3].tolist()
+        y[t, a] = y[t, a] * ORDER_BIG
+        y[t, b] = -y[t, a]
+        w[t, b] = w[t, a]
+        y[t, c] = y[t, c] * ORDER_SMALL
+    return y, w
 
 
 def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
@@ -71,10 +96,42 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         tiny = float(torch.finfo(out_dtype).smallest_normal)
         bound = C_DOT * UNIT_ROUNDOFF["float32"] * math.sqrt(k) * mag + 1.0 * u_out * want.abs() + tiny
     else:
-        want = ref.unpermute_reduce(y, w, cpu["topk_ids"], accumulation=acc, **kw).double()
-        # each of the k roundings may go the other way when a kernel's fp32 products differ by an ulp
-        bound = 2.0 * k * u_out * mag + float(torch.finfo(out_dtype).smallest_normal)
+        lo, hi = _sequential_interval(case, cpu)
+        want, bound = (lo + hi) / 2, (hi - lo) / 2 + float(torch.finfo(out_dtype).smallest_normal)
     return [Check("out", "bounded", expected=want, bound=bound)]
+
+
+def _sequential_interval(case: Case, cpu: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values a sequential output-dtype sum can reach, slot by slot: each term w * y is an fp32 product (within
+    u32 of the exact one), rounded to the output dtype; each add is rounded to it (through fp32 or not: both are
+    allowed); a factor other than 1 multiplies the rounded sum in fp32, rounded again. Rounding, adding and
+    multiplying by a factor > 0 are monotone, so carrying both ends gives every reachable value. An fp32 sum
+    rounded once lands outside wherever one of those roundings mattered."""
+    y = cpu["expert_out"].double()
+    dt, u32 = cpu["expert_out"].dtype, UNIT_ROUNDOFF["float32"]
+    kw = _kwargs(case)
+
+    def rnd(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dt).double()
+
+    def add(a: torch.Tensor, b: torch.Tensor, pick: Any) -> torch.Tensor:
+        return pick(rnd(a + b), rnd((a + b).float()))
+
+    weighted = not (kw["weights_applied"] or kw["apply_router_weight_on_input"])
+    t = cpu["topk_weights"].double()[..., None] * y if weighted else y
+    t_lo, t_hi = rnd(t - u32 * t.abs()), rnd(t + u32 * t.abs())
+    local = torch.ones(cpu["topk_ids"].shape, dtype=torch.bool)
+    if "expert_map" in cpu:
+        local = cpu["expert_map"].long()[cpu["topk_ids"].long()] >= 0
+    lo, hi = torch.zeros_like(y[:, 0]), torch.zeros_like(y[:, 0])
+    for j in range(y.shape[1]):  # non-local slots add nothing
+        lo = torch.where(local[:, j, None], add(lo, t_lo[:, j], torch.minimum), lo)
+        hi = torch.where(local[:, j, None], add(hi, t_hi[:, j], torch.maximum), hi)
+    factor = float(torch.tensor(kw["routed_scaling_factor"], dtype=torch.float32))
+    if factor != 1.0:
+        ends = (rnd((lo * factor).float()), rnd((hi * factor).float()))
+        lo, hi = torch.minimum(*ends), torch.maximum(*ends)
+    return lo, hi
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
@@ -82,9 +139,11 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
     m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
     hidden = draw(boundary_sizes(64, lim(adapter, "max_K"), minimum=1))
-    params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from([1.0, 2.5]))}
+    params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
+                              "values": draw(st.sampled_from(["random", "order"]))}
     if yes(cell["expert_map"]):
         params["local_experts"] = draw(local_experts(e))
+        params["map"] = draw(st.sampled_from(["random", "contiguous"]))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden}, "dtypes": {"expert_out": cell["dtype"]},
             "routing": draw(st.sampled_from(["random", "skewed", "one_expert"])), "params": params}
 
@@ -103,6 +162,35 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
     return found
 
 
+def _order_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Order-sensitive rows (`_order_sensitive`) over four slots; under an expert map, a contiguous map whose
+    first and last local experts are routed and one local expert left empty."""
+    params: dict[str, Any] = {"routed_scaling_factor": 2.5, "values": "order"}
+    e, k = 8, 4
+    if yes(cell["expert_map"]):  # globals 2..5 local: local 0 gets 5 slots, local 1 none, local 3 (the last) 6
+        params.update(local_experts=4, map="contiguous", counts=[3, 4, 5, 0, 2, 6, 5, 3])
+    m = 7
+    return {"shapes": {"M": m, "E": e, "k": k, "K": 65}, "dtypes": {"expert_out": cell["dtype"]},
+            "params": params}
+
+
+def _order_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Some token holds a term and its exact negation 2^24 or more above another term."""
+    y = inputs["expert_out"].detach().cpu().double().abs().amax(dim=2)
+    return bool((y.amax(dim=1) >= 2.0**24 * y.amin(dim=1).clamp_min(1e-300)).any())
+
+
+def _ends_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """The first and the last local expert routed, and some local expert not."""
+    return ends_routed(inputs["topk_ids"], inputs["expert_map"])
+
+
+ORDER = ValueClass("summation_order", lambda a, c: not yes(c["apply_weight_on_input"]), ("accumulation",),
+                   _order_fields, _order_present)
+MAP_ENDS = ValueClass("first_and_last_local_expert", lambda a, c: yes(c["expert_map"])
+                      and not yes(c["apply_weight_on_input"]), ("accumulation",), _order_fields, _ends_present)
+
+
 def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
     sub = {n: (t[rows] if n != "expert_map" else t) for n, t in inputs.items()}
     return case.replace(shapes={**case.shapes, "M": sub["expert_out"].shape[0]}), sub
@@ -110,4 +198,4 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 
 SPECS = {"reduce": OpSpec(name="reduce", title="Unpermute-reduce", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                           expected=expected, draw=draw, boundary=boundary, token_subset=token_subset,
-                          token_outputs=("out",))}
+                          token_outputs=("out",), value_classes=(ORDER, MAP_ENDS))}

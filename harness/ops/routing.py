@@ -26,7 +26,7 @@ from harness.core.case import Case
 from harness.core.compare import compare_bounded
 from harness.core.errors import UNIT_ROUNDOFF
 from harness.core.sizes import boundary_sizes, num_experts, top_k
-from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import custom, lim, rows_where, yes
 from harness.registry import Adapter
 from reference import routing as ref
@@ -195,6 +195,8 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
     patterns = ["random", "skewed", "one_expert", "some_empty", "ties"]
     routing = "nonfinite" if yes(cell["nonfinite_rows"]) else draw(st.sampled_from(patterns))
+    if routing == "nonfinite":
+        params["values"] = draw(st.sampled_from(["random", "every_kind"]))
     return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"router_logits": cell["logits_dtype"]},
             "routing": routing, "params": params}
 
@@ -224,6 +226,28 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
     return found
 
 
+def _nonfinite_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Eight rows cycling through a masked row, a NaN row, a +inf row and an all -inf row."""
+    grouped = "scaling_placement" in cell
+    params: dict[str, Any] = {"values": "every_kind"}
+    if grouped:
+        params.update(num_groups=4, topk_group=2, routed_scaling_factor=2.5)
+    k = 1 if cell["scoring"] == "llama4_top1" else 4
+    return {"shapes": {"M": 8, "E": 16, "k": k}, "dtypes": {"router_logits": cell["logits_dtype"]},
+            "routing": "nonfinite", "params": params}
+
+
+def _every_nonfinite_kind(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    x = inputs["router_logits"].detach().cpu().float()
+    kinds = (x.isnan().any(dim=1), (x == float("inf")).any(dim=1), (x == float("-inf")).all(dim=1),
+             (x == float("-inf")).any(dim=1) & x.isfinite().any(dim=1))
+    return all(bool(k.any()) for k in kinds)
+
+
+NONFINITE_ROWS = ValueClass("nonfinite_rows", lambda a, c: yes(c["nonfinite_rows"]), ("scoring",),
+                            _nonfinite_fields, _every_nonfinite_kind)
+
+
 def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
     sub = dict(inputs)
     sub["router_logits"] = inputs["router_logits"][rows]
@@ -233,7 +257,8 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 
 def _spec(name: str, title: str, axes: tuple[Axis, ...]) -> OpSpec:
     return OpSpec(name=name, title=title, axes=axes, make_inputs=make_inputs, outputs=outputs, expected=expected,
-                  draw=draw, boundary=boundary, token_subset=token_subset, token_outputs=("topk_weights", "topk_ids"))
+                  draw=draw, boundary=boundary, token_subset=token_subset, token_outputs=("topk_weights", "topk_ids"),
+                  value_classes=(NONFINITE_ROWS,))
 
 
 SPECS = {

@@ -26,7 +26,6 @@ from harness import ops, registry
 from harness.core.case import Case
 from harness.core.causes import ran_without, what_failed
 from harness.core.result import Result
-from harness.core.sizes import scale
 from harness.core.text import one_line
 from harness.engine import runner
 from harness.engine import strategies as hs
@@ -258,13 +257,13 @@ def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]]
 
 def explicit_examples(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
     """Cases run first, every time, before the drawn ones: the adapter's pinned regressions, the vacuous boundary
-    cases hypothesis never draws, a few small cases that cover every declared value of every axis, and on the GPU
-    scale one case past each of the kernel's declared internal thresholds (the planted-bug suite runs the same)."""
-    found = [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells),
-             *hs.value_covering_cases(adapter, cells)]
-    if scale() == "large":  # past the kernel's declared internal thresholds, where such sizes are affordable
-        found += hs.threshold_cases(adapter, cells)
-    return found
+    cases hypothesis never draws, a few small cases that cover every declared value of every axis, one case of each
+    of the op's value classes per family (zero groups, counts at block multiples...), and one case past each of
+    the kernel's declared internal thresholds, at the cheapest shape that crosses it (the planted-bug suite runs
+    the same)."""
+    return [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells),
+            *hs.value_covering_cases(adapter, cells), *hs.value_class_cases(adapter, cells),
+            *hs.threshold_cases(adapter, cells)]
 
 
 def _vacuous_boundary_cases(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:

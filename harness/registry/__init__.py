@@ -224,9 +224,10 @@ class Adapter:
       `conventions` for that case, e.g. {"matmul_precision": "tf32"} for fp32 inputs; validated the same way.
     limits: shape constraints the strategies respect (e.g. {"K_multiple": 16, "max_E": 512}). A `<dim>_multiple`
     limit is also a support rule: the runner reports a case whose shape `<dim>` breaks it as unsupported (never a
-    failure), see `shape_unsupported`. A `cross_<dim>` entry (an int or a tuple of ints) names sizes of `<dim>` just
-    past one of the kernel's internal thresholds (a tile width, a scan or split limit): on the GPU scale every run
-    (the matrix and the generic test) judges one case at each (harness.engine.strategies.threshold_cases).
+    failure), see `shape_unsupported`. A `cross_<dim>` entry names sizes of `<dim>` just past one of the kernel's
+    internal thresholds (a tile width, a scan or split limit): an int, a tuple of ints, {"at": sizes, "where":
+    {axis: values}} (the cells whose code path it splits), or a list of those; every run of the generic test (and
+    on the GPU scale the matrix) judges one case at each (harness.engine.strategies.threshold_cases).
     interp_features: names of interpreter-fidelity features the kernel depends on (harness.engine.interpreter); on
     `interp`, a cell depending on an unfixed one is reported not-verifiable, never pass.
     library: the third-party library the kernel belongs to (`Library`): imported lazily, its cases reported

@@ -63,5 +63,7 @@ ADAPTER = register(Adapter(
     name="triton-act-quant", op="act_quant", source="kernels.act_quant", run=run, support=SUPPORT,
     generations=("interp", "sm89", "sm90", "sm100", "sm120"), conventions=CONVENTIONS,  # fp8 stores: sm89+
     properties=frozenset({"deterministic", "batch_invariant"}), interp_features=interp_features,
+    # kernels.act_quant: 8 rows and 512 columns a program; 640 is past 512 for groups of 128 and of 64
+    limits={"cross_T": 9, "cross_N": 640},
     description="Triton fused gated activation + per-token-group fp8 quant (one pass)",
 ), replace=True)

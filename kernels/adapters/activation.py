@@ -46,6 +46,7 @@ ADAPTER = register(Adapter(
     name="triton-activation", op="activation", source="kernels.activation", run=run, support=SUPPORT,
     generations=("interp", "sm80", "sm89", "sm90", "sm100", "sm120"), conventions=CONVENTIONS,
     properties=frozenset({"deterministic", "batch_invariant"}), interp_features=interp_features,
-    limits={"cross_N": 1025},  # past the first 1024-column tile (kernels.activation: block_n <= 1024)
+    # past the first 1024-column tile (kernels.activation: block_n <= 1024); past the 64 rows of a narrow tile
+    limits={"cross_N": 1025, "cross_T": 65},
     description="Triton gated activations, fp32 compute, one rounding at the output",
 ), replace=True)

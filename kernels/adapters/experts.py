@@ -226,7 +226,10 @@ def _scaled_grouped_requires(device: DeviceInfo, features: Mapping[str, str]) ->
 _TRITON_GENERATIONS = ("interp", "sm80", "sm89", "sm90", "sm100", "sm120")
 #: strategies: shape edges around block_M = 32, the interpreter's block (its split tail runs 16-row tiles, so an
 #: expert with more than 16 rows takes the full tile); E up to 512 so the boundary cases include E=257
-_TRITON_LIMITS = {"block_M": 32, "max_E": 512}
+_TRITON_LIMITS = {"block_M": 32, "max_E": 512,
+                  # the final reduce's 256-column tile (kernels.fused_experts: _pow2(K, 16, 256)), a second program
+                  "cross_K": {"at": 257, "where": {"quant_format": ("-", "T", "A")}}}
+_TRITON_BATCHED_LIMITS = {"block_M": 32, "max_E": 512}  # no final reduce
 
 TRITON = register(Adapter(
     name="triton-experts", op="experts", source="kernels.fused_experts", run=_run_triton, support=TRITON_STANDARD,
@@ -256,8 +259,10 @@ TRITON_FP8_FAST_ADAPTER = register(Adapter(
 
 TRITON_BATCHED_ADAPTER = register(Adapter(
     name="triton-batched-experts", op="experts", source="kernels.batched_experts", run=_run_triton_batched,
-    support=TRITON_BATCHED, generations=_TRITON_GENERATIONS, conventions=TRITON_QUANT_CONVENTIONS,
-    properties=frozenset({"deterministic"}), limits=_TRITON_LIMITS, interp_features=_interp_features,
+    support=TRITON_BATCHED, generations=_TRITON_GENERATIONS,
+    # its GEMMs stop at each expert's count: the rows past it are never written
+    conventions={**TRITON_QUANT_CONVENTIONS, "padding_rows": "untouched"},
+    properties=frozenset({"deterministic"}), limits=_TRITON_BATCHED_LIMITS, interp_features=_interp_features,
     requires=_triton_requires,
     description="Triton experts on the batched format [E, max_tokens, K] (GEMM1 + activation, GEMM2)",
 ), replace=True)

@@ -63,9 +63,14 @@ def run_fast_division(case: Case, inputs: dict[str, torch.Tensor], outputs: dict
     run(case, inputs, outputs, fast_division=True)
 
 
-#: rows wider than one register tile take the two-pass path (kernels.group_quant.MAX_TILE = 8192): 8320 is a
-#: multiple of every group size
-CROSS = {"cross_K": 8192 + 128}
+#: the kernel's internal thresholds (kernels.group_quant: MAX_TILE = 8192, TILE_ELEMS = 4096, 1024-column
+#: per-tensor tiles), each crossed in the cells whose path it splits
+CROSS = {"cross_K": [
+    {"at": 8192 + 128, "where": {"unit": ("token",)}},  # a row past the register tile: the two-pass wide-row kernel
+    {"at": 1024 + 1, "where": {"unit": ("tensor",)}},  # per-tensor: a second 1024-column amax chunk and quant tile
+    # 33 groups of 128: past the 4096-element tile's 32 groups, a second program along K
+    {"at": 33 * 128, "where": {"unit": ("group",), "group_size": ("128",)}},
+]}
 
 ADAPTER = register(Adapter(
     name="triton-group-quant", op="group_quant", source="kernels.group_quant", run=run, support=SUPPORT,

@@ -53,6 +53,7 @@ register(Adapter(
     # fp32: terms and sum in fp32 in slot order, one rounding; sequential: vLLM moe_sum rounding per add.
     # The routed scaling factor multiplies the fp32 sum (the op's params carry it; no convention to state).
     properties=frozenset({"deterministic", "batch_invariant"}),
+    limits={"cross_K": 1025},  # past one program's 1024 columns (kernels.reduce._block_for)
     interp_features=_interp_features,
     description="one program per (token, column block), k loads in flight, fp32 terms in slot order",
 ))

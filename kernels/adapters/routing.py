@@ -33,7 +33,8 @@ _COMMON = dict(
     source=_SOURCE,
     conventions={"nonfinite": "zero"},
     properties=frozenset({"deterministic", "batch_invariant"}),
-    limits={"max_E": kr.MAX_E, "max_k": kr.MAX_K},
+    # 65 rows: past one program's rows (kernels.routing.block_rows: at most 64 on the interpreter, 32 on a GPU)
+    limits={"max_E": kr.MAX_E, "max_k": kr.MAX_K, "cross_M": 65},
     generations=tuple(g for g in GENERATIONS if g != "cpu"),  # Triton needs a GPU or its interpreter
     interp_features=_interp_features,
 )

@@ -8,6 +8,7 @@ which no CI case allocates; the kernels' int64 offsets are pinned by their own t
 from __future__ import annotations
 
 from tests.mutants.build import Mutant, Patch
+from tests.mutants.catalog_boundaries import BOUNDARY_MUTANTS
 
 P = Patch
 _ROUTING = "kernels.routing"
@@ -282,4 +283,5 @@ MUTANTS: tuple[Mutant, ...] = (
           "wsg_ptrs = ws_base + (g_rows // (2 * WS_ROW_DIV)) * stride_wsn"),),
         "weight scale row index along N off (two 128-row groups share one scale row)",
         {"quant_format": ("G128",), "quant_type": ("fp8_w8a8",)}),
+    *BOUNDARY_MUTANTS,
 )

@@ -24,6 +24,7 @@ from harness.engine.profiles import PROFILES
 from harness.plugin.generic import explicit_examples, nothing_verified
 from tests.mutants.build import build, patched_source
 from tests.mutants.catalog import MUTANTS
+from tests.mutants.catalog_boundaries import EQUIVALENT
 
 #: mutant name -> (verdict, checks that caught it, examples judged, seconds), for the report
 MUTANT_REPORT: dict[str, tuple[str, list[str], int, float]] = {}
@@ -109,3 +110,16 @@ def test_mutant_changes_the_source(mutant) -> None:  # type: ignore[no-untyped-d
 
     # every patch text is found (build raises otherwise) and the source really differs
     assert patched_source(mutant) != inspect.getsource(importlib.import_module(mutant.module))
+
+
+@pytest.mark.parametrize("mutant", EQUIVALENT, ids=lambda m: m.name)
+def test_equivalent_mutants_change_no_output(mutant, device_info, unverifiable) -> None:  # type: ignore[no-untyped-def]
+    """A planted bug left out of the suite as output-equivalent passes the very cases of its class (here the
+    zero rows): the harness has nothing to catch, rather than a gap."""
+    adapter = build(mutant)
+    cells = hs.declared_cells(adapter, device_info)
+    cases = [c for c in hs.value_class_cases(adapter, cells) if c.params.get("values") == "edges"]
+    assert cases
+    for case in cases[:1]:
+        r = runner.judge(case, adapter, device_info, unverifiable=unverifiable)
+        assert r.verdict in ("pass", "not-verifiable"), r.reason
