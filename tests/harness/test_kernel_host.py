@@ -131,10 +131,12 @@ def test_a_host_past_its_memory_limit_is_killed(tmp_path: Path, monkeypatch: pyt
     from harness.core.case import Case
     from harness.engine import remote, runner
 
-    monkeypatch.setenv(host_mod.HOST_MEMORY_MB_ENV, "900")
     device = detect("cpu")
-    leak = remote.open_adapter(f"{FIXTURE}:LEAK", "cpu")
     honest = remote.open_adapter(f"{FIXTURE}:HONEST", "cpu")
+    assert honest.host is not None and honest.host.proc is not None
+    baseline = host_mod._rss_mb(honest.host.proc.pid)  # a loaded host's size with this torch build
+    monkeypatch.setenv(host_mod.HOST_MEMORY_MB_ENV, str(int(baseline + 400)))
+    leak = remote.open_adapter(f"{FIXTURE}:LEAK", "cpu")
     case = Case(op="activation", adapter="x", features={"activation": "silu_and_mul", "dtype": "float32"},
                 shapes={"T": 4, "N": 24}, dtypes={"x": "float32"}, seed=1)
     verdicts = [runner.judge(case, leak, device) for _ in range(20)]
