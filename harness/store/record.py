@@ -46,10 +46,11 @@ Layout:
   them.
 
 Verdict files are JSONL, one `harness.core.result.Result` per line (large ones gzipped, `.jsonl.gz`). A
-`python -m harness matrix` sweep writes one file per worker process (`<run id>-w<pid>.jsonl`) and one of the
-parent (`<run id>-main.jsonl`) that holds metadata records (`run`: device, profile and command; `adapter`: each
-adapter's source, declared support and cell selection; `run_end`) and the `error` verdicts of cases whose worker
-hung or died. The pytest plugin writes one file per xdist worker (`pytest-<id>-gw<N>.jsonl`).
+`python -m harness matrix` sweep writes one file, its parent's (`<run id>-main.jsonl`): metadata records (`run`:
+device, profile and command; `adapter`: each adapter's source, declared support and cell selection; `run_end`),
+every verdict its workers sent, and the `error` verdicts of cases whose worker hung or died (runs made before the
+kernel host also have one file per worker, `<run id>-w<pid>.jsonl`). The pytest plugin writes one file per xdist
+worker (`pytest-<id>-gw<N>.jsonl`).
 `harness.store.results.load_results` reads verdicts (folders recursively), `load_meta` the metadata records.
 
 `docs/SUPPORT_MATRIX.md` is rendered from the verdicts here (`python -m harness matrix --help` says which runs a
