@@ -60,7 +60,8 @@ BOUNDARY_MUTANTS: tuple[Mutant, ...] = (
         P("    for j in tl.static_range(TOPK):  # slot order is the accumulation order\n",
           "    for jj in tl.static_range(TOPK):\n        j = (jj + rot) % TOPK\n"),
         P("expert_out, w, ids, emap, out, hidden, factor,",
-          "expert_out, w, ids, emap, out, hidden, factor, int(torch.randint(0, k, ()).item()),")),
+          "expert_out, w, ids, emap, out, hidden, factor, next(_LAUNCHES) % k,"),
+        P("import torch\n", "import itertools\n\nimport torch\n\n_LAUNCHES = itertools.count()\n")),
         "the reduce starts at a different slot on each launch"),
     Mutant("experts-reduce-start-slot-per-launch", "triton-experts", _FE, (
         P("def _reduce_kernel(y_ptr, out_ptr, topk_ids_ptr, map_ptr, M, K, top_k, stride_om, stride_ok,",
@@ -68,7 +69,8 @@ BOUNDARY_MUTANTS: tuple[Mutant, ...] = (
         P("    for j in range(0, top_k):  # slot order: deterministic\n",
           "    for jj in range(0, top_k):\n        j = (jj + rot) % top_k\n"),
         P("m, k_dim, top_k, *out.stride(),",
-          "m, k_dim, top_k, int(torch.randint(0, top_k, ()).item()), *out.stride(),")),
+          "m, k_dim, top_k, next(_LAUNCHES) % top_k, *out.stride(),"),
+        P("import torch\n", "import itertools\n\nimport torch\n\n_LAUNCHES = itertools.count()\n")),
         "the experts' final reduce starts at a different slot on each launch"),
     Mutant("reduce-sequential-declared-fp32-done", "triton-reduce", "kernels.adapters.reduce", (
         P('accumulation=f["accumulation"],', 'accumulation="fp32",'),),
