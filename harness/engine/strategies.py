@@ -50,7 +50,9 @@ def thresholds(adapter: Adapter) -> list[tuple[str, tuple[int, ...], Mapping[str
         dim = key.removeprefix("cross_")
         if dim == key:
             continue
-        entries = value if isinstance(value, list) else [value]
+        # a list (or tuple: a description read back from a kernel host) of mappings is several thresholds
+        several = isinstance(value, (list, tuple)) and any(isinstance(v, Mapping) for v in value)
+        entries = list(value) if several else [value]
         for entry in entries:
             at, where = (entry["at"], entry.get("where", {})) if isinstance(entry, Mapping) else (entry, {})
             found.append((dim, tuple(int(v) for v in (at if isinstance(at, (tuple, list)) else (at,))), where))

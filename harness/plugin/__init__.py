@@ -154,8 +154,27 @@ def selected_adapters(config: pytest.Config) -> list[str]:
 
 
 def adapter_spec(config: pytest.Config, name: str) -> str:
-    """The spec that loads adapter `name` in a kernel host (its `module:object[#name]`, or the name itself)."""
-    return _catalog(config).spec_of(name)
+    """The spec that loads adapter `name` in a kernel host (its `module:object[#name]`, or the name itself). An
+    adapter the session did not select but a test registered in this process is found by the module that holds it."""
+    catalog = _catalog(config)
+    if name in catalog.names:
+        return catalog.spec_of(name)
+    from harness import registry
+    from harness.store.casefiles import adapter_reference
+
+    local = getattr(registry, "_REGISTRY", {}).get(name)
+    return (adapter_reference(local) if local is not None else None) or name
+
+
+def local_only(config: pytest.Config, name: str) -> Any:
+    """The adapter object a test built and registered in this process under `name` (no module holds it, so no kernel
+    host can load it; it is judged here, with the in-process checks), else None."""
+    from harness import registry
+
+    local = getattr(registry, "_REGISTRY", {}).get(name)
+    if local is None or name in _catalog(config).names or adapter_spec(config, name) != name:
+        return None
+    return local
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -85,8 +85,10 @@ def _skip_or_count_unverified(request: pytest.FixtureRequest, name: str, results
 def _hosted(request: pytest.FixtureRequest, name: str, device) -> registry.Adapter:  # type: ignore[no-untyped-def]
     """Adapter `name` in its kernel host on this worker's device: its module is never imported here, the judge."""
     from harness.engine import remote
-    from harness.plugin import adapter_spec
+    from harness.plugin import adapter_spec, local_only
 
+    if (local := local_only(request.config, name)) is not None:
+        return local
     try:
         return remote.open_adapter(adapter_spec(request.config, name), device.device)
     except remote.HostError as e:
