@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from harness.core.compare import Comparison, bits, compare_bounded, compare_code
 from harness.core.device import DeviceInfo
 from harness.core.result import Result
 from harness.engine.arena import Arena, arena_bytes
+from harness.engine.arena import _contiguous as _contiguous
 from harness.engine.host import STICKY_CUDA, HostDied, KernelRaised
 from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter  # noqa: F401  (re-exported)
 from harness.engine.interpreter import TRITON_VERSION, unverified_reason
@@ -107,14 +108,6 @@ def _fill(t: torch.Tensor, which: int) -> torch.Tensor:
     if which == 0 and t.dtype in (*_POISON, torch.bool):
         return t.copy_(_garbage(t.numel(), t.dtype).to(t.device))
     return _fill_poison(t, which)
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 @dataclasses.dataclass
@@ -317,23 +310,24 @@ def _unwritten(name: str, first: torch.Tensor, first_band: Band, second: torch.T
         sus &= second_band.untouched(second)
     if mask is not None:
         sus &= mask.cpu().expand_as(sus)
-    n = int(sus.sum())
-    if n == 0:
-        return _check(f"written:{name}", True)
-    idx = sus.nonzero()[:5].tolist()
-    return _check(f"written:{name}", False, f"{name}: {n} of {first.numel()} contract elements never written "
-                  f"(poison survived; first at {idx[0]})", unwritten=n, first_indices=idx)
+    return _element_check(f"written:{name}", sus, "unwritten", lambda n, at: f"{name}: {n} of {first.numel()} "
+                          f"contract elements never written (poison survived; first at {at})")
 
 
 def _touched(name: str, first: torch.Tensor, band: Band, untouched: torch.Tensor) -> Comparison:
     """Elements the contract leaves to the caller (Check.untouched) still hold what their buffer held before."""
     bad = ~band.untouched(first) & untouched.cpu().expand(first.shape)
+    return _element_check(f"untouched:{name}", bad, "touched", lambda n, at: f"{name}: {n} elements outside the "
+                          f"contract were written (the kernel must leave them as they were; first at {at})")
+
+
+def _element_check(check: str, bad: torch.Tensor, count_key: str, why: Callable[[int, list[int]], str]) -> Comparison:
+    """A check that fails on the elements marked in `bad`, naming how many and the first ones."""
     n = int(bad.sum())
     if n == 0:
-        return _check(f"untouched:{name}", True)
+        return _check(check, True)
     idx = bad.nonzero()[:5].tolist()
-    return _check(f"untouched:{name}", False, f"{name}: {n} elements outside the contract were written (the "
-                  f"kernel must leave them as they were; first at {idx[0]})", touched=n, first_indices=idx)
+    return _check(check, False, why(n, idx[0]), **{count_key: n}, first_indices=idx)
 
 
 def _compare(check: Check, actual: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> Comparison:
