@@ -81,11 +81,14 @@ class ResultStore:
             return None
         return st.st_ino, st.st_size, st.st_ctime_ns
 
-    def check_untouched(self) -> bool:
+    def check_untouched(self, full: bool = False) -> bool:
         """Whether the file still holds exactly what this store wrote; if another process changed, replaced or
         removed it (a kernel host writing into the results), it is rewritten from this store's own record, a
-        `tampered` record is added, and `self.tampered` counts it. True when it was untouched."""
-        if self._fh is None or self._stamp() == self._seen:
+        `tampered` record is added, and `self.tampered` counts it. True when it was untouched.
+
+        The quick check compares inode, size and ctime; a rewrite of the same size within one tick of the kernel's
+        coarse clock keeps all three, so `full` (at close) compares the contents whatever the stamp says."""
+        if self._fh is None or (not full and self._stamp() == self._seen):
             return True
         text = "".join(self._lines)
         try:
@@ -142,7 +145,8 @@ class ResultStore:
 
     def close(self) -> None:
         if self._fh is not None:
-            self.check_untouched()
+            self._fh.flush()
+            self.check_untouched(full=True)
             self._fh.close()
             self._fh = None
 

@@ -65,6 +65,19 @@ def test_a_last_line_cut_right_after_a_brace_is_a_cut_line(tmp_path: Path) -> No
     assert len(load_results([path])) == 1
 
 
+def test_a_same_size_rewrite_within_one_clock_tick_is_restored_at_close(tmp_path: Path) -> None:
+    """A kernel that turns "fail" into "pass" keeps the file's inode and size, and within one tick of the coarse
+    clock its ctime too: the store compares the contents when it closes."""
+    store = ResultStore(tmp_path, run_id="t")
+    store.append(_result("fail", "out: wrong"))
+    text = store.path.read_text(encoding="utf-8")
+    store.path.write_text(text.replace('"verdict": "fail"', '"verdict": "pass"'), encoding="utf-8")
+    store._seen = store._stamp()  # as if the rewrite fell in the same clock tick as the store's last write
+    store.close()
+    assert [r.verdict for r in load_results([store.path])] == ["fail"]
+    assert store.tampered == 1
+
+
 def test_a_case_file_of_a_module_object_adapter_names_it(tmp_path: Path) -> None:
     r = runner.judge(CASE, remote.open_adapter(WRONG, "cpu"), detect("cpu"))
     assert r.verdict == "fail" and r.metrics.get("adapter_object") == WRONG

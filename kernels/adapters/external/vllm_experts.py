@@ -286,6 +286,8 @@ def _weights(inputs: Tensors, flags: Mapping[str, Any]) -> tuple[torch.Tensor, t
 def run_triton(case: Case, inputs: Tensors, outputs: Tensors, *, reduce: Any = None,
                quantize: Any = None) -> None:
     _check("vllm-triton-experts", TRITON_SUPPORT, case.features)
+    if why := triton_requires(None, case.features):  # a cell the rule excludes, where vLLM computes something else
+        raise Unsupported(f"vllm-triton-experts: {why}")
     qt, qf = case.features.get("quant_type", "none"), case.features.get("quant_format", "-")
     if (qt, qf) != ("none", "-") and qf not in TRITON_QUANT.get(qt, ()):
         raise Unsupported(f"vllm-triton-experts has no {qt} {qf} path")  # e.g. int4 weights without groups

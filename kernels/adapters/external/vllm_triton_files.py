@@ -273,6 +273,8 @@ def _gemm(m: Any, a: torch.Tensor, w: torch.Tensor, c: torch.Tensor, a_scale: to
 def run_standard(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     ve._check("vllm-triton-standard", SUPPORT, case.features)
     f = case.features
+    if why := ve.triton_requires(None, f):  # a cell the rule excludes, where vLLM computes something else
+        raise Unsupported(f"vllm-triton-standard: {why}")
     qt, qf = f.get("quant_type", "none"), f.get("quant_format", "-")
     if (qt, qf) != ("none", "-") and qf not in QUANT.get(qt, ()):
         raise Unsupported(f"vllm-triton-standard has no {qt} {qf} path")
