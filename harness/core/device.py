@@ -127,3 +127,11 @@ def detect(device: str = "auto") -> DeviceInfo:
         torch_version=torch.__version__, triton_version=triton_version(),
         python_version=platform.python_version(), commit=commit, dirty=dirty,
     )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)

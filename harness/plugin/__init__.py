@@ -207,11 +207,26 @@ def pytest_configure(config: pytest.Config) -> None:
             # the xdist controller chooses the run's uid now, so that it knows its workers' results files
             config.option.testrunuid = uuid.uuid4().hex
     os.environ["HARNESS_CASE_TIMEOUT"] = f"{config.getoption('moe_case_timeout'):g}"  # xdist workers inherit it
+    if hasattr(config, "workerinput"):
+        _share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
     device = worker_device(config)
     if device.startswith("cuda:"):
         import torch
 
         torch.cuda.set_device(int(device.split(":")[1]))  # kernels that allocate on "cuda" follow the worker
+
+
+def _share_cores(workers: int) -> None:
+    """Each xdist worker (and the kernel hosts it starts, which take its thread count) gets its share of the CPUs:
+    torch's default of one thread per CPU in every worker oversubscribes the machine and slows the small ops the
+    judging is made of. An OMP_NUM_THREADS the user set is kept."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    from harness.core.device import usable_cpus
+
+    torch.set_num_threads(max(1, usable_cpus() // max(1, workers)))
 
 
 def _check_options(config: pytest.Config) -> None:

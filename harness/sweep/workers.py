@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from harness.core.case import Case
-from harness.core.device import DeviceInfo, detect
+from harness.core.device import DeviceInfo, detect, usable_cpus
 from harness.core.exits import INTERRUPT_SIGNALS
 from harness.core.result import Result, strict_json
 from harness.engine import remote, runner
@@ -191,15 +191,8 @@ def default_jobs(device: DeviceInfo) -> int:
         import torch
 
         # the judging (inputs, oracle, comparisons) is CPU-heavy and kernels are short: several workers per GPU
-        return max(1, min(_cpus(), 6 * max(1, torch.cuda.device_count())))
-    return _cpus()
-
-
-def _cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+        return max(1, min(usable_cpus(), 6 * max(1, torch.cuda.device_count())))
+    return usable_cpus()
 
 
 class WorkerPool:
@@ -224,7 +217,7 @@ class WorkerPool:
 
             devices = [f"cuda:{i}" for i in range(max(1, torch.cuda.device_count()))]
         n_slots = min(jobs, max(1, len(chunks)))
-        self.cpu_threads = max(1, (os.cpu_count() or 1) // n_slots)
+        self.cpu_threads = max(1, usable_cpus() // n_slots)
         self.slots = [_Slot(i, devices[i % len(devices)]) for i in range(n_slots)]
         self.start_failures = 0  # workers that died before reporting ready, in a row
         # every worker holds the read end; when this process dies the write end closes and the workers exit

@@ -175,3 +175,20 @@ def test_asking_for_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path) -> None:
     code, out, err = _pytest(tmp_path, "--moe-adapter", "reference-activation", "--moe-device", "cuda")
     assert code == pytest.ExitCode.USAGE_ERROR and "ERROR: --moe-device cuda: torch sees no CUDA device" in err, \
         (code, out[-2000:], err[-2000:])
+
+
+def test_xdist_workers_share_the_cpus_instead_of_each_taking_all(tmp_path: Path) -> None:
+    """torch's default (a thread per CPU) in every worker oversubscribes the machine; each worker takes its share."""
+    (tmp_path / "test_threads_probe.py").write_text(
+        "import os, torch\n"
+        "def test_threads():\n"
+        "    share = max(1, len(os.sched_getaffinity(0)) // int(os.environ['PYTEST_XDIST_WORKER_COUNT']))\n"
+        "    assert torch.get_num_threads() == share, (torch.get_num_threads(), share)\n")
+    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin_arg, "-n", "2",
+           str(tmp_path / "test_threads_probe.py"), "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE",
+           "--moe-results-dir", str(tmp_path / "results"), "-k", "threads", "--rootdir", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
