@@ -135,3 +135,13 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
+
+
+def threads_for(processes: int) -> int:
+    """Torch threads for each of `processes` busy processes: their share of the usable CPUs, never more than an
+    OMP_NUM_THREADS the user or a parent process set (a pytest-xdist worker's share of the machine)."""
+    share = max(1, usable_cpus() // max(1, processes))
+    try:
+        return max(1, min(share, int(os.environ.get("OMP_NUM_THREADS") or share)))
+    except ValueError:
+        return share

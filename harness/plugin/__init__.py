@@ -71,11 +71,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--moe-results-dir", default=None,
                     help="where verdicts are written, one JSONL file per run and worker (default: ini "
                          "moe_results_dir, else results/local)")
+    group.addoption("--moe-durations", default=None, metavar="FILE",
+                    help="measured test durations (JSON: node id -> seconds) to hand tests out longest first "
+                         "(default: ini moe_durations, where {kind} is cpu or cuda; without one the generic "
+                         "property tests go first)")
+    group.addoption("--moe-record-durations", default=None, metavar="FILE",
+                    help="write every test's duration to FILE at the end (the input of --moe-durations)")
     group.addoption("--moe-no-supervise", action="store_true", default=False,
                     help="do not watch a one-process session from a parent process (by default a session that a "
                          "kernel ends from C code exits 1 with the test it was in, instead of the kernel's status)")
     parser.addini("moe_adapters", type="linelist", default=[],
                   help="adapters whose generic tests run when --moe-adapter is not given ('all': every one)")
+    parser.addini("moe_durations", default="", help="default of --moe-durations ({kind}: cpu or cuda)")
     parser.addini("moe_results_dir", default="results/local", help="default of --moe-results-dir")
 
 
@@ -203,6 +210,10 @@ def pytest_configure(config: pytest.Config) -> None:
     _check_options(config)
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_VerifiedCount(), "moe-harness-verified")
+        if record := config.getoption("moe_record_durations"):
+            from harness.plugin.schedule import DurationRecorder
+
+            config.pluginmanager.register(DurationRecorder(record), "moe-harness-durations")
         if getattr(config.option, "testrunuid", "absent") is None:
             # the xdist controller chooses the run's uid now, so that it knows its workers' results files
             config.option.testrunuid = uuid.uuid4().hex
@@ -219,14 +230,17 @@ def pytest_configure(config: pytest.Config) -> None:
 def _share_cores(workers: int) -> None:
     """Each xdist worker (and the kernel hosts it starts, which take its thread count) gets its share of the CPUs:
     torch's default of one thread per CPU in every worker oversubscribes the machine and slows the small ops the
-    judging is made of. An OMP_NUM_THREADS the user set is kept."""
+    judging is made of. The share is also left in OMP_NUM_THREADS for the processes a test starts (a child pytest
+    or sweep takes it as its whole machine). An OMP_NUM_THREADS the user set is kept."""
     if os.environ.get("OMP_NUM_THREADS"):
         return
     import torch
 
-    from harness.core.device import usable_cpus
+    from harness.core.device import threads_for
 
-    torch.set_num_threads(max(1, usable_cpus() // max(1, workers)))
+    share = threads_for(workers)
+    os.environ["OMP_NUM_THREADS"] = str(share)
+    torch.set_num_threads(share)
 
 
 def _check_options(config: pytest.Config) -> None:
@@ -353,6 +367,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         nodeid = "moe-harness/generic.py"  # installed outside the repository under test
     module = pytest.Module.from_parent(session, path=GENERIC, nodeid=nodeid)
     items.extend(session.genitems(module))
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_longest_first(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest tests first (harness.plugin.schedule), once every item is collected and deselected."""
+    if not is_active(config):
+        return
+    from harness.plugin import schedule
+
+    path = config.getoption("moe_durations")
+    if path is None and (pattern := config.getini("moe_durations")):
+        kind = "cuda" if worker_device(config).startswith("cuda") else "cpu"
+        found = config.rootpath / pattern.replace("{kind}", kind)
+        path = found if found.is_file() else None
+    schedule.order_longest_first(items, schedule.read_durations(path) if path else {})
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

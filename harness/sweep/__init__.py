@@ -233,7 +233,8 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     finally:
         planner.close()
     n_jobs = max(1, jobs or default_jobs(device))
-    chunk_size = max(8, math.ceil(sum(len(p.cases) for _, _, p in planned) / (3 * n_jobs)))
+    # chunks small enough that the last ones end together (a worker that changes adapter starts a kernel host)
+    chunk_size = max(4, math.ceil(sum(len(p.cases) for _, _, p in planned) / (5 * n_jobs)))
     chunks, finished = _chunk_cases(planned, run, done, chunk_size)
     run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out)
     _announce(out, planned, run, profile, n_jobs, case_timeout, shard)

@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from harness.core.case import Case
-from harness.core.device import DeviceInfo, detect, usable_cpus
+from harness.core.device import DeviceInfo, detect, threads_for, usable_cpus
 from harness.core.exits import INTERRUPT_SIGNALS
 from harness.core.result import Result, strict_json
 from harness.engine import remote, runner
@@ -190,8 +190,9 @@ def default_jobs(device: DeviceInfo) -> int:
     if device.is_cuda:
         import torch
 
-        # the judging (inputs, oracle, comparisons) is CPU-heavy and kernels are short: several workers per GPU
-        return max(1, min(usable_cpus(), 6 * max(1, torch.cuda.device_count())))
+        # the judging (inputs, oracle, comparisons) is CPU-heavy and kernels are short: a worker per CPU, up to 16
+        # per GPU (each holds two CUDA contexts, its own and its kernel host's)
+        return max(1, min(usable_cpus(), 16 * max(1, torch.cuda.device_count())))
     return usable_cpus()
 
 
@@ -217,7 +218,7 @@ class WorkerPool:
 
             devices = [f"cuda:{i}" for i in range(max(1, torch.cuda.device_count()))]
         n_slots = min(jobs, max(1, len(chunks)))
-        self.cpu_threads = max(1, usable_cpus() // n_slots)
+        self.cpu_threads = threads_for(n_slots)
         self.slots = [_Slot(i, devices[i % len(devices)]) for i in range(n_slots)]
         self.start_failures = 0  # workers that died before reporting ready, in a row
         # every worker holds the read end; when this process dies the write end closes and the workers exit

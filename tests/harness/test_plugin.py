@@ -5,6 +5,7 @@ generic tests from an outside repository is tests/test_examples.py.)"""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -192,3 +193,25 @@ def test_xdist_workers_share_the_cpus_instead_of_each_taking_all(tmp_path: Path)
     p = subprocess.run(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+
+
+def test_tests_are_handed_out_longest_first_by_their_measured_durations(tmp_path: Path) -> None:
+    """xdist deals the first items out round robin: the long ones must come first, or they end the run alone."""
+    (tmp_path / "test_order_probe.py").write_text(
+        "def test_short():\n    pass\n\ndef test_long():\n    pass\n\ndef test_unknown():\n    pass\n")
+    probe = "test_order_probe.py"
+    times = {f"{probe}::test_short": 0.1, f"{probe}::test_long": 30.0, "elsewhere::test_x": 5.0}
+    (tmp_path / "times.json").write_text(json.dumps(times))
+    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *plugin_arg, probe,
+           "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE", "-k", "probe", "--rootdir", str(tmp_path),
+           "--moe-durations", str(tmp_path / "times.json")]
+    p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                       timeout=300)
+    order = [line.split("::")[-1] for line in p.stdout.splitlines() if line.startswith(probe)]
+    # the unknown test counts as the median of the known durations (5 s): between the long and the short one
+    assert order == ["test_long", "test_unknown", "test_short"], p.stdout[-2000:] + p.stderr[-2000:]
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    p = subprocess.run([*cmd[:-1], str(tmp_path / "bad.json")], cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 4 and "--moe-durations" in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
