@@ -370,7 +370,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
-def pytest_collection_modifyitems_longest_first(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems_longest_first(session: pytest.Session, config: pytest.Config,
+                                                items: list[pytest.Item]) -> None:
     """Longest tests first (harness.plugin.schedule), once every item is collected and deselected."""
     if not is_active(config):
         return
