@@ -36,9 +36,8 @@ SEED_ROWS: tuple[SeedRow, ...] = (
     SeedRow("vLLM", "triton", ("vllm-triton-standard", "vllm-triton-experts"), "Y",
             "fused_experts, TritonExperts"),
     SeedRow("vLLM", "triton (batched)", ("vllm-triton-batched",), "Y", "BatchedTritonExperts"),
-    SeedRow("vLLM", "deep gemm", (), "Y", "DeepGemmExperts, BatchedDeepGemmExperts",
-            "DeepGEMM's CUDA extension is not importable on the lent GPU's torch 2.11 (built against a newer torch; "
-            "its own issue)"),
+    SeedRow("vLLM", "deep gemm", ("deepgemm-contiguous-experts", "deepgemm-masked-experts"), "Y",
+            "DeepGemmExperts, BatchedDeepGemmExperts"),
     SeedRow("vLLM", "cutlass_fp4", (), "Y", "CutlassExpertsFp4",
             "vLLM's CUTLASS kernels are in its CUDA build (_C.so, far over the 64 MiB carry); nvfp4 MMA needs SM100"),
     SeedRow("vLLM", "cutlass_fp8", (), "Y", "CutlassExpertsFp8, CutlassBatchedExpertsFp8",

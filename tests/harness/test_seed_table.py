@@ -46,9 +46,9 @@ def test_cells_come_from_verdicts_with_their_generations() -> None:
     assert "unverifiable" not in row and "sglang-triton-experts: 3/4" in row["verified"]
     assert row["cells"]["activation"] == "silu (interp; sm90 partial), ~~gelu~~ (~~interp~~)"
     assert row["cells"]["quant_type"] == "N/A (unquantized)" and row["cells"]["quant_format"] == "N/A"
-    assert rows["deep gemm"]["unverifiable"].startswith("DeepGEMM")
+    assert rows["flashinfer"]["unverifiable"].startswith("FlashInfer")
     lines = seed_table.to_markdown(seed_table.build([kernel]), render._table)
-    assert lines[0].startswith("## Seed table") and "not verifiable here: DeepGEMM" in "\n".join(lines)
+    assert lines[0].startswith("## Seed table") and "not verifiable here: FlashInfer" in "\n".join(lines)
 
 
 def test_a_row_whose_library_never_ran_says_so() -> None:

@@ -1,0 +1,275 @@
+"""DeepGEMM's fp8 grouped GEMMs (`m_grouped_fp8_gemm_nt_contiguous`, `m_grouped_fp8_gemm_nt_masked`) driven as vLLM
+0.32's `DeepGemmExperts` and `BatchedDeepGemmExperts` drive them (the seed table's `deep gemm` row), for the
+`experts` op on sm90: fp8 e4m3 weights with 128x128 block scales, activations with 1x128 group scales, float32
+scales (vLLM's `DeepGemmQuantScaleFMT.FLOAT32`, `disable_ue8m0_cast=True`: UE8M0 is DeepGEMM's sm100 format).
+
+DeepGEMM is built from its source against the local torch by `scripts/deepgemm.sh` into a git-ignored folder
+(`third_party/deepgemm/pkg`, or MOE_DEEPGEMM_DIR); where the built extension is absent every case is
+`not-installed` with that command. The source is upstream DeepGEMM (LIBRARY: version and commit); vLLM 0.32.0's
+wheel vendors a later fork of it whose extension cannot load under another torch.
+
+Both GEMMs are DeepGEMM's; the stages between them are vLLM's Triton/CUDA kernels and STAND IN here, in vLLM's order:
+  * the activation quantizers (vLLM's `per_token_group_quant_fp8` before GEMM1, its fused
+    `silu_mul_per_token_group_quant_fp8_colmajor` / `persistent_masked_m_silu_mul_quant` between the GEMMs): the
+    oracle's, with vLLM's conventions (`vllm_experts.FP8_GROUP_ACT`: eps 1e-10 on the amax, scale
+    amax * fp32(1/448), x / scale);
+  * the activation (silu, gate first): the oracle's, fp32 inside, rounded once to bf16;
+  * the contiguous layout (vLLM's Triton `deepgemm_moe_permute`): `contiguous_layout` below, vLLM's sm90 silu path:
+    the per-expert row blocks padded to DeepGEMM's M alignment (`get_mk_alignment_for_contiguous_layout`, capped
+    by its theoretical alignment for the call as `compute_aligned_M_and_alignment` does), the grouped layout
+    given as each expert's end row (`use_psum_layout=True`), the GEMMs run inside vLLM's `mk_alignment_scope`;
+  * the unpermute and reduce (vLLM's Triton `deepgemm_unpermute_and_reduce`): each slot's bf16 GEMM2 row times
+    its router weight, summed in fp32, rounded once;
+  * the masked layout's `expected_m`: vLLM's `estimate_expected_m` without data-parallel metadata (the batch's
+    rows per expert).
+So these rows verify DeepGEMM's two grouped GEMMs as vLLM lays out and scales their operands; every other stage
+is the oracle's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.core.case import Case
+from harness.core.device import DeviceInfo
+from harness.registry import Adapter, Library, import_library, provenance, register
+from kernels.adapters.external import vllm_experts as ve
+from reference import activations as ref_act
+from reference.quant import QuantRecipe
+from reference.quant import quantize as ref_quantize
+
+Tensors = dict[str, torch.Tensor]
+
+VERSION = "2.6.1"
+COMMIT = "54e22612409371d6364144b69086735beb54e98b"
+BUILD = "bash scripts/deepgemm.sh --gather (where there is network), then bash scripts/deepgemm.sh --build"
+GROUP = 128
+
+
+def folder() -> Path:
+    """The built package's folder (holding deep_gemm/)."""
+    root = Path(os.environ.get("MOE_DEEPGEMM_DIR", Path(__file__).resolve().parents[3] / "third_party" / "deepgemm"))
+    return root / "pkg"
+
+
+@dataclass(frozen=True)
+class BuiltLibrary(Library):
+    """DeepGEMM as `scripts/deepgemm.sh --build` leaves it: present when its extension is built in `folder()`."""
+
+    def built(self) -> bool:
+        return any((folder() / "deep_gemm").glob("_C*.so"))
+
+    def version(self) -> str | None:
+        return self.written_for if self.built() else None
+
+    def missing(self) -> str | None:
+        if self.built():
+            return None
+        return (f"DeepGEMM's extension is not built in {folder()} (the adapter was written for DeepGEMM "
+                f"{self.written_for}, git {COMMIT}; build it against this torch with: {self.install})")
+
+    def source(self) -> provenance.Source | None:
+        return provenance.Source(path=str(folder()), commit=COMMIT) if self.built() else None
+
+    def load(self) -> None:
+        if not self.built():
+            raise ImportError(self.missing())
+        path = str(folder())
+        if path not in sys.path:
+            sys.path.insert(0, path)
+        __import__(self.module)
+
+
+LIBRARY = BuiltLibrary(distribution="deep_gemm", module="deep_gemm", written_for=VERSION, install=BUILD)
+
+
+def deep_gemm() -> Any:
+    broken = import_library(LIBRARY)
+    if broken:
+        raise RuntimeError(broken)
+    return sys.modules["deep_gemm"]
+
+
+# ------------------------------------------------------------------------------------------------ layouts
+
+def aligned_rows(tokens: int, top_k: int, experts: int, alignment: int) -> int:
+    """vLLM's `compute_aligned_M_and_alignment` M_sum (no per-expert counts on the host): every routed row plus
+    the worst padding of the experts that can be active, rounded up to the alignment."""
+    slots = tokens * top_k
+    rows = slots + min(slots, experts) * (alignment - 1)
+    return -(-rows // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class Contiguous:
+    """The contiguous layout: `rows[i]` the permuted row of flat slot i (-1 for a non-local slot), `ends[e]` expert
+    e's end row (its rows are [ends[e] - counts[e], ends[e])), `m_indices[r]` the expert of row r, -1 on padding
+    rows (the layout without `use_psum_layout`), `total` the permuted buffer's rows."""
+
+    rows: torch.Tensor
+    ends: torch.Tensor
+    m_indices: torch.Tensor
+    total: int
+
+
+def contiguous_layout(local_ids: torch.Tensor, experts: int, alignment: int) -> Contiguous:
+    """vLLM's `deepgemm_moe_permute` layout for flat local expert ids (-1: not local): experts in order, each
+    expert's block starting at a multiple of `alignment`, slots of one expert in flat order."""
+    ids = local_ids.reshape(-1).long()
+    tokens_k = ids.numel()
+    counts = torch.bincount(ids[ids >= 0], minlength=experts)[:experts]
+    padded = (counts + alignment - 1) // alignment * alignment
+    starts = torch.cumsum(padded, 0) - padded
+    rows = torch.full((tokens_k,), -1, dtype=torch.long, device=ids.device)
+    m_indices = torch.full((max(int(padded.sum()), 0),), -1, dtype=torch.int32, device=ids.device)
+    for e in range(experts):
+        slots = torch.nonzero(ids == e).flatten()
+        start = int(starts[e])
+        rows[slots] = torch.arange(start, start + slots.numel(), device=ids.device)
+        m_indices[start:start + slots.numel()] = e
+    return Contiguous(rows=rows, ends=(starts + counts).to(torch.int32), m_indices=m_indices,
+                      total=int(padded.sum()))
+
+
+def expected_m(counts: torch.Tensor, rows: int) -> int:
+    """vLLM's `estimate_expected_m` with no data-parallel metadata: the batch's rows per expert (at least 1)."""
+    return max(1, min(rows, int(counts.max()) if counts.numel() else 1))
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+def quantize(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stand-in for vLLM's 1x128 fp8 activation quantizers: the oracle's, vLLM's conventions (float32 scales)."""
+    q = ref_quantize(a.float(), QuantRecipe(dtype="fp8_e4m3fn", unit="group", group_size=GROUP, **ve.FP8_GROUP_ACT))
+    return q.codes.view(torch.float8_e4m3fn), q.scales.float().reshape(*a.shape[:-1], -1)
+
+
+def quantize_rows(a: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize` on each expert's valid rows of a batched [E, T, K] tensor (vLLM quantizes those only); the
+    other rows' codes and scales are zero."""
+    e, t, kd = a.shape
+    q = torch.zeros(a.shape, dtype=torch.float8_e4m3fn, device=a.device)
+    s = torch.zeros(e, t, kd // GROUP, dtype=torch.float32, device=a.device)
+    for i, n in enumerate(counts.tolist()):
+        if n:
+            q[i, :n], s[i, :n] = quantize(a[i, :n])
+    return q, s
+
+
+def silu(h: torch.Tensor) -> torch.Tensor:
+    """Stand-in for vLLM's silu-and-mul: the oracle's, fp32 inside, rounded once to bf16."""
+    return ref_act.silu_and_mul(h.float(), out_dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def alignment_scope(dg: Any, value: int) -> Iterator[None]:
+    """vLLM's `mk_alignment_scope`: DeepGEMM's BLOCK_M cap set to the workspace's alignment, restored after."""
+    before = int(dg.get_mk_alignment_for_contiguous_layout())
+    dg.set_mk_alignment_for_contiguous_layout(value)
+    try:
+        yield
+    finally:
+        dg.set_mk_alignment_for_contiguous_layout(before)
+
+
+# ------------------------------------------------------------------------------------------------ support
+
+SUPPORT: dict[str, tuple[str, ...]] = {
+    "format": ("standard",), "quant_type": ("fp8_w8a8",), "quant_format": ("G128",), "activation": ("silu",),
+    "apply_weight_on_input": ("N",), "expert_map": ("N", "Y"), "dtype": ("bfloat16",), "bias": ("N",)}
+MASKED_SUPPORT: dict[str, tuple[str, ...]] = {**SUPPORT, "format": ("batched",), "expert_map": ("N",)}
+CONVENTIONS: dict[str, Any] = {
+    "gate_order": "gate_first", "rounding": "round_once", "intermediate_rounding": "gemm1_and_activation_output",
+    "weight_placement": "accumulator", "matmul_precision": "fp8_mma_promoted",
+    "act_quant": dict(ve.FP8_GROUP_ACT), "accumulation": "rounded_slots"}
+MASKED_CONVENTIONS: dict[str, Any] = {k: v for k, v in CONVENTIONS.items() if k != "accumulation"}
+MASKED_CONVENTIONS["act_quant_scope"] = "expert"
+
+
+def requires(device: DeviceInfo | None, features: Mapping[str, str]) -> str | None:
+    if device is not None and device.generation != "sm90":
+        return (f"DeepGEMM's fp8 grouped GEMMs with float32 scales run on sm90 only (sm100 takes UE8M0 scales), "
+                f"not on {device.generation}")
+    return None
+
+
+def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    ve._check("deepgemm-contiguous-experts", SUPPORT, case.features)
+    dg = deep_gemm()
+    x, topk_ids, topk_weights = inputs["x"], inputs["topk_ids"], inputs["topk_weights"]
+    w1, w2 = inputs["w13"], inputs["w2"]
+    tokens, k = topk_ids.shape
+    e_local, n2, hidden = w1.shape
+    out = outputs["out"]
+    if tokens == 0:
+        return
+    expert_map = inputs.get("expert_map")
+    local = expert_map[topk_ids.long()] if expert_map is not None else topk_ids
+    align = int(dg.get_mk_alignment_for_contiguous_layout())
+    per_call = int(dg.get_theoretical_mk_alignment_for_contiguous_layout(-(-tokens * k // e_local)))
+    align = per_call if 0 < per_call <= align else align
+    lay = contiguous_layout(local, e_local, align)
+    total = max(aligned_rows(tokens, k, e_local, align), lay.total)
+    live = lay.rows >= 0
+    qx, sx = quantize(x)
+    a1 = torch.zeros(total, hidden, dtype=torch.float8_e4m3fn, device=x.device)
+    s1 = torch.zeros(total, hidden // GROUP, dtype=torch.float32, device=x.device)
+    src = torch.arange(tokens * k, device=x.device)[live] // k
+    a1[lay.rows[live]] = qx[src]
+    s1[lay.rows[live]] = sx[src]
+    h = torch.empty(total, n2, dtype=torch.bfloat16, device=x.device)
+    y = torch.empty(total, hidden, dtype=torch.bfloat16, device=x.device)
+    with alignment_scope(dg, align):
+        dg.m_grouped_fp8_gemm_nt_contiguous((a1, s1), (w1, inputs["w13_scale"]), h, lay.ends,
+                                            disable_ue8m0_cast=True, use_psum_layout=True)
+        a2, s2 = quantize(silu(h))
+        dg.m_grouped_fp8_gemm_nt_contiguous((a2, s2), (w2, inputs["w2_scale"]), y, lay.ends,
+                                            disable_ue8m0_cast=True, use_psum_layout=True)
+    slots = torch.zeros(tokens * k, hidden, dtype=torch.float32, device=x.device)
+    slots[live] = y[lay.rows[live]].float() * topk_weights.reshape(-1)[live, None].float()
+    out.copy_(slots.view(tokens, k, hidden).sum(dim=1))
+
+
+def run_masked(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    ve._check("deepgemm-masked-experts", MASKED_SUPPORT, case.features)
+    dg = deep_gemm()
+    x, counts, w1, w2 = inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"]
+    e, t, _ = x.shape
+    if e == 0 or t == 0:
+        return
+    masked = counts.to(torch.int32).contiguous()
+    em = expected_m(masked, t)
+    qx, sx = quantize_rows(x, masked)
+    h = torch.zeros(e, t, w1.shape[1], dtype=torch.bfloat16, device=x.device)
+    dg.m_grouped_fp8_gemm_nt_masked((qx, sx), (w1, inputs["w13_scale"]), h, masked, em, disable_ue8m0_cast=True)
+    a2, s2 = quantize_rows(silu(h.view(e * t, -1)).view(e, t, -1), masked)
+    dg.m_grouped_fp8_gemm_nt_masked((a2, s2), (w2, inputs["w2_scale"]), outputs["out"], masked, em,
+                                    disable_ue8m0_cast=True)
+
+
+_DESCRIPTION = ("DeepGEMM {fn} (sm90, fp8 1x128 x 128x128 float32 scales), built from source by "
+                "scripts/deepgemm.sh, driven as vLLM 0.32's {cls}; stand-ins: the activation quantizers, silu, {more}")
+
+CONTIGUOUS = register(Adapter(
+    name="deepgemm-contiguous-experts", op="experts", source="deep_gemm:m_grouped_fp8_gemm_nt_contiguous",
+    run=run_contiguous, support=SUPPORT, generations=("sm90",), conventions=CONVENTIONS, requires=requires,
+    properties=frozenset({"deterministic"}), limits={"max_E": 256}, library=LIBRARY,
+    description=_DESCRIPTION.format(fn="m_grouped_fp8_gemm_nt_contiguous", cls="DeepGemmExperts",
+                                    more="the permute (psum layout) and the unpermute-reduce"),
+), replace=True)
+
+MASKED = register(Adapter(
+    name="deepgemm-masked-experts", op="experts", source="deep_gemm:m_grouped_fp8_gemm_nt_masked",
+    run=run_masked, support=MASKED_SUPPORT, generations=("sm90",), conventions=MASKED_CONVENTIONS,
+    requires=requires, properties=frozenset({"deterministic"}), limits={"max_E": 256}, library=LIBRARY,
+    description=_DESCRIPTION.format(fn="m_grouped_fp8_gemm_nt_masked", cls="BatchedDeepGemmExperts",
+                                    more="expected_m"),
+), replace=True)

@@ -1,0 +1,69 @@
+"""DeepGEMM's grouped-GEMM adapters: registered without the built extension (not-installed, with the build
+command), declared for what vLLM's DeepGemmExperts / BatchedDeepGemmExperts run on sm90, and the layout helpers
+that stand in for vLLM's Triton permute, checked against vLLM's rules."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from harness import registry
+from harness.core.case import Case
+from harness.engine import runner
+from kernels.adapters.external import deepgemm_experts as dg
+from tests.external._where import nominal
+
+_FEATURES = {"format": "standard", "quant_type": "fp8_w8a8", "quant_format": "G128", "activation": "silu",
+             "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
+
+
+def _case(adapter: registry.Adapter) -> Case:
+    batched = adapter is dg.MASKED
+    f = {**_FEATURES, "format": "batched"} if batched else dict(_FEATURES)
+    shapes = {"E": 2, "K": 128, "N": 128, "max_tokens": 3} if batched else {"M": 5, "E": 4, "k": 2, "K": 128, "N": 128}
+    return Case(op="experts", adapter=adapter.name, features=f, shapes=shapes, dtypes={"x": "bfloat16"}, seed=1,
+                routing="random")
+
+
+@pytest.mark.parametrize("adapter", (dg.CONTIGUOUS, dg.MASKED), ids=lambda a: a.name)
+def test_not_installed_names_the_build(adapter, device_info, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("MOE_DEEPGEMM_DIR", str(tmp_path))
+    assert registry.resolve(adapter.name) is adapter
+    assert adapter.not_installed() is not None and "scripts/deepgemm.sh --build" in adapter.not_installed()
+    fresh = dataclasses.replace(adapter, library=dataclasses.replace(adapter.library))  # no cached import
+    r = runner.judge(_case(fresh), fresh, nominal(fresh, device_info))
+    assert r.verdict == "not-installed" and "scripts/deepgemm.sh" in r.reason
+
+
+def test_declared_for_sm90_fp8_block_scales_only() -> None:
+    for adapter in (dg.CONTIGUOUS, dg.MASKED):
+        assert adapter.generations == ("sm90",) and adapter.declares(_case(adapter).features)[0]
+        assert adapter.support["quant_format"] == ("G128",) and adapter.support["dtype"] == ("bfloat16",)
+        assert not adapter.declares({**_case(adapter).features, "activation": "gelu"})[0]
+    assert dg.requires(None, _FEATURES) is None
+    assert dg.MASKED.support["format"] == ("batched",) and dg.CONTIGUOUS.support["format"] == ("standard",)
+
+
+def test_contiguous_layout_pads_each_expert_to_the_alignment() -> None:
+    ids = torch.tensor([[0, 2], [2, -1], [0, 0]])
+    lay = dg.contiguous_layout(ids, 3, 4)
+    assert lay.rows.tolist() == [0, 4, 5, -1, 1, 2]  # expert 0's slots in flat order, expert 2 at the next block
+    assert lay.ends.tolist() == [3, 4, 6] and lay.ends.dtype == torch.int32  # psum layout: each expert's end row
+    assert lay.m_indices.tolist() == [0, 0, 0, -1, 2, 2, -1, -1] and lay.total == 8  # -1 on padding rows
+    for e in range(3):  # every live row lies in its expert's block
+        rows = lay.rows[(ids.reshape(-1) == e)]
+        assert bool((lay.m_indices[rows] == e).all())
+
+
+def test_aligned_rows_covers_any_routing() -> None:
+    assert dg.aligned_rows(3, 2, 3, 4) == 16  # 6 slots + 3 experts * 3 padding, rounded up to 4
+    for tokens, k, e in ((1, 1, 8), (7, 3, 4), (40, 8, 64)):
+        ids = torch.randint(0, e, (tokens, k))
+        assert dg.contiguous_layout(ids, e, 128).total <= dg.aligned_rows(tokens, k, e, 128)
+
+
+def test_expected_m_is_the_batch_rows_per_expert() -> None:
+    assert dg.expected_m(torch.tensor([0, 3, 1], dtype=torch.int32), 8) == 3
+    assert dg.expected_m(torch.tensor([0, 0], dtype=torch.int32), 8) == 1
