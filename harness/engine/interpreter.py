@@ -174,6 +174,14 @@ def _fixable_issues() -> list[_Issue]:
                "or wrote arbitrary host memory (garbage, or a crash of the process); now each such access raises "
                "OutOfBoundsAccess naming the kernel, the nearest argument and the element offset (a sanitizer: "
                "the GPU does not check either)", f({"bounds_check"})),
+        _Issue("tensor_wrappers", "a kernel argument that wraps a torch tensor without being one (an object with "
+               "data_ptr() and a tensor `.data`, such as OpenAI triton_kernels' Tensor, which compiled Triton takes by "
+               "its data_ptr and dtype) raised AttributeError (untyped_storage); now its tensor is copied to the host "
+               "and back like a tensor argument", f({"tensor_wrappers"})),
+        _Issue("closures", "a @triton.jit function defined inside another function, calling names of the enclosing "
+               "scope (vLLM's routing patch for triton_kernels), raised NameError: the interpreter re-executes its "
+               "source with the module's globals only; now the enclosing scope's values are added to them",
+               f({"closures"})),
         _Issue("fp16_int8_dot", "tl.dot on fp16 (fp32 acc) and int8 (int32 acc) operands: checked, correct",
                f({"fp16_dot", "int8_dot"}), present=False),
         _Issue("load_store_reduce", "masked tl.load with other, int64 offsets, fp32 sum/max/argmax (leftmost "
@@ -189,6 +197,9 @@ def _fixable_issues() -> list[_Issue]:
                f({"fp8_dot_fast_accum"}), fixable=False),
         _Issue("inline_asm", "tl.inline_asm_elementwise runs PTX, which the interpreter cannot execute (it "
                "raises)", f({"inline_asm"}), fixable=False),
+        _Issue("gpu_target", "kernels whose launch code asks the GPU what it is (triton.runtime.driver.active's "
+               "target, torch.cuda device properties: OpenAI triton_kernels' matmul_ogs picks its tiles and weight "
+               "layouts so) cannot launch: the interpreter has no GPU driver", f({"gpu_target"}), fixable=False),
         _Issue("approx_math_bitexact", "on GPU tl.exp/exp2/log/sigmoid, fp32 '/' and fused mul+add use "
                "approximate PTX / FMA contraction; interp results agree to a few ulp, never bitwise",
                f({"approx_math_bitexact"}), fixable=False),
@@ -413,6 +424,8 @@ def _apply_patches(disabled: frozenset[str], version: str) -> None:
     _patch_libdevice(it, tl, on("libdevice"))
     _patch_autotune(at, on("autotune"))
     _patch_float_args(it, tl, on("float_args"))
+    _patch_tensor_wrappers(it, on("tensor_wrappers"))
+    _patch_closures(it, on("closures"))
     _patch_bounds_check(it, on("bounds_check"))  # last: it wraps the loads/stores/atomics patched above
 
 
@@ -425,7 +438,10 @@ _LAUNCHES: list[tuple[str, list[tuple[str, int, int, int, int]]]] = []
 
 
 def _extents(it: Any, named: list[tuple[str, Any]]) -> list[tuple[str, int, int, int, int]]:
-    """The bytes each tensor argument's view spans (not its whole storage: a neighbour's data is out of bounds)."""
+    """The bytes each tensor argument's view spans (not its whole storage: a neighbour's data is out of bounds). A view
+    that starts its storage spans the storage's tail too: an allocation sliced to its shape (OpenAI triton_kernels'
+    `empty_aligned`, whose kernels memset the padding) owns that memory, and the harness' own buffers never start
+    their storage with a tail (inputs fill theirs, outputs sit between guard bands)."""
     out: list[tuple[str, int, int, int, int]] = []
     for name, arg in named:
         if isinstance(arg, tuple):
@@ -439,7 +455,10 @@ def _extents(it: Any, named: list[tuple[str, Any]]) -> list[tuple[str, int, int,
             es, ptr = t.element_size(), t.data_ptr()
             neg = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if st < 0)
             pos = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if st > 0)
-            out.append((name, ptr + neg * es, ptr + (pos + 1) * es, ptr, es))
+            end = ptr + (pos + 1) * es
+            if t.storage_offset() == 0 and neg == 0:
+                end = max(end, ptr + t.untyped_storage().nbytes())
+            out.append((name, ptr + neg * es, end, ptr, es))
     return out
 
 
@@ -527,6 +546,57 @@ def _patch_float_args(it: Any, tl: Any, enabled: bool) -> None:
 
     it._implicit_cvt = implicit_cvt
     it._moe_float_args = True
+
+
+def _wrapped(arg: Any) -> Any:
+    """The torch tensor a tensor-like wrapper holds (an object with data_ptr() whose `.data` is a tensor), else None."""
+    import torch
+
+    if isinstance(arg, torch.Tensor) or not hasattr(arg, "data_ptr"):
+        return None
+    data = getattr(arg, "data", None)
+    return data if isinstance(data, torch.Tensor) else None
+
+
+def _patch_tensor_wrappers(it: Any, enabled: bool) -> None:
+    """Tensor-like wrappers (an object with data_ptr() and a tensor `.data`) are launched as the tensor they hold."""
+    if not enabled or getattr(it, "_moe_tensor_wrappers", False) or not hasattr(it, "_unwrap_tensor"):
+        return
+    orig_unwrap, orig_rewrap = it._unwrap_tensor, it._rewrap_tensor
+
+    def unwrap(t: Any) -> Any:
+        data = _wrapped(t)
+        return orig_unwrap(t) if data is None else data
+
+    def rewrap(t: Any, original_tensor: Any) -> Any:
+        return t if _wrapped(original_tensor) is not None else orig_rewrap(t, original_tensor)
+
+    it._unwrap_tensor, it._rewrap_tensor = unwrap, rewrap
+    it._moe_tensor_wrappers = True
+
+
+def _patch_closures(it: Any, enabled: bool) -> None:
+    """A rewritten nested kernel sees its enclosing scope's values (as compiled Triton resolves them) beside the
+    module's globals (a copy: such a kernel sees later changes of the module's globals only through them)."""
+    import types
+
+    rewriter = getattr(it, "FunctionRewriter", None)
+    if not enabled or rewriter is None or getattr(it, "_moe_closures", False):
+        return
+    orig = rewriter._compile_and_exec
+
+    def compile_and_exec(self: Any, transformed_ast: Any) -> Any:
+        new = orig(self, transformed_ast)
+        code = getattr(self.fn, "__code__", None)
+        if code is None or not code.co_freevars or not self.fn.__closure__:
+            return new
+        cells = {n: c.cell_contents for n, c in zip(code.co_freevars, self.fn.__closure__, strict=True)}
+        found = types.FunctionType(new.__code__, {**new.__globals__, **cells}, new.__name__, new.__defaults__)
+        found.__kwdefaults__, found.__annotations__ = new.__kwdefaults__, new.__annotations__
+        return found
+
+    rewriter._compile_and_exec = compile_and_exec
+    it._moe_closures = True
 
 
 def _decode_any(h: Any, fmts: dict[Any, _Fmt]) -> np.ndarray:

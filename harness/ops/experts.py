@@ -345,6 +345,10 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     # The oracle runs where the inputs are (fp64 on a GPU is fast; real shapes on a CPU are not).
     cpu = {n: t.detach() for n, t in inputs.items()}
     dev = cpu["x"].device
+    if "topk_weights" in cpu and conventions.get("router_weight_dtype", "float32") != "float32":
+        # the weights the kernel multiplies by: the inputs rounded to that dtype
+        rounded = cpu["topk_weights"].to(getattr(torch, conventions["router_weight_dtype"]))
+        cpu["topk_weights"] = rounded.to(cpu["topk_weights"].dtype)
     kw = _oracle_kwargs(case, conventions)
     dt = cpu["x"].dtype
     u_out = unit_roundoff(dt)

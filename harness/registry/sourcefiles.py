@@ -97,11 +97,13 @@ def locate(package: str, distribution: str, needs: tuple[str, ...] = ()) -> Foun
 @functools.cache
 def content_hash(package: Path, files: tuple[str, ...]) -> str:
     """sha256 over the relative paths and bytes of `files` (relative to `package`), in the order given; a directory
-    counts every file under it, in path order. Computed once per process, like the version."""
+    counts every file under it (but bytecode caches, which importing it writes), in path order. Computed once per
+    process, like the version."""
     h = hashlib.sha256()
     for rel in files:
         p = package / rel
-        for f in sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]:
+        for f in sorted(x for x in p.rglob("*") if x.is_file() and "__pycache__" not in x.parts
+                        and x.suffix not in (".pyc", ".pyo")) if p.is_dir() else [p]:
             h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 

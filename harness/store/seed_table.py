@@ -45,9 +45,11 @@ SEED_ROWS: tuple[SeedRow, ...] = (
             "machine (no network there, 64 MiB carry)"),
     SeedRow("vLLM", "flashinfer", (), "Y", "FlashInferExperts",
             "FlashInfer's CUTLASS MoE is JIT-compiled from a 420 MB source tree (its own issue)"),
-    SeedRow("vLLM", "gpt oss triton", (), "Y", "triton_kernel_fused_experts, OAITritonExperts",
-            "OpenAI's triton_kernels (matmul_ogs) ships only in the Triton repository, and no consistent copy of "
-            "its Triton 3.6 version could be assembled here (docs/SEED_TABLE.md)"),
+    SeedRow("vLLM", "gpt oss triton", ("vllm-oai-triton-experts",), "Y",
+            "triton_kernel_fused_experts, OAITritonExperts",
+            "OpenAI's triton_kernels (vendored by vLLM's CUDA wheel) launches its GEMMs (matmul_ogs) only on a GPU: "
+            "it asks the GPU target for its tiles and weight layouts, which Triton's CPU interpreter has not; sm90 "
+            "verdicts come from the lent GPU (docs/SEED_TABLE.md)"),
     SeedRow("vLLM", "marlin", (), "Y", "fused_marlin_moe, MarlinExperts, BatchedMarlinExperts",
             "Marlin's MoE GEMM is a CUDA op of vLLM's CUDA build (moe_wna16_marlin_gemm), not in any carryable wheel"),
     SeedRow("vLLM", "trtllm", (), "Y", "TrtLlmGenExperts", f"TensorRT-LLM-gen cubins (flashinfer-cubin); {_SM100}"),

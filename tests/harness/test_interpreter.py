@@ -86,7 +86,7 @@ def test_report_matches_environment() -> None:
     elif REPORT.verified and not any("fix disabled" in i.description for i in REPORT.issues):
         assert REPORT.status("bf16_dot") == "fixed" and REPORT.status("fp8_cast") == "fixed"
         assert REPORT.status("fp16_int8_dot") == "not-needed"
-        assert unver == {"fp8_dot_fast_accum", "approx_math_bitexact", "inline_asm"}
+        assert unver == {"fp8_dot_fast_accum", "approx_math_bitexact", "inline_asm", "gpu_target"}
     else:
         assert {"bf16_dot", "fp8_cast", "libdevice_erf"} <= unver
 
@@ -457,3 +457,52 @@ def test_bounds_check_names_the_argument_and_lets_masked_lanes_pass() -> None:
     chain = [err.value, *(e for e in (err.value.__cause__, getattr(err.value.__cause__, "__cause__", None)) if e)]
     assert any(isinstance(e, OutOfBoundsAccess) for e in chain), chain
     assert "_copy_kernel: load of 4 unmasked lane(s)" in str(err.value) and "x_ptr" in str(err.value)
+
+
+def test_bounds_check_lets_a_kernel_fill_its_allocation_padding() -> None:
+    """A view that starts its storage owns the storage's tail (an aligned allocation sliced to its shape, as OpenAI
+    triton_kernels' empty_aligned makes and its kernels memset); past the storage it is still out of bounds."""
+    padded = torch.arange(32, dtype=torch.float32, device=DEV)
+    x, y = padded[:16], torch.zeros(32, device=DEV)
+    _copy_kernel[(1,)](x, y, 32, 16, MASKED=False, BLOCK=16)  # reads elements 16..31 of x's storage
+    assert torch.equal(y[:16].cpu(), torch.arange(16, 32, dtype=torch.float32))
+    if INTERP:
+        with pytest.raises(Exception, match="unmasked lane"):
+            _copy_kernel[(1,)](x, y, 32, 20, MASKED=False, BLOCK=16)
+
+
+class _Wrapped:
+    """A tensor-like wrapper as OpenAI triton_kernels passes its Tensor: data_ptr(), dtype and the tensor in `.data`."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data, self.dtype = data, data.dtype
+
+    def data_ptr(self) -> int:
+        return self.data.data_ptr()
+
+
+def test_tensor_wrapper_arguments() -> None:
+    """A wrapper argument is launched as the tensor it holds (read and written through)."""
+    x, y = torch.arange(16, dtype=torch.float32, device=DEV), torch.zeros(16, device=DEV)
+    _copy_kernel[(1,)](_Wrapped(x), _Wrapped(y), 16, 0, MASKED=True, BLOCK=16)
+    assert torch.equal(y, x)
+
+
+def _nested_kernels() -> triton.JITFunction:
+    @triton.jit
+    def twice(v):
+        return v * 2
+
+    @triton.jit
+    def outer(x_ptr, y_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, twice(tl.load(x_ptr + offs)))
+
+    return outer
+
+
+def test_nested_kernel_calls_its_enclosing_scope() -> None:
+    """A kernel defined in a function calls a kernel of the enclosing scope (vLLM's triton_kernels routing patch)."""
+    x, y = torch.arange(16, dtype=torch.float32, device=DEV), torch.zeros(16, device=DEV)
+    _nested_kernels()[(1,)](x, y, BLOCK=16)
+    assert torch.equal(y, 2 * x)
