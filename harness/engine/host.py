@@ -213,7 +213,6 @@ class Host:
         self.conn: Any = None
         self.arena: Arena | None = None
         self.left_behind = 0  # processes the host's kernels started and left running, killed with it
-        self.fresh_checked = False  # whether a case has been judged on a second set of inputs of the same shapes
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()

@@ -25,8 +25,8 @@ _FEATURES = {"format": "standard", "quant_type": "mxfp4_a16", "quant_format": "G
 
 
 def _case(adapter: registry.Adapter) -> Case:
-    return Case(op="experts", adapter=adapter.name, features=_FEATURES, shapes={"M": 9, "E": 8, "k": 2, "K": 64,
-                "N": 64}, dtypes={"x": "bfloat16"}, seed=1, routing="random")
+    return Case(op="experts", adapter=adapter.name, features=_FEATURES, shapes={"M": 9, "E": 8, "k": 2, "K": 128,
+                "N": 128}, dtypes={"x": "bfloat16"}, seed=1, routing="random")
 
 
 def _files() -> None:

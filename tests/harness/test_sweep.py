@@ -351,7 +351,7 @@ def test_results_a_kernel_removes_are_restored_from_the_judges_record(tmp_path: 
 
 def test_verdicts_missing_from_the_files_fail_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last safeguard, should a results file lose verdicts anyway: the sweep fails rather than render it."""
-    monkeypatch.setattr(sweep.ResultStore, "check_untouched", lambda self: True)  # no repair
+    monkeypatch.setattr(sweep.ResultStore, "check_untouched", lambda self, full=False: True)  # no repair
     monkeypatch.setenv("MOE_TEST_RESULTS", str(tmp_path))
     with pytest.raises(sweep.VerdictsLost, match="verdicts counted by this sweep are missing"):
         sweep.run_sweep(["tests.harness.fixtures.fake_adapters:DELETES_RESULTS"], detect("cpu"), str(tmp_path),

@@ -209,7 +209,8 @@ def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     tokens, k = topk_ids.shape
     e_local, n2, hidden = w1.shape
     out = outputs["out"]
-    if tokens == 0:
+    if tokens == 0 or e_local == 0:  # no local expert: nothing routed here, the output stays zero
+        out.zero_()
         return
     expert_map = inputs.get("expert_map")
     local = expert_map[topk_ids.long()] if expert_map is not None else topk_ids

@@ -296,6 +296,9 @@ ADAPTER = register(Adapter(
     name="vllm-oai-triton-experts", op="experts", run=run, support=SUPPORT, generations=GENERATIONS,
     source=f"vllm/{_DRIVER}:triton_kernel_fused_experts", conventions=CONVENTIONS, requires=requires,
     properties=frozenset({"deterministic"}), library=LIBRARY, interp_features=interp_features,
+    # matmul_ogs' Hopper mxfp4 weight swizzle asserts BLOCK_N % 128 == 0 at compile time (seen on sm90 at hidden or
+    # intermediate sizes of 32 to 96): vLLM pads gpt-oss' 2880 to its backends' multiples of 128 or more
+    limits={"K_multiple": 128, "N_multiple": 128},
     description=f"OpenAI triton_kernels (API {TRITON_KERNELS}, vendored by vLLM {VERSION}): routing, matmul_ogs with "
                 "the fused gpt-oss swiglu, mxfp4 weights swizzled by vLLM's _swizzle_mxfp4, driven by vLLM's "
                 "make_routing_data and triton_kernel_fused_experts; OAITritonExperts.apply and the weight "
