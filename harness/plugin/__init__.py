@@ -47,6 +47,22 @@ def _number(kind: type, option: str) -> Any:
     return parse
 
 
+def _shards(text: str) -> Any:
+    return "auto" if text == "auto" else _number(int, "--moe-shards")(text)
+
+
+def shard_count(config: pytest.Config) -> int:
+    """The --moe-shards value; `auto`: on a GPU the property tests of the kernels that compile the most are the
+    longest items, so they are split over the workers (a quarter of the workers, at most 4 shards each)."""
+    shards = config.getoption("moe_shards")
+    if shards != "auto":
+        return int(shards)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers < 4 or not worker_device(config).startswith("cuda"):
+        return 1
+    return 4 if workers >= 8 else 2
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("moe-harness", "moe-harness: generic tests of MoE kernel adapters")
     group.addoption("--moe-adapter", action="append", default=[], metavar="SPEC",
@@ -59,10 +75,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--moe-profile", default=None, metavar="NAME",
                     help="hypothesis profile of the generic tests: ci (default), dev, gpu, thorough "
                          "(also MOE_HARNESS_PROFILE, or HYPOTHESIS_PROFILE when it names one of these)")
-    group.addoption("--moe-shards", type=_number(int, "--moe-shards"),
-                    default=os.environ.get("MOE_HARNESS_SHARDS", "1"),
+    group.addoption("--moe-shards", type=_shards, default=os.environ.get("MOE_HARNESS_SHARDS", "auto"),
                     help="split each adapter's property test into N items, so xdist runs one adapter on several "
-                         "workers (GPU runs)")
+                         "workers (default auto: 4 on a GPU with 8 or more xdist workers, 2 with 4 or more, else 1)")
     group.addoption("--moe-case-timeout", type=_number(float, "--moe-case-timeout"),
                     default=os.environ.get("HARNESS_CASE_TIMEOUT") or str(DEFAULT_CASE_TIMEOUT_S), metavar="S",
                     help="seconds one judged case may take (every runner.judge call of the session); past it the case "
@@ -255,7 +270,7 @@ def _check_options(config: pytest.Config) -> None:
         if isinstance(value := config.getoption(name), _BadNumber):
             raise pytest.UsageError(str(value))
     shards = config.getoption("moe_shards")
-    if shards < 1:
+    if shards != "auto" and shards < 1:
         raise pytest.UsageError(f"--moe-shards must be >= 1, got {shards}")
     timeout = config.getoption("moe_case_timeout")
     if timeout < 0:
@@ -391,7 +406,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "moe_adapter_name" in metafunc.fixturenames:
         metafunc.parametrize("moe_adapter_name", selected_adapters(metafunc.config))
     if "moe_shard" in metafunc.fixturenames:
-        shards = metafunc.config.getoption("moe_shards")  # >= 1: checked at configure
+        shards = shard_count(metafunc.config)  # >= 1: checked at configure
         metafunc.parametrize("moe_shard", [(i, shards) for i in range(shards)],
                              ids=[f"shard{i}" for i in range(shards)])
 

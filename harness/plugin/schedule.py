@@ -4,13 +4,14 @@ feeds workers as they finish).
 
 The times come from a file of measured durations (`--moe-durations FILE`, written by `--moe-record-durations FILE`
 on a run of the same suite on the same kind of machine): a JSON object of node ids to seconds. A test it does not
-know counts as the median of those it knows; without such a file the generic property tests go first (on a GPU
-they are the longest), in their collected order otherwise.
+know counts as the median of those it knows (a property test split into shards as the unsplit one); without such a
+file the generic property tests go first (on a GPU they are the longest), in their collected order otherwise.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,9 +38,16 @@ def order_longest_first(items: list[pytest.Item], durations: Mapping[str, float]
     """Sort `items` in place, longest expected first (a stable sort: ties keep the collected order)."""
     if durations:
         default = statistics.median(durations.values())
-        items.sort(key=lambda item: -durations.get(item.nodeid, default))
+        items.sort(key=lambda item: -_expected(item.nodeid, durations, default))
     else:
         items.sort(key=lambda item: getattr(item, "originalname", item.name) != PROPERTY_TEST)
+
+
+def _expected(nodeid: str, durations: Mapping[str, float], default: float) -> float:
+    """The measured time of a test, or of the same property test measured unsplit (its `-shard0` item)."""
+    if nodeid in durations:
+        return durations[nodeid]
+    return durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid), default)
 
 
 class DurationRecorder:

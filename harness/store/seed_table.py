@@ -119,6 +119,13 @@ def _verified(rows: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(found)
 
 
+def _failed_everywhere(rows: Sequence[Mapping[str, Any]]) -> str:
+    """For rows that ran but passed nothing: where, and how many cases failed (the kernel rows' notes say why)."""
+    found = [f"{g} ({a['name']}: 0/{s['exercised']})" for a in rows for g, s in a["generations"].items()
+             if s.get("exercised")]
+    return f"ran, every case failed or erred: {'; '.join(found)} (see the kernel rows' notes)" if found else ""
+
+
 def build(adapters: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The seed table's rows from the matrix model's kernel rows (`render.build`'s `adapters`)."""
     by_name = {a["name"]: a for a in adapters if a.get("op") == "experts"}
@@ -129,8 +136,8 @@ def build(adapters: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"system": seed.system, "kernel": seed.kernel, "adapters": [a["name"] for a in rows],
                                "source": seed.source, "modular": seed.modular}
         if not verified:
-            why = seed.unverifiable or ("not run here: its library was not installed where the matrix ran"
-                                        if rows else "no adapter")
+            why = seed.unverifiable or (_failed_everywhere(rows) or "not run here: its library was not installed "
+                                        "where the matrix ran" if rows else "no adapter")
             row.update(verified="", unverifiable=why)
         else:
             row.update(verified=verified, cells={axis: _cell(_merge(rows, axis), axis)
@@ -148,7 +155,9 @@ def to_markdown(rows: Sequence[Mapping[str, Any]], table: Any) -> list[str]:
     body = []
     for r in rows:
         if r.get("unverifiable"):
-            cells = [f"not verifiable here: {r['unverifiable']}"] + [""] * (len(COLUMNS) - 2) + [r["modular"] + "ᵈ"]
+            text = r["unverifiable"]
+            first = text if text.startswith("ran, ") else f"not verifiable here: {text}"
+            cells = [first] + [""] * (len(COLUMNS) - 2) + [r["modular"] + "ᵈ"]
         else:
             cells = [r["cells"][axis] if axis else r["modular"] + "ᵈ" for _, axis in COLUMNS]
         body.append([r["system"], r["kernel"], *cells, r["source"], r.get("verified") or "-"])

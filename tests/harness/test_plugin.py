@@ -215,3 +215,17 @@ def test_tests_are_handed_out_longest_first_by_their_measured_durations(tmp_path
     p = subprocess.run([*cmd[:-1], str(tmp_path / "bad.json")], cwd=tmp_path,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert p.returncode == 4 and "--moe-durations" in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("device", "workers", "asked", "want"), [
+    ("cuda:0", "16", "auto", 4), ("cuda:0", "4", "auto", 2), ("cuda:0", "2", "auto", 1), ("cpu", "16", "auto", 1),
+    ("cpu", "16", 3, 3)])
+def test_property_tests_are_split_over_the_workers_of_a_gpu_run(monkeypatch: pytest.MonkeyPatch, device: str,
+                                                                 workers: str, asked: object, want: int) -> None:
+    class Config:
+        def getoption(self, name: str) -> object:
+            return asked
+
+    monkeypatch.setattr(plugin, "worker_device", lambda config: device)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    assert plugin.shard_count(Config()) == want  # type: ignore[arg-type]

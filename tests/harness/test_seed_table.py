@@ -62,3 +62,10 @@ def test_no_section_without_a_seed_system_in_the_results() -> None:
     other = _kernel("my-kernel", [_value("silu", {"sm90": [1, 1]})], {"sm90": {"status": "pass", "passed": 1,
                                                                                "exercised": 1}})
     assert seed_table.to_markdown(seed_table.build([other]), render._table) == []
+
+
+def test_a_row_that_ran_and_failed_everywhere_says_so_not_that_it_was_not_installed() -> None:
+    rows = seed_table.build([{"name": "deepgemm-contiguous-experts", "op": "experts",
+                              "generations": {"sm90": {"status": "fail", "passed": 0, "exercised": 4}}}])
+    row = next(r for r in rows if "deepgemm-contiguous-experts" in r["adapters"])
+    assert row["unverifiable"].startswith("ran, every case failed") and "0/4" in row["unverifiable"], row
