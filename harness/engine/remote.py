@@ -148,8 +148,12 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
     return adapter
 
 
-#: (spec, device) -> the adapter and its host, for the life of this process
+#: (spec, device) -> the adapter and its host, least recently used first
 _OPEN: dict[tuple[str, str], RemoteAdapter] = {}
+#: kernel hosts one judging process keeps running: each is a process with torch loaded and, on a GPU, a CUDA
+#: context, and a pytest worker meets every adapter. The least recently used one is stopped beyond this; its adapter
+#: object stays usable (a stopped host starts again on the next request, which names the adapter it needs)
+MAX_OPEN_HOSTS = 3
 
 
 def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteAdapter:
@@ -159,8 +163,14 @@ def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteA
     if host is not None:
         return _described(spec, host)
     key = (spec, device)
-    if key not in _OPEN:
-        _OPEN[key] = _described(spec, Host(device))
+    if key in _OPEN:
+        _OPEN[key] = _OPEN.pop(key)  # now the most recently used
+        return _OPEN[key]
+    for old in list(_OPEN)[: max(0, len(_OPEN) - MAX_OPEN_HOSTS + 1)]:
+        found = _OPEN[old]
+        if found.host is not None and found.host.alive():
+            found.host.close()
+    _OPEN[key] = _described(spec, Host(device))
     return _OPEN[key]
 
 
