@@ -150,10 +150,15 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
 
 #: (spec, device) -> the adapter and its host, least recently used first
 _OPEN: dict[tuple[str, str], RemoteAdapter] = {}
-#: kernel hosts one judging process keeps running: each is a process with torch loaded and, on a GPU, a CUDA
-#: context, and a pytest worker meets every adapter. The least recently used one is stopped beyond this; its adapter
-#: object stays usable (a stopped host starts again on the next request, which names the adapter it needs)
-MAX_OPEN_HOSTS = 3
+#: kernel hosts one judging process keeps running, on a GPU and elsewhere: each is a process with torch loaded and,
+#: on a GPU, a CUDA context (hundreds of MB of device memory), and a pytest worker meets every adapter. The least
+#: recently used one is stopped beyond this; its adapter object stays usable (a stopped host starts again on the
+#: next request, which names the adapter it needs, at the cost of importing the adapter's module again)
+MAX_OPEN_HOSTS = {"cuda": 3, "cpu": 24}
+
+
+def _cap(device: str) -> int:
+    return MAX_OPEN_HOSTS["cuda" if device.startswith("cuda") else "cpu"]
 
 
 def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteAdapter:
@@ -166,7 +171,8 @@ def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteA
     if key in _OPEN:
         _OPEN[key] = _OPEN.pop(key)  # now the most recently used
         return _OPEN[key]
-    for old in list(_OPEN)[: max(0, len(_OPEN) - MAX_OPEN_HOSTS + 1)]:
+    same_kind = [k for k in _OPEN if _cap(k[1]) == _cap(device)]
+    for old in same_kind[: max(0, len(same_kind) - _cap(device) + 1)]:
         found = _OPEN[old]
         if found.host is not None and found.host.alive():
             found.host.close()
