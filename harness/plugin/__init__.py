@@ -224,6 +224,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
     _check_options(config)
     if not hasattr(config, "workerinput"):
+        _hand_out_one_at_a_time(config)
         config.pluginmanager.register(_VerifiedCount(), "moe-harness-verified")
         if record := config.getoption("moe_record_durations"):
             from harness.plugin.schedule import DurationRecorder
@@ -240,6 +241,15 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.cuda.set_device(int(device.split(":")[1]))  # kernels that allocate on "cuda" follow the worker
+
+
+def _hand_out_one_at_a_time(config: pytest.Config) -> None:
+    """xdist's `load` mode hands each worker a quarter of its share of the tests at once and refills in large
+    chunks, so at the end one worker can hold minutes of queued tests while the others have nothing left to take.
+    Unless the user chose a chunk size, tests go out one at a time (in the longest-first order): whichever worker is
+    free takes the next."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
 
 
 def _share_cores(workers: int) -> None:

@@ -158,7 +158,10 @@ def test_a_terminated_bisect_leaves_no_temporary_folder_or_process(noisy_repo, t
     deadline = time.time() + 60
     while time.time() < deadline and not (log.exists() and "bisect step at" in log.read_text(errors="replace")):
         time.sleep(0.2)
-    time.sleep(3)  # the step's replay child is importing the hanging kernel
+    deadline = time.time() + 30  # the step's replay child starts, then imports the hanging kernel (slow when loaded)
+    while time.time() < deadline and not _processes_mentioning(str(scratch)):
+        time.sleep(0.2)
+    time.sleep(1)
     assert _processes_mentioning(str(scratch)), "the step should be running"
     p.terminate()
     p.wait(30)

@@ -229,3 +229,18 @@ def test_property_tests_are_split_over_the_workers_of_a_gpu_run(monkeypatch: pyt
     monkeypatch.setattr(plugin, "worker_device", lambda config: device)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
     assert plugin.shard_count(Config()) == want  # type: ignore[arg-type]
+
+
+def test_xdist_hands_tests_out_one_at_a_time_unless_the_user_chose_a_chunk() -> None:
+    """With xdist's default chunks one worker ended a CPU run with minutes of queued tests while the other idled."""
+    import argparse
+
+    class Config:
+        def __init__(self, **option: object) -> None:
+            self.option = argparse.Namespace(**option)
+
+    default, chosen, serial = Config(numprocesses=2, maxschedchunk=None), Config(numprocesses=2, maxschedchunk=8), \
+        Config(numprocesses=None, maxschedchunk=None)
+    for config in (default, chosen, serial):
+        plugin._hand_out_one_at_a_time(config)  # type: ignore[arg-type]
+    assert (default.option.maxschedchunk, chosen.option.maxschedchunk, serial.option.maxschedchunk) == (1, 8, None)
