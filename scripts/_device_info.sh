@@ -1,4 +1,4 @@
-# Sourced by scripts/gpu_session.sh: device_info FILE writes the device, driver, clocks, versions (torch, Triton and
+# Sourced by scripts/gpu_run.sh: device_info FILE writes the device, driver, clocks, versions (torch, Triton and
 # whichever third-party kernel libraries import) and the commit of record to FILE and prints it. The commit comes
 # from MOE_HARNESS_COMMIT when set: a device machine's copy of the tree may carry a stale .git.
 device_info() {

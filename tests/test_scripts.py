@@ -1,4 +1,4 @@
-"""The shell scripts parse, and scripts/gpu_session.sh does what its --help says: every option is listed and
+"""The shell scripts parse, and scripts/gpu_run.sh does what its --help says: every option is listed and
 parsed, and a --dry-run prints each command the run would make and where its output would go (no GPU needed)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "gpu_session.sh"
+SCRIPT = ROOT / "scripts" / "gpu_run.sh"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def gpu_session(*args: str, out: Path) -> subprocess.CompletedProcess[str]:
+def gpu_run(*args: str, out: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OUT": str(out)}
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
@@ -38,7 +38,7 @@ def options_in_script() -> list[str]:
     """Every option the script's parser accepts (the valued ones it lists, and its flags)."""
     text = SCRIPT.read_text(encoding="utf-8")
     valued = re.search(r'VALUED="([^"]*)"', text)
-    assert valued, "gpu_session.sh lists its valued options in VALUED"
+    assert valued, "gpu_run.sh lists its valued options in VALUED"
     return [*valued.group(1).split(), "--dry-run", "--no-archive", "--help"]
 
 
@@ -49,7 +49,7 @@ def test_every_shell_script_parses(script: Path) -> None:
 
 
 def test_help_lists_every_option(tmp_path: Path) -> None:
-    proc = gpu_session("--help", out=tmp_path / "out")
+    proc = gpu_run("--help", out=tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     missing = [o for o in options_in_script() if not re.search(rf"(^|\s){re.escape(o)}(\s|$)", proc.stdout)]
     assert not missing, f"options the parser takes but --help does not list: {missing}"
@@ -57,7 +57,7 @@ def test_help_lists_every_option(tmp_path: Path) -> None:
 
 def test_a_default_run_is_named_by_date_commit_and_sections(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = gpu_session("--dry-run", "--commit", "0123456789abcdef+dirty", "--generation", "sm90", out=out)
+    proc = gpu_run("--dry-run", "--commit", "0123456789abcdef+dirty", "--generation", "sm90", out=out)
     assert proc.returncode == 0, proc.stderr
     run_id = re.search(r"^run (\S+):", proc.stdout, re.M)
     assert run_id and re.fullmatch(r"\d{4}-\d\d-\d\d-0123456-pytest-matrix-bench", run_id.group(1)), proc.stdout
@@ -77,7 +77,7 @@ def test_a_default_run_is_named_by_date_commit_and_sections(tmp_path: Path) -> N
 
 def test_every_option_reaches_its_command(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = gpu_session(
+    proc = gpu_run(
         "--dry-run", "--sections", "pytest,matrix external bench,probe", "--generation", "sm90", "--run-id", "R",
         "--results", str(tmp_path / "res"), "--no-archive", "--profile", "thorough", "--workers", "3",
         "--tests", "tests/kernels", "--tests", "harness/plugin/generic.py", "--pytest-args", "-k 'fp8 and not w4'",
@@ -120,7 +120,7 @@ def test_every_option_reaches_its_command(tmp_path: Path) -> None:
 
 
 def test_a_label_names_the_run(tmp_path: Path) -> None:
-    proc = gpu_session("--dry-run", "--sections", "bench", "--label", "nightly", "--commit", "fedcba9876",
+    proc = gpu_run("--dry-run", "--sections", "bench", "--label", "nightly", "--commit", "fedcba9876",
                        "--generation", "sm100", out=tmp_path / "out")
     assert re.search(r"^run \d{4}-\d\d-\d\d-fedcba9-nightly: sections bench;", proc.stdout, re.M), proc.stdout
     assert "[pytest]" not in proc.stdout and "[matrix]" not in proc.stdout
@@ -135,6 +135,6 @@ def test_a_label_names_the_run(tmp_path: Path) -> None:
     (["--matrix-profile", "huge"], "--matrix-profile is quick or full"),
 ])
 def test_a_bad_option_is_refused_before_anything_runs(tmp_path: Path, args: list[str], says: str) -> None:
-    proc = gpu_session("--dry-run", *args, out=tmp_path / "out")
+    proc = gpu_run("--dry-run", *args, out=tmp_path / "out")
     assert proc.returncode == 2 and says in proc.stderr, (proc.returncode, proc.stderr)
     assert not proc.stdout

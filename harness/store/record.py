@@ -40,7 +40,7 @@ Layout:
 - `<generation>/<date>-<commit>-<what>/` (`sm90`, `interp`, ...): one run folder per device run, named by the
   UTC date of its first verdict, the commit it ran and what it covered. Inside, one folder per sweep or test run
   holds its verdict files, `device.txt` records the device, driver, versions and commit, and `logs/` the console
-  output of each step. `scripts/gpu_session.sh` writes a run in this shape.
+  output of each step. `scripts/gpu_run.sh` writes a run in this shape.
 - `<generation>/bench/<date>-<commit>-<what>/`: timings and tile probes (`python -m harness bench`,
   `scripts/probe_experts.py`, `scripts/tune_experts.py`); JSONL files there hold no verdicts and the matrix skips
   them.

@@ -54,3 +54,17 @@ def module(name: str) -> Any:
     once, at its own first import)."""
     library_module(LIBRARY, "vllm.triton_utils")  # before anything of vLLM can import it without the stand-in
     return library_module(LIBRARY, name)
+
+
+#: vLLM's logger, as the taken functions call it (its *_once methods), for every module built from vLLM's files
+LOGGER = '''
+class _Logger(logging.LoggerAdapter):
+    def warning_once(self, *args, **kwargs):
+        pass
+
+    def info_once(self, *args, **kwargs):
+        pass
+
+
+logger = _Logger(logging.getLogger("moe_harness.vllm"), {})
+'''

@@ -52,6 +52,7 @@ import torch
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
 from harness.registry import Adapter, FilesLibrary, Unsupported, import_library, register, sourcefiles
+from kernels.adapters.external._vllm import LOGGER
 
 Tensors = dict[str, torch.Tensor]
 
@@ -97,16 +98,7 @@ FusedMoEQuantConfig = Any  # annotations only
 class MoEActivation(enum.Enum):
     SWIGLUOAI = "swigluoai"
 
-
-class _Logger(logging.LoggerAdapter):
-    def warning_once(self, *args, **kwargs):
-        pass
-
-    def info_once(self, *args, **kwargs):
-        pass
-
-
-logger = _Logger(logging.getLogger("moe_harness.vllm"), {{}})
+{logger}
 
 
 class _Capability(tuple):
@@ -200,7 +192,7 @@ def module() -> Any:
                                f"written for {TRITON_KERNELS}")
         found = LIBRARY.found()
         assert found is not None
-        m = sourcefiles.build(found, "vllm_oai", PRELUDE.format(generation=generation), PARTS)
+        m = sourcefiles.build(found, "vllm_oai", PRELUDE.format(generation=generation, logger=LOGGER), PARTS)
         m._patch_legacy_routing_for_nonpow2_topk()  # as vLLM's module does when it is imported
         _BUILT["m"] = m
     return _BUILT["m"]

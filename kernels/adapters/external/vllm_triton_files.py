@@ -39,6 +39,7 @@ from harness.core.case import Case
 from harness.core.device import DeviceInfo
 from harness.registry import Adapter, FilesLibrary, Unsupported, import_library, register, sourcefiles
 from kernels.adapters.external import vllm_experts as ve
+from kernels.adapters.external._vllm import LOGGER
 from reference import activations as ref_act
 from reference import permute as ref_permute
 from reference.quant import QuantRecipe
@@ -84,16 +85,7 @@ import triton.language as tl
 __file__ = {fused_moe_file!r}  # get_moe_configs reads configs/ beside this file
 envs = types.SimpleNamespace(VLLM_BATCH_INVARIANT=False, VLLM_TUNED_CONFIG_FOLDER=None, VLLM_TRITON_USE_TD=None)
 
-
-class _Logger(logging.LoggerAdapter):
-    def warning_once(self, *args, **kwargs):
-        pass
-
-    def info_once(self, *args, **kwargs):
-        pass
-
-
-logger = _Logger(logging.getLogger("moe_harness.vllm"), {{}})
+{logger}
 
 
 class _Platform:
@@ -167,7 +159,7 @@ def module() -> Any:
             raise RuntimeError(broken)
         found = LIBRARY.found()
         assert found is not None
-        prelude = PRELUDE.format(fused_moe_file=str(found.package / _FM / "fused_moe.py"))
+        prelude = PRELUDE.format(fused_moe_file=str(found.package / _FM / "fused_moe.py"), logger=LOGGER)
         m = sourcefiles.build(found, "vllm_moe", prelude, PARTS)
         m.moe_align_block_size = align_block_size
         _BUILT["m"] = m

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 usage() {
   cat <<'EOF'
-Usage: scripts/gpu_session.sh [options]
+Usage: scripts/gpu_run.sh [options]
 
 Sections (they run in this order; default: pytest matrix bench):
   --sections LIST        comma- or space-separated, of:
@@ -62,7 +62,7 @@ The exit status is the first failing step's (124: it ran past its time limit), 0
 EOF
 }
 
-die() { echo "gpu_session.sh: $*" >&2; echo "try: scripts/gpu_session.sh --help" >&2; exit 2; }
+die() { echo "gpu_run.sh: $*" >&2; echo "try: scripts/gpu_run.sh --help" >&2; exit 2; }
 
 SECTIONS="pytest matrix bench"; OUT_DIR=${OUT:-$PWD/gpu-out}; RESULTS=""; GENERATION=""; RUN_ID=""; LABEL=""
 ARCHIVE=1; DRY=""; PROFILE=gpu; WORKERS=8; PYTEST_ARGS=""; MATRIX_PROFILE=quick; MATRIX_ARGS=""
