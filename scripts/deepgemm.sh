@@ -11,6 +11,7 @@
 #       g++ and nvcc (MAX_JOBS, default 16), lay out the importable package in pkg/; prints the build time
 #   scripts/deepgemm.sh --check     import it and run one tiny grouped GEMM (needs an sm90 GPU)
 #   --dir DIR   the folder (default third_party/deepgemm; the adapters read MOE_DEEPGEMM_DIR)
+#   DG_EXTRA_CXXFLAGS / DG_EXTRA_LDFLAGS (environment): more compiler / linker flags for the extension (build variants)
 # The kernels themselves are JIT-compiled by DeepGEMM at first use into DIR/jit-cache (nvcc from CUDA_HOME).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ while [[ $# -gt 0 ]]; do
     --deepgemm-git) DG_GIT=$2; shift 2 ;;
     --fmt-git) FMT_GIT=$2; shift 2 ;;
     --cutlass-include) CUTLASS_INCLUDE=$2; shift 2 ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
     *) echo "deepgemm.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -113,13 +114,13 @@ root, pkg, tmp = os.environ["DG_ROOT"], os.environ["DG_PKG"], os.environ["DG_TMP
 aten = next(p for p in (os.path.join(d, "ATen", "ATen.h") for d in include_paths()) if os.path.exists(p))
 std = "c++20" if "C++20 or later" in open(aten).read() else "c++17"
 flags = [f"-std={std}", "-O3", "-fPIC", "-Wno-psabi", "-Wno-deprecated-declarations",
-         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"]
+         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}", *os.environ.get("DG_EXTRA_CXXFLAGS", "").split()]
 # CUDA's headers and libraries: the toolkit's, then those of the nvidia-* wheels torch depends on (a toolkit
 # without the math libraries' headers or the unversioned libnvrtc.so)
 wheels = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "*")))
 cuda_inc = [f"{CUDA_HOME}/include", f"{CUDA_HOME}/include/cccl"] + [f"{w}/include" for w in wheels]
 lib_dirs = [d for d in [f"{CUDA_HOME}/lib64", *(f"{w}/lib" for w in wheels)] if os.path.isdir(d)]
-libs, link = ["cudart"], []
+libs, link = ["cudart"], os.environ.get("DG_EXTRA_LDFLAGS", "").split()
 for name in ("nvrtc",):
     found = [(d, f) for d in lib_dirs for f in sorted(os.listdir(d)) if f.startswith(f"lib{name}.so")]
     if any(f == f"lib{name}.so" for _, f in found):

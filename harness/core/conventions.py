@@ -221,6 +221,12 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
                    values=_choices(exp_ref.WeightPlacement, {
                        "accumulator": "on GEMM2's fp32 result (Triton fused_moe)",
                        "rounded_expert_output": "on the expert output rounded to the output dtype"})),
+        Convention("division", "how the kernel's fp32 divisions in its activation quantizers round (the scale "
+                   "amax / qmax and the quotient x / scale of the GEMM1 input)", values={
+                       "correctly_rounded": "IEEE division (CUDA's `/`, Triton's tl.div_rn, PyTorch)",
+                       "approximate": "Triton's fp32 `/` on NVIDIA GPUs (div.full.f32, within 2 ulp): a GEMM1 input "
+                       "code next to a rounding boundary may take either neighbour (SGLang's Triton quantizers)"},
+                   default="correctly_rounded"),
         Convention("router_weight_dtype", "the dtype the kernel rounds the router weights (topk_weights) to before "
                    "it multiplies by them", values={
                        "float32": "as given (fp32)",

@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from harness.engine import interpreter_speed
+
 Status = Literal["fixed", "not-needed", "unfixed"]
 
 #: the feature every Triton kernel depends on in the interpreter: unverifiable when the Triton release is not verified
@@ -427,6 +429,7 @@ def _apply_patches(disabled: frozenset[str], version: str) -> None:
     _patch_tensor_wrappers(it, on("tensor_wrappers"))
     _patch_closures(it, on("closures"))
     _patch_bounds_check(it, on("bounds_check"))  # last: it wraps the loads/stores/atomics patched above
+    interpreter_speed.apply(it, tl, disabled)  # no effect on results: work the interpreter does for nothing
 
 
 class OutOfBoundsAccess(RuntimeError):

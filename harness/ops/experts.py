@@ -204,11 +204,24 @@ def _gated_sum(t: torch.Tensor, act: str, conventions: Mapping[str, Any]) -> tor
     return t[..., :half] + t[..., half:]
 
 
+def input_code_error(x: torch.Tensor, quant: ref.ExpertsQuant | None, conventions: Mapping[str, Any],
+                     valid: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Bound on |the kernel's dequantized GEMM1 input - the oracle's| per element of x [R, K] (float64), or None where
+    they are equal: only under `division=approximate`, whose quotients may round an element next to a code boundary
+    to the other neighbour, and move the scale by a few ulps (bracketed as a re-quantization of an exact x)."""
+    if quant is None or quant.act is None or conventions.get("division") != "approximate" or x.shape[0] == 0:
+        return None
+    rows = x.reshape(-1, x.shape[-1]).double()
+    ok = torch.ones(rows.shape[0], dtype=torch.bool, device=rows.device) if valid is None else valid
+    return xq.requant_error(rows, torch.zeros_like(rows), quant.act, ok, quant.act_global_scale).reshape(x.shape)
+
+
 def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, torch.Tensor],
            conventions: Mapping[str, Any], x_rows: torch.Tensor, ids: torch.Tensor, kw: Mapping[str, Any],
-           quant: ref.ExpertsQuant | None = None) -> torch.Tensor:
+           quant: ref.ExpertsQuant | None = None, e_x_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row error bound of the expert output y before the router weight: [R, K]. w13, w2: the float64 weights
-    the oracle multiplies by (dequantized for a quantized scheme); x_rows: its GEMM1 input rows."""
+    the oracle multiplies by (dequantized for a quantized scheme); x_rows: its GEMM1 input rows; e_x_rows: how far
+    the kernel's GEMM1 input rows may be from them (`input_code_error`), None: equal."""
     dt = cpu["x"].dtype
     u_acc = UNIT_ROUNDOFF["tf32"] if conventions.get("matmul_precision") == "tf32" else UNIT_ROUNDOFF["float32"]
     # weight-only kernels that round dequantized weights before their MMA: one more rounding per product
@@ -224,6 +237,8 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     if has_b13:  # the kernel's fp32 add of the bias: one more rounding, relative to |b| as well
         mag_h = mag_h + torch.where((ids >= 0)[:, None], cpu["w13_bias"].double()[ids.clamp_min(0)].abs(), 0.0)
     e_h = (C_DOT * u_acc * math.sqrt(hidden) + u_w) * mag_h
+    if e_x_rows is not None:  # codes the kernel's quantizer may round the other way, through GEMM1
+        e_h = e_h + _per_slot_matmul(e_x_rows, w13.abs(), ids)
     if has_b13:
         h, e_h = _add_bias(h, e_h, cpu["w13_bias"], ids, dt if rounded_bias else None)
     rounding = kw.get("intermediate_rounding", ref.IntermediateRounding.ACTIVATION_OUTPUT)
@@ -311,10 +326,11 @@ def _batched_parts(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Map
     rows = cpu["x"].reshape(e_loc * t, hidden)
     mask = (torch.arange(t, device=dev)[None, :] < cpu["expert_num_tokens"][:, None].long())
     ids = torch.where(mask.reshape(-1), torch.arange(e_loc, device=dev).repeat_interleave(t), -1)
+    e_rows = input_code_error(rows, quant, conventions, ids >= 0)
     if quant is not None:
         rows = quant.quantize_input(rows, ids >= 0)
     mask = mask[..., None].expand_as(want)
-    bound = _bound(case, w13_64, w2_64, cpu, conventions, rows, ids, kw, quant).reshape(want.shape)
+    bound = _bound(case, w13_64, w2_64, cpu, conventions, rows, ids, kw, quant, e_rows).reshape(want.shape)
     return want, bound, mask
 
 
@@ -369,9 +385,12 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     w = cpu["topk_weights"].double()
     x_in = cpu["x"].double() if quant is None else quant.quantize_input(cpu["x"])
     x_rows = x_in.repeat_interleave(k, dim=0)
+    e_x = input_code_error(cpu["x"], quant, conventions)
+    e_x_rows = None if e_x is None else e_x.repeat_interleave(k, dim=0)
     if on_input:
         x_rows = x_rows * w.reshape(-1, 1)
-    e_y = _bound(case, w13_64, w2_64, cpu, conventions, x_rows, ids.reshape(-1), kw, quant)
+        e_x_rows = None if e_x_rows is None else e_x_rows * w.abs().reshape(-1, 1)
+    e_y = _bound(case, w13_64, w2_64, cpu, conventions, x_rows, ids.reshape(-1), kw, quant, e_x_rows)
     e_y = e_y.reshape(m, k, cpu["x"].shape[1])
     inter = ref.expert_intermediates(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"],
                                      **kw, **biases, expert_map=cpu.get("expert_map"),

@@ -226,6 +226,8 @@ def conventions_for(case: Case, device: DeviceInfo) -> dict[str, Any]:
         found["act_quant"] = dict(INT8_TOKEN_ACT)
     elif qt != "none":
         found["weight_dequant_dtype"] = f["dtype"]  # the wna16 kernel dequantizes to the activation dtype
+    if qt in ("fp8_w8a8", "int8_w8a8") and device.is_cuda:
+        found["division"] = "approximate"  # its Triton quantizers' fp32 `/` compiles to div.full.f32 on NVIDIA GPUs
     return found
 
 
