@@ -44,3 +44,16 @@ def unverifiable(moe_unverifiable):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def result_store(moe_results):  # type: ignore[no-untyped-def]
     return moe_results
+
+
+@pytest.fixture(autouse=True)
+def _triton_interpret_restored():  # type: ignore[no-untyped-def]
+    """A CLI command a test runs in this process with `--device cpu` chooses the interpreter for the process
+    (harness.core.device.prepare_interpreter); on a GPU machine the next test must find the compiled setting again,
+    or the modules and kernel hosts it imports mix interpreted and compiled kernels."""
+    before = os.environ.get("TRITON_INTERPRET")
+    yield
+    if before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = before

@@ -145,3 +145,17 @@ def threads_for(processes: int) -> int:
         return max(1, min(share, int(os.environ.get("OMP_NUM_THREADS") or share)))
     except ValueError:
         return share
+
+
+#: GPU memory a judging process or kernel host keeps cached between cases; past it the cache is returned to the device
+CACHED_MEMORY_KEPT_MB = 1024
+
+
+def release_cached_memory(device: str) -> None:
+    """Return torch's cached GPU memory past CACHED_MEMORY_KEPT_MB to the device: a large case's blocks stay
+    cached in the process that ran it, and many processes sharing one GPU (pytest workers, their kernel hosts)
+    otherwise run it out of memory between them."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return
+    if torch.cuda.memory_reserved(torch.device(device)) > CACHED_MEMORY_KEPT_MB * 2**20:
+        torch.cuda.empty_cache()

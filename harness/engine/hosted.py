@@ -21,7 +21,7 @@ import torch
 from harness import registry
 from harness.core import isolation
 from harness.core.case import Case
-from harness.core.device import DeviceInfo
+from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
 from harness.engine.arena import Slot, view
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -141,7 +141,9 @@ class Served:
         self.device = device
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
-        elif os.environ.get("TRITON_INTERPRET") == "1":
+        else:
+            prepare_interpreter(device)  # a CPU host runs Triton kernels in the interpreter, on a GPU machine too
+        if interpreter_enabled():
             from harness.engine.interpreter import unverifiable_here
 
             unverifiable_here()  # the interpreter's fidelity fixes, installed before any kernel module is imported
@@ -252,6 +254,8 @@ class Served:
             for k, t in ins.items():
                 if isinstance(t, torch.Tensor):
                     shared_in[k].copy_(t.cpu())
+            del ins, outs, bands
+            release_cached_memory(self.device)
         return reply
 
 def _own_if_empty(t: Any) -> Any:

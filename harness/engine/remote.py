@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,8 +149,8 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
     return adapter
 
 
-#: (spec, device) -> the adapter and its host, least recently used first
-_OPEN: dict[tuple[str, str], RemoteAdapter] = {}
+#: (spec, device, TRITON_INTERPRET) -> the adapter and its host, least recently used first
+_OPEN: dict[tuple[str, str, str], RemoteAdapter] = {}
 #: kernel hosts one judging process keeps running, on a GPU and elsewhere: each is a process with torch loaded and,
 #: on a GPU, a CUDA context (hundreds of MB of device memory), and a pytest worker meets every adapter. The least
 #: recently used one is stopped beyond this; its adapter object stays usable (a stopped host starts again on the
@@ -167,7 +168,9 @@ def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteA
     when the spec names no adapter, HostError when the host cannot load it."""
     if host is not None:
         return _described(spec, host)
-    key = (spec, device)
+    # a host takes the judge's environment when it starts: one started under another TRITON_INTERPRET (a test that
+    # ran a CPU command in this process) compiled its kernels the other way, so it is not this request's host
+    key = (spec, device, os.environ.get("TRITON_INTERPRET", ""))
     if key in _OPEN:
         _OPEN[key] = _OPEN.pop(key)  # now the most recently used
         return _OPEN[key]
@@ -188,16 +191,18 @@ def _described(spec: str, host: Host) -> RemoteAdapter:
 
 
 def close_adapter(spec: str, device: str) -> None:
-    found = _OPEN.pop((spec, device), None)
-    if found is not None and found.host is not None:
-        found.host.close()
+    """Stop the hosts of `spec` on `device` (one per TRITON_INTERPRET setting they were started under)."""
+    for key in [k for k in _OPEN if k[:2] == (spec, device)]:
+        found = _OPEN.pop(key)
+        if found.host is not None:
+            found.host.close()
 
 
 @atexit.register
 def close_all() -> None:
     for key in list(_OPEN):
         with contextlib.suppress(Exception):
-            close_adapter(*key)
+            close_adapter(*key[:2])
 
 
 @dataclass

@@ -28,7 +28,7 @@ from harness import ops, registry
 from harness.core import isolation
 from harness.core.case import Case
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set, run_bits
-from harness.core.device import DeviceInfo
+from harness.core.device import DeviceInfo, release_cached_memory
 from harness.core.result import Result
 from harness.engine.arena import Arena, arena_bytes
 from harness.engine.arena import _contiguous as _contiguous
@@ -522,6 +522,8 @@ def _probe_cuda(device: DeviceInfo) -> None:
         torch.empty(1, device=device.device).fill_(1).item()
     except Exception as e:
         CONTEXT_LOST = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        return
+    release_cached_memory(device.device)  # the oracle's blocks of a large case
 
 
 def context_lost() -> str:

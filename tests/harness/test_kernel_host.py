@@ -173,9 +173,10 @@ def test_replies_are_json_never_pickles() -> None:
     assert h.proc is None  # killed
 
 
-def test_empty_inputs_reach_a_kernel_host_as_tensors_of_its_own() -> None:
+def test_empty_inputs_reach_a_kernel_host_as_tensors_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tensor with no elements is not a view of the shared arena (Triton's interpreter resizes such tensors; an
-    arena view cannot be resized): the empty-batch case of the Triton align kernel passes through a host."""
+    arena view cannot be resized): the empty-batch case of the Triton align kernel passes through a host. The judge
+    has no TRITON_INTERPRET, as on a GPU machine: a host on the CPU chooses the interpreter itself."""
     from harness import registry
     from harness.engine import remote
     from harness.engine import strategies as hs
@@ -186,8 +187,27 @@ def test_empty_inputs_reach_a_kernel_host_as_tensors_of_its_own() -> None:
     cells = hs.declared_cells(local, device)
     empty = [c for c in plan(local, "quick").cases if c.shapes.get("M") == 0 and c.features in cells]
     assert empty
-    r = runner.judge(empty[0], remote.open_adapter("triton-align", "cpu"), device)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    try:
+        r = runner.judge(empty[0], remote.open_adapter("triton-align", "cpu"), device)
+    finally:
+        remote.close_adapter("triton-align", "cpu")
     assert r.verdict == "pass", r.reason
+
+
+def test_a_host_started_under_another_triton_interpret_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host keeps the environment it started with: after a test switched TRITON_INTERPRET (a CPU command run in
+    this process), the same adapter gets a host started under the current setting."""
+    from harness.engine import remote
+
+    pids = []
+    for value in ("0", "1", "0"):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        a = remote.open_adapter("reference-activation", "cpu")
+        a.host.ask(("ping",))
+        pids.append(a.host.proc.pid)
+    remote.close_adapter("reference-activation", "cpu")
+    assert pids[0] != pids[1] and pids[0] == pids[2], pids
 
 
 def test_a_judge_keeps_few_hosts_running_and_a_stopped_one_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,3 +228,19 @@ def test_a_judge_keeps_few_hosts_running_and_a_stopped_one_starts_again(monkeypa
     assert runner.judge(case, remote.open_adapter(names[0], "cpu"), detect("cpu")).verdict == "pass"
     for n in names:
         remote.close_adapter(n, "cpu")
+
+
+def test_a_large_cases_cached_gpu_memory_is_returned_to_the_device() -> None:
+    """Sixteen pytest workers and their hosts share one GPU: the blocks of a large case must not stay cached in the
+    process that ran it (an H100 ran out of memory starting a host's CUDA context)."""
+    import torch
+
+    from harness.core.device import CACHED_MEMORY_KEPT_MB, release_cached_memory
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU: the cache is torch's CUDA allocator's")
+    big = torch.empty(2 * CACHED_MEMORY_KEPT_MB * 2**20, dtype=torch.uint8, device="cuda")
+    del big
+    assert torch.cuda.memory_reserved() >= 2 * CACHED_MEMORY_KEPT_MB * 2**20
+    release_cached_memory("cuda:0")
+    assert torch.cuda.memory_reserved() <= CACHED_MEMORY_KEPT_MB * 2**20
