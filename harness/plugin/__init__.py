@@ -51,13 +51,22 @@ def _shards(text: str) -> Any:
     return "auto" if text == "auto" else _number(int, "--moe-shards")(text)
 
 
+def xdist_workers(config: pytest.Config) -> int:
+    """The xdist workers of this session (1 without xdist): from the session itself, never from the environment,
+    which a pytest run started by a test inherits from the worker that started it."""
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        return int(worker.get("workercount", 1))
+    return max(1, int(getattr(config.option, "numprocesses", 0) or 0))
+
+
 def shard_count(config: pytest.Config) -> int:
     """The --moe-shards value; `auto`: on a GPU the property tests of the kernels that compile the most are the
     longest items, so they are split over the workers (a quarter of the workers, at most 4 shards each)."""
     shards = config.getoption("moe_shards")
     if shards != "auto":
         return int(shards)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    workers = xdist_workers(config)
     if workers < 4 or not worker_device(config).startswith("cuda"):
         return 1
     return 4 if workers >= 8 else 2

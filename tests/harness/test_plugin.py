@@ -218,17 +218,30 @@ def test_tests_are_handed_out_longest_first_by_their_measured_durations(tmp_path
 
 
 @pytest.mark.parametrize(("device", "workers", "asked", "want"), [
-    ("cuda:0", "16", "auto", 4), ("cuda:0", "4", "auto", 2), ("cuda:0", "2", "auto", 1), ("cpu", "16", "auto", 1),
-    ("cpu", "16", 3, 3)])
+    ("cuda:0", 16, "auto", 4), ("cuda:0", 4, "auto", 2), ("cuda:0", 2, "auto", 1), ("cuda:0", 0, "auto", 1),
+    ("cpu", 16, "auto", 1), ("cpu", 16, 3, 3)])
+@pytest.mark.parametrize("role", ["controller", "worker"])
 def test_property_tests_are_split_over_the_workers_of_a_gpu_run(monkeypatch: pytest.MonkeyPatch, device: str,
-                                                                 workers: str, asked: object, want: int) -> None:
+                                                                workers: int, asked: object, want: int,
+                                                                role: str) -> None:
+    """The worker count comes from the session (xdist's option in the controller, its worker input in a worker),
+    never from PYTEST_XDIST_WORKER_COUNT: a pytest that a test starts without xdist inherits that variable from the
+    worker running the test (it split its generic tests into 4 on a GPU and failed 4 times where 1 was due)."""
+    class Option:
+        numprocesses = workers if role == "controller" else None
+
     class Config:
+        option = Option()
+
         def getoption(self, name: str) -> object:
             return asked
 
+    config = Config()
+    if role == "worker" and workers:
+        config.workerinput = {"workercount": workers}  # type: ignore[attr-defined]
     monkeypatch.setattr(plugin, "worker_device", lambda config: device)
-    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
-    assert plugin.shard_count(Config()) == want  # type: ignore[arg-type]
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "16")
+    assert plugin.shard_count(config) == want  # type: ignore[arg-type]
 
 
 def test_xdist_hands_tests_out_one_at_a_time_unless_the_user_chose_a_chunk() -> None:

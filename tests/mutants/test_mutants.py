@@ -73,6 +73,10 @@ def search(adapter, device, unverifiable) -> tuple[Result | None, list[Result]]:
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant_is_caught(mutant, device_info, unverifiable) -> None:  # type: ignore[no-untyped-def]
+    if device_info.is_cuda:
+        pytest.skip("the planted bugs are judged where CI judges them, under Triton's interpreter: a mutant kernel "
+                    "runs in this process, where an out-of-bounds one ends the worker on a GPU, and the GPU's tile "
+                    "choices leave some mutated lines unreached at the ci profile's sizes")
     adapter = build(mutant)
     if device_info.generation not in adapter.generations:
         pytest.skip(f"{mutant.base} does not run on {device_info.generation}")
