@@ -50,6 +50,30 @@ def view(buf: Any, slot: Slot) -> torch.Tensor:
     return flat.as_strided(slot.shape, slot.stride, 0)
 
 
+PREFIX = "moe-harness-arena-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale(folder: str) -> None:
+    """Remove the arena files of judges that are gone: a judge killed outright (a hung session's end, SIGKILL) never
+    removes its own, and shared memory holds them until the machine restarts."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))
+
+
 class Arena:
     """A file in shared memory that the judge and one host map: the tensors of one kernel run. The judge allocates
     (`put`, `empty`), resets it before each run, and grows it into a new file when a run needs more."""
@@ -63,7 +87,8 @@ class Arena:
     def _grow(self, size: int) -> None:
         self.close()
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        self.path = os.path.join(folder, f"moe-harness-arena-{os.getpid()}-{secrets.token_hex(6)}")
+        remove_stale(folder)
+        self.path = os.path.join(folder, f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)

@@ -244,3 +244,17 @@ def test_a_large_cases_cached_gpu_memory_is_returned_to_the_device() -> None:
     assert torch.cuda.memory_reserved() >= 2 * CACHED_MEMORY_KEPT_MB * 2**20
     release_cached_memory("cuda:0")
     assert torch.cuda.memory_reserved() <= CACHED_MEMORY_KEPT_MB * 2**20
+
+
+def test_the_arena_files_of_judges_that_are_gone_are_removed(tmp_path: Path) -> None:
+    """A judge killed outright leaves its shared-memory arena behind (about a thousand after one suite run): the next
+    arena made on the machine removes those of dead judges and keeps the others'."""
+    from harness.engine import arena
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, live = tmp_path / f"{arena.PREFIX}{int(gone.stdout)}-aaaa", tmp_path / f"{arena.PREFIX}{os.getpid()}-bbbb"
+    other = tmp_path / "unrelated-file"
+    for f in (dead, live, other):
+        f.write_bytes(b"x")
+    arena.remove_stale(str(tmp_path))
+    assert not dead.exists() and live.exists() and other.exists()

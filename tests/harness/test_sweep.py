@@ -307,7 +307,14 @@ def test_ctrl_c_or_sigterm_stops_the_sweep_and_blames_no_kernel(tmp_path: Path, 
         workers = [int(p) for p in pidfile.read_text().split()]
         # Ctrl-C reaches every process of the terminal's group; a job's time limit may terminate the parent only
         os.killpg(parent.pid, signal.SIGINT) if to_group else parent.send_signal(signal.SIGTERM)
-        code = parent.wait(timeout=60)
+        try:
+            code = parent.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # say what is still running, and what the sweep printed, for the record
+            ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,sid,stat,wchan:24,etimes,args"], capture_output=True,
+                                text=True).stdout.splitlines()
+            kept = [line for line in ps[1:] if line.split()[3] == str(parent.pid)]
+            raise AssertionError("the sweep did not stop within 60 s of the signal; its session:\n"
+                                 + "\n".join([ps[0], *kept]) + "\n" + log.read_text()[-3000:]) from None
         deadline = time.time() + 15
         while [p for p in workers if _alive(p)] and time.time() < deadline:
             time.sleep(0.2)
