@@ -26,6 +26,7 @@ from harness.core.device import detect
 from harness.engine import runner
 from harness.registry import Adapter
 from harness.store.results import load_results
+from tests.harness import signals
 
 DEV = detect("cpu")
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +155,8 @@ def _stopped_session(tmp_path: Path, extra: list[str], sig: int, to_group: bool)
     env = dict(os.environ, PYTHONPATH=str(ROOT), MOE_TEST_PIDFILE=str(pidfile))
     env.pop("MOE_HARNESS_SUPERVISE", None)
     with open(log, "w") as out:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=signals.as_from_a_shell)
     try:
         deadline = time.monotonic() + 300
         while not (pidfile.exists() and pidfile.read_text().strip()):  # the kernel runs: its case is pending

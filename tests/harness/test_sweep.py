@@ -14,6 +14,7 @@ import pytest
 from harness import ops, registry, sweep
 from harness.core.device import detect
 from harness.store.results import load_meta, load_results
+from tests.harness import signals
 
 FAKE = "tests.harness.fixtures.fake_adapters:FAULTY"
 
@@ -299,7 +300,7 @@ def test_ctrl_c_or_sigterm_stops_the_sweep_and_blames_no_kernel(tmp_path: Path, 
            "--out", ""]
     with open(log, "w") as err:
         parent = subprocess.Popen(cmd, env=dict(os.environ, MOE_TEST_PIDFILE=str(pidfile)), stdout=subprocess.DEVNULL,
-                                  stderr=err, start_new_session=True)
+                                  stderr=err, start_new_session=True, preexec_fn=signals.as_from_a_shell)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and len(pidfile.read_text().split() if pidfile.exists() else []) < 2:
@@ -313,7 +314,8 @@ def test_ctrl_c_or_sigterm_stops_the_sweep_and_blames_no_kernel(tmp_path: Path, 
             ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,sid,stat,wchan:24,etimes,args"], capture_output=True,
                                 text=True).stdout.splitlines()
             kept = [line for line in ps[1:] if line.split()[3] == str(parent.pid)]
-            raise AssertionError("the sweep did not stop within 60 s of the signal; its session:\n"
+            raise AssertionError(f"the sweep did not stop within 60 s of the signal (this worker: {signals.state()}); "
+                                 "its session:\n"
                                  + "\n".join([ps[0], *kept]) + "\n" + log.read_text()[-3000:]) from None
         deadline = time.time() + 15
         while [p for p in workers if _alive(p)] and time.time() < deadline:
