@@ -18,12 +18,8 @@ Both are named in ``HARNESS_INTERP_DISABLE`` like the fidelity fixes (``speed_ov
 
 from __future__ import annotations
 
-import inspect
 import types
 from typing import Any
-
-#: the names HARNESS_INTERP_DISABLE takes for these
-SPEED_PATCHES = ("speed_overflow_checks", "speed_nested_patching")
 
 
 def apply(it: Any, tl: Any, disabled: frozenset[str]) -> None:
@@ -87,6 +83,5 @@ def _skip_repeated_patching(it: Any, tl: Any) -> None:
         state["patched"] |= langs  # a helper that reached further: its patches stay, as upstream leaves them
         return scope
 
-    assert inspect.isfunction(original)
     it._patch_lang = patch_lang
     it._moe_speed_nested = True

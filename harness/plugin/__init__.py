@@ -244,7 +244,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.testrunuid = uuid.uuid4().hex
     os.environ["HARNESS_CASE_TIMEOUT"] = f"{config.getoption('moe_case_timeout'):g}"  # xdist workers inherit it
     if hasattr(config, "workerinput"):
-        _share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+        _share_cores(xdist_workers(config))
     device = worker_device(config)
     if device.startswith("cuda:"):
         import torch
