@@ -10,6 +10,8 @@
 #   scripts/deepgemm.sh --build     unpack the archive, compile the extension (deep_gemm._C) with the local torch,
 #       g++ and nvcc (MAX_JOBS, default 16), lay out the importable package in pkg/; prints the build time
 #   scripts/deepgemm.sh --check     import it and run one tiny grouped GEMM (needs an sm90 GPU)
+#   scripts/deepgemm.sh --compiler  print the host compiler --build takes: CXX (else c++) unless it links libstdc++
+#       statically (a second C++ runtime beside torch's crashes std::regex), then the first of c++, g++ that does not
 #   --dir DIR   the folder (default third_party/deepgemm; the adapters read MOE_DEEPGEMM_DIR)
 #   DG_EXTRA_CXXFLAGS / DG_EXTRA_LDFLAGS (environment): more compiler / linker flags for the extension (build variants)
 # The kernels themselves are JIT-compiled by DeepGEMM at first use into DIR/jit-cache (nvcc from CUDA_HOME).
@@ -31,7 +33,7 @@ CUTLASS_INCLUDE=
 STAGE=
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --gather|--build|--check) STAGE=${1#--}; shift ;;
+    --gather|--build|--check|--compiler) STAGE=${1#--}; shift ;;
     --dir) DIR=$2; shift 2 ;;
     --deepgemm-git) DG_GIT=$2; shift 2 ;;
     --fmt-git) FMT_GIT=$2; shift 2 ;;
@@ -40,7 +42,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "deepgemm.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[[ -n $STAGE ]] || { echo "deepgemm.sh: give --gather, --build or --check" >&2; exit 2; }
+[[ -n $STAGE ]] || { echo "deepgemm.sh: give --gather, --build, --check or --compiler" >&2; exit 2; }
 PY=${PYTHON:-python}
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
@@ -88,9 +90,43 @@ EOF
   echo "deepgemm: $(du -h "$ARCHIVE" | cut -f1) $ARCHIVE (DeepGEMM $DG_VERSION $DG_COMMIT)"
 }
 
+links_shared_libstdcxx() {  # CXX: do its shared objects take the C++ runtime from libstdc++.so?
+  local t rc=1
+  t=$(mktemp -d)
+  printf '#include <string>\nstd::string f(int i) { return std::to_string(i); }\n' > "$t/a.cpp"
+  if "$1" -shared -fPIC -o "$t/a.so" "$t/a.cpp" 2>/dev/null && readelf -d "$t/a.so" | grep -q 'NEEDED.*libstdc++'; then
+    rc=0
+  fi
+  rm -rf "$t"
+  return $rc
+}
+
+pick_cxx() {
+  # A compiler that links the C++ runtime statically (some toolchain wrappers add -static-libstdc++) gives the
+  # extension a second copy of it beside the libstdc++.so torch loads; their locale state clashes and std::regex
+  # (DeepGEMM's JIT include scan) segfaults on first use. Take the first compiler whose shared objects link it.
+  local cxx
+  for cxx in ${CXX:-} c++ g++ /usr/bin/c++ /usr/bin/g++; do
+    command -v "$cxx" >/dev/null || continue
+    if links_shared_libstdcxx "$cxx"; then
+      [[ $cxx == "${CXX:-c++}" ]] || echo "deepgemm.sh: ${CXX:-c++} links libstdc++ statically (a crash beside torch's); using $cxx" >&2
+      export CXX=$cxx
+      return
+    fi
+  done
+  echo "deepgemm.sh: no C++ compiler here links libstdc++ as a shared library (tried ${CXX:-} c++ g++); set CXX" >&2
+  exit 1
+}
+
+compiler() {
+  pick_cxx
+  echo "$CXX"
+}
+
 build() {
   [[ -f $ARCHIVE ]] || { echo "deepgemm.sh: no $ARCHIVE: run --gather where there is network, carry it" >&2; exit 1; }
   local start=$SECONDS src=$DIR/src pkg=$DIR/pkg
+  pick_cxx
   rm -rf "$src" "$pkg" "$DIR/build.tmp"; mkdir -p "$src" "$pkg"
   tar -C "$src" -xJf "$ARCHIVE"
   local root=$src/DeepGEMM
@@ -133,7 +169,8 @@ for name in ("nvrtc",):
 includes = [*(d for d in cuda_inc if os.path.isdir(d)),
             *(os.path.join(root, d) for d in ("deep_gemm/include", "third-party/cutlass/include", "third-party/fmt/include"))]
 os.chdir(root)
-print(f"deepgemm: compiling csrc/python_api.cpp (-std={std}) against torch {torch.__version__}, CUDA {CUDA_HOME}")
+print(f"deepgemm: compiling csrc/python_api.cpp (-std={std}, {os.environ['CXX']}) against torch {torch.__version__}, "
+      f"CUDA {CUDA_HOME}")
 setup(name="deep_gemm", script_args=["-q", "build_ext", "--build-lib", pkg, "--build-temp", tmp],
       ext_modules=[CUDAExtension(name="deep_gemm._C", sources=["csrc/python_api.cpp"], include_dirs=includes,
                                  libraries=libs, library_dirs=lib_dirs, extra_compile_args=flags,

@@ -138,3 +138,19 @@ def test_a_bad_option_is_refused_before_anything_runs(tmp_path: Path, args: list
     proc = gpu_run("--dry-run", *args, out=tmp_path / "out")
     assert proc.returncode == 2 and says in proc.stderr, (proc.returncode, proc.stderr)
     assert not proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("c++") is None or shutil.which("readelf") is None,
+                    reason="needs a C++ compiler (c++) and readelf")
+def test_deepgemm_build_refuses_a_compiler_that_links_the_cpp_runtime_statically(tmp_path: Path) -> None:
+    # a wrapper like the one that made DeepGEMM's std::regex segfault beside torch: -static-libstdc++ on every link
+    static = tmp_path / "static-cxx"
+    static.write_text('#!/usr/bin/env bash\nexec c++ -static-libstdc++ "$@"\n', encoding="utf-8")
+    static.chmod(0o755)
+    script = ROOT / "scripts" / "deepgemm.sh"
+    run = [*("bash", str(script), "--compiler", "--dir", str(tmp_path / "dg"))]
+    picked = subprocess.run(run, env={**os.environ, "CXX": str(static)}, capture_output=True, text=True, timeout=60)
+    assert picked.returncode == 0, picked.stderr
+    assert picked.stdout.strip() != str(static) and "links libstdc++ statically" in picked.stderr
+    kept = subprocess.run(run, env={**os.environ, "CXX": "c++"}, capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0 and kept.stdout.strip() == "c++" and not kept.stderr, kept.stderr
