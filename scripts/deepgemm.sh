@@ -192,13 +192,13 @@ import deep_gemm
 
 assert torch.cuda.is_available(), "no GPU"
 dev = "cuda"
-e, m, n, k = 2, 4, 256, 128
+e, m, n, k = 2, 128, 256, 128  # m: a capacity of whole 128-row blocks (the masked kernel stores whole blocks)
 a = torch.randn(e, m, k, device=dev).to(torch.float8_e4m3fn)
 b = torch.randn(e, n, k, device=dev).to(torch.float8_e4m3fn)
 sa = torch.ones(e, m, k // 128, device=dev)
 sb = torch.ones(e, n // 128, k // 128, device=dev)
 d = torch.empty(e, m, n, device=dev, dtype=torch.bfloat16)
-masked = torch.tensor([m, 1], device=dev, dtype=torch.int32)
+masked = torch.tensor([5, 1], device=dev, dtype=torch.int32)
 deep_gemm.m_grouped_fp8_gemm_nt_masked((a, sa), (b, sb), d, masked, m, disable_ue8m0_cast=True)
 ref = torch.einsum("emk,enk->emn", a.float(), b.float())
 for g, rows in enumerate(masked.tolist()):

@@ -52,6 +52,10 @@ VERSION = "2.6.1"
 COMMIT = "54e22612409371d6364144b69086735beb54e98b"
 BUILD = "bash scripts/deepgemm.sh --gather (where there is network), then bash scripts/deepgemm.sh --build"
 GROUP = 128
+#: the largest block M of DeepGEMM's sm90 masked kernel (its heuristics pick 64 or 128): the kernel stores whole
+#: blocks with no bound at a group's capacity, so a capacity that is not a multiple of it overwrites the next group's
+#: first rows (docs/FINDINGS.md); the adapter gives each group a capacity that is
+MASKED_BLOCK_M = 128
 
 
 def folder() -> Path:
@@ -228,14 +232,19 @@ def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     s1[lay.rows[live]] = sx[src]
     h = torch.empty(total, n2, dtype=torch.bfloat16, device=x.device)
     y = torch.empty(total, hidden, dtype=torch.bfloat16, device=x.device)
+    rows = lay.rows[live]
     with alignment_scope(dg, align):
         dg.m_grouped_fp8_gemm_nt_contiguous((a1, s1), (w1, inputs["w13_scale"]), h, lay.ends,
                                             disable_ue8m0_cast=True, use_psum_layout=True)
-        a2, s2 = quantize(silu(h))
+        # only the rows GEMM1 wrote: the padding rows of h are never written (torch.empty, as vLLM's workspace) and
+        # vLLM's quantizer output for them is never read; the stand-in quantizer refuses their garbage
+        a2 = torch.zeros(total, n2 // 2, dtype=torch.float8_e4m3fn, device=x.device)
+        s2 = torch.zeros(total, n2 // 2 // GROUP, dtype=torch.float32, device=x.device)
+        a2[rows], s2[rows] = quantize(silu(h[rows]))
         dg.m_grouped_fp8_gemm_nt_contiguous((a2, s2), (w2, inputs["w2_scale"]), y, lay.ends,
                                             disable_ue8m0_cast=True, use_psum_layout=True)
     slots = torch.zeros(tokens * k, hidden, dtype=torch.float32, device=x.device)
-    slots[live] = y[lay.rows[live]].float() * topk_weights.reshape(-1)[live, None].float()
+    slots[live] = y[rows].float() * topk_weights.reshape(-1)[live, None].float()
     out.copy_(slots.view(tokens, k, hidden).sum(dim=1))
 
 
@@ -248,12 +257,25 @@ def run_masked(case: Case, inputs: Tensors, outputs: Tensors) -> None:
         return
     masked = counts.to(torch.int32).contiguous()
     em = expected_m(masked, t)
-    qx, sx = quantize_rows(x, masked)
-    h = torch.zeros(e, t, w1.shape[1], dtype=torch.bfloat16, device=x.device)
+    # each group's capacity padded to the largest block M (vLLM's capacities are: DeepEP's per-rank maxima)
+    tp = -(-t // MASKED_BLOCK_M) * MASKED_BLOCK_M
+    qx, sx = (_pad_rows(v, tp) for v in quantize_rows(x, masked))
+    h = torch.zeros(e, tp, w1.shape[1], dtype=torch.bfloat16, device=x.device)
     dg.m_grouped_fp8_gemm_nt_masked((qx, sx), (w1, inputs["w13_scale"]), h, masked, em, disable_ue8m0_cast=True)
-    a2, s2 = quantize_rows(silu(h.view(e * t, -1)).view(e, t, -1), masked)
-    dg.m_grouped_fp8_gemm_nt_masked((a2, s2), (w2, inputs["w2_scale"]), outputs["out"], masked, em,
-                                    disable_ue8m0_cast=True)
+    a2, s2 = quantize_rows(silu(h.view(e * tp, -1)).view(e, tp, -1), masked)
+    out = outputs["out"] if tp == t else torch.empty(e, tp, w2.shape[1], dtype=torch.bfloat16, device=x.device)
+    dg.m_grouped_fp8_gemm_nt_masked((a2, s2), (w2, inputs["w2_scale"]), out, masked, em, disable_ue8m0_cast=True)
+    if tp != t:
+        outputs["out"].copy_(out[:, :t])
+
+
+def _pad_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
+    """a [E, T, ...] with T grown to `rows` by zero rows."""
+    if a.shape[1] == rows:
+        return a
+    padded = torch.zeros(a.shape[0], rows, *a.shape[2:], dtype=a.dtype, device=a.device)
+    padded[:, : a.shape[1]] = a
+    return padded
 
 
 _DESCRIPTION = ("DeepGEMM {fn} (sm90, fp8 1x128 x 128x128 float32 scales), built from source by "
