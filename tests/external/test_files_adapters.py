@@ -85,3 +85,39 @@ def test_sglang_topk_one_divergence(device_info, unverifiable) -> None:  # type:
     case = _case(sg.EXPERTS).replace(shapes={"M": 3, "E": 4, "k": 1, "K": 32, "N": 16})
     assert sg.EXPERTS.declares(case.features)[0]
     assert runner.judge(case, sg.EXPERTS, here, unverifiable=unverifiable).verdict == "fail"
+
+
+def test_sglang_fp8_tie_rows_on_the_h100_pass_only_as_approximate_division(device_info) -> None:  # type: ignore[no-untyped-def]
+    # SGLang's output on the H100 for a case whose even rows are exact quantization ties (committed bits): its fp8
+    # group quantizer breaks those ties the other way; declared as approximate division it passes, and the
+    # declaration leaves the other rows' bound as it was
+    import json
+    from pathlib import Path
+
+    from harness import ops
+    from harness.core.compare import compare_bounded
+
+    doc = json.loads((Path(__file__).parent / "fixtures" / "sglang-fp8-g128-h100-tie-rows.json").read_text())
+    case = Case.from_dict(doc["case"])
+    out = torch.tensor(doc["out_bfloat16_bits"], dtype=torch.int16).view(torch.bfloat16)
+    spec = ops.get("experts")
+    inputs = spec.make_inputs(case, "cpu")
+    h100 = dataclasses.replace(device_info, generation="sm90", device="cuda:0")
+    declared = sg.EXPERTS.conventions_of(case, h100)
+    assert declared.get("division") == "approximate"
+    assert "division" not in sg.EXPERTS.conventions_of(case, dataclasses.replace(device_info, generation="interp"))
+
+    def check(conventions: dict):  # type: ignore[no-untyped-def]
+        return {c.name: c for c in spec.expected(case, inputs, conventions)}["out"]
+
+    def judged(got: torch.Tensor, chk) -> bool:  # type: ignore[no-untyped-def]
+        return compare_bounded("out", got, chk.expected, chk.bound, mask=chk.mask).passed
+
+    approx, exact = check(declared), check({k: v for k, v in declared.items() if k != "division"})
+    assert judged(out, approx)
+    assert not judged(out, exact)
+    # only the tie rows (even) are loosened: row 1's bound is the same, and an error there still fails
+    assert torch.equal(approx.bound[1], exact.bound[1]) and bool((approx.bound[0] > exact.bound[0]).all())
+    off_row = out.clone()
+    off_row[1] = (off_row[1].float() * 1.5).to(torch.bfloat16)
+    assert not judged(off_row, approx)

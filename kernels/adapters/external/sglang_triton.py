@@ -226,9 +226,9 @@ def conventions_for(case: Case, device: DeviceInfo) -> dict[str, Any]:
         found["act_quant"] = dict(INT8_TOKEN_ACT)
     elif qt != "none":
         found["weight_dequant_dtype"] = f["dtype"]  # the wna16 kernel dequantizes to the activation dtype
-    if qt == "int8_w8a8" and device.is_cuda:
-        # per_token_quant_int8's `127 / absmax` is Triton's fp32 `/`: div.full.f32 on NVIDIA GPUs, codes off IEEE's at
-        # ties on the H100 (docs/FINDINGS.md); its fp8 group quantizer's codes matched IEEE division there
+    if qt in ("int8_w8a8", "fp8_w8a8") and device.is_cuda:
+        # both activation quantizers divide with Triton's fp32 `/` (`127 / absmax`; `absmax / 448`, `1.0 / scale`):
+        # div.full.f32 on NVIDIA GPUs, whose quotients break exact ties the other way on the H100 (docs/FINDINGS.md)
         found["division"] = "approximate"
     return found
 
