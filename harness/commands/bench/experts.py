@@ -4,7 +4,9 @@ fused experts at model shapes, unquantized and every quantized scheme.
 Per (shape, scheme, M in 1..4096): our Triton path (`triton-experts`), torch's grouped GEMM
 (`torch-grouped-mm-experts`, bf16 on sm90/sm100 only) and, with `--against-vllm PATH`, vLLM's Triton
 `fused_moe_kernel` loaded from that wheel or source tree (`harness/commands/bench/_vllm.py`; its tuned config for this
-device, or its default, named in the `config` column; `vs ours` = its time over ours).
+device, or its default, named in the `config` column; `vs ours` = its time over ours), and for fp8 G128 on sm90 with
+DeepGEMM built (`scripts/deepgemm.sh`) its two grouped GEMMs (`harness/commands/bench/_deepgemm.py`: the GEMMs
+only, a lower bound on a DeepGEMM pipeline).
 
 Roofline floor, in the case name: max(FLOPs / measured matmul rate, bytes / measured copy bandwidth), and `floor`
 says which one bounds the row. FLOPs = 6 M k N K (both GEMMs); the rate is measured here, once per run, for the
@@ -307,6 +309,9 @@ def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None 
     unverifiable_here()  # interpreting: install the fidelity fixes first (bf16 tl.dot is garbage without them)
     cuda = device.startswith("cuda")
     grouped_ok = cuda and gk.available() and torch.cuda.get_device_capability(device)[0] in (9, 10)
+    from harness.commands.bench import _deepgemm
+
+    deepgemm_ok = cuda and _deepgemm.missing(device) is None
     moe = None
     if against_vllm:
         from harness.commands.bench import _vllm
@@ -332,6 +337,9 @@ def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None 
                                  verify_rows(p.inp, grouped, "torch-grouped-mm-experts"))
                 if moe is not None:
                     yield from _vllm_rows(p, moe)
+                if deepgemm_ok and scheme == ("fp8_w8a8", "G128"):
+                    features = {**_FEATURES, "quant_type": "fp8_w8a8", "quant_format": "G128"}
+                    yield from _deepgemm.rows(p, features, verify_rows, ("triton-experts", FAST))
             del qw
         del weights
         if cuda:

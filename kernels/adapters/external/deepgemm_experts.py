@@ -205,17 +205,49 @@ def requires(device: DeviceInfo | None, features: Mapping[str, str]) -> str | No
     return None
 
 
-def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
-    ve._check("deepgemm-contiguous-experts", SUPPORT, case.features)
+@dataclass
+class ContiguousCall:
+    """One `DeepGemmExperts` call laid out: GEMM1's permuted, quantized input, the buffers, and the two grouped
+    GEMMs (`gemms`, the part the bench times beside whole pipelines)."""
+
+    dg: Any
+    align: int
+    lay: Contiguous
+    live: torch.Tensor  # flat slots with a local expert
+    rows: torch.Tensor  # their permuted rows
+    a1: torch.Tensor
+    s1: torch.Tensor
+    h: torch.Tensor
+    a2: torch.Tensor
+    s2: torch.Tensor
+    y: torch.Tensor
+
+    def gemm(self, a: tuple[torch.Tensor, torch.Tensor], w: tuple[torch.Tensor, torch.Tensor],
+             out: torch.Tensor) -> None:
+        with alignment_scope(self.dg, self.align):
+            self.dg.m_grouped_fp8_gemm_nt_contiguous(a, w, out, self.lay.ends, disable_ue8m0_cast=True,
+                                                     use_psum_layout=True)
+
+    def quantize_h(self) -> None:
+        """The stand-in activation and quantizer on the rows GEMM1 wrote: the padding rows of h are never written
+        (torch.empty, as vLLM's workspace) and vLLM's quantizer output for them is never read."""
+        self.a2[self.rows], self.s2[self.rows] = quantize(silu(self.h[self.rows]))
+
+    def gemms(self, inputs: Tensors) -> torch.Tensor:
+        """GEMM1 and GEMM2 on this call's operands (GEMM2's input as the last `quantize_h` left it)."""
+        self.gemm((self.a1, self.s1), (inputs["w13"], inputs["w13_scale"]), self.h)
+        self.gemm((self.a2, self.s2), (inputs["w2"], inputs["w2_scale"]), self.y)
+        return self.y
+
+
+def contiguous_call(inputs: Tensors) -> ContiguousCall | None:
+    """Lay out one call as vLLM's sm90 path does (None: no token or no local expert)."""
     dg = deep_gemm()
-    x, topk_ids, topk_weights = inputs["x"], inputs["topk_ids"], inputs["topk_weights"]
-    w1, w2 = inputs["w13"], inputs["w2"]
+    x, topk_ids = inputs["x"], inputs["topk_ids"]
     tokens, k = topk_ids.shape
-    e_local, n2, hidden = w1.shape
-    out = outputs["out"]
-    if tokens == 0 or e_local == 0:  # no local expert: nothing routed here, the output stays zero
-        out.zero_()
-        return
+    e_local, n2, hidden = inputs["w13"].shape
+    if tokens == 0 or e_local == 0:
+        return None
     expert_map = inputs.get("expert_map")
     local = expert_map[topk_ids.long()] if expert_map is not None else topk_ids
     align = int(dg.get_mk_alignment_for_contiguous_layout())
@@ -228,24 +260,32 @@ def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     a1 = torch.zeros(total, hidden, dtype=torch.float8_e4m3fn, device=x.device)
     s1 = torch.zeros(total, hidden // GROUP, dtype=torch.float32, device=x.device)
     src = torch.arange(tokens * k, device=x.device)[live] // k
-    a1[lay.rows[live]] = qx[src]
-    s1[lay.rows[live]] = sx[src]
-    h = torch.empty(total, n2, dtype=torch.bfloat16, device=x.device)
-    y = torch.empty(total, hidden, dtype=torch.bfloat16, device=x.device)
     rows = lay.rows[live]
-    with alignment_scope(dg, align):
-        dg.m_grouped_fp8_gemm_nt_contiguous((a1, s1), (w1, inputs["w13_scale"]), h, lay.ends,
-                                            disable_ue8m0_cast=True, use_psum_layout=True)
-        # only the rows GEMM1 wrote: the padding rows of h are never written (torch.empty, as vLLM's workspace) and
-        # vLLM's quantizer output for them is never read; the stand-in quantizer refuses their garbage
-        a2 = torch.zeros(total, n2 // 2, dtype=torch.float8_e4m3fn, device=x.device)
-        s2 = torch.zeros(total, n2 // 2 // GROUP, dtype=torch.float32, device=x.device)
-        a2[rows], s2[rows] = quantize(silu(h[rows]))
-        dg.m_grouped_fp8_gemm_nt_contiguous((a2, s2), (w2, inputs["w2_scale"]), y, lay.ends,
-                                            disable_ue8m0_cast=True, use_psum_layout=True)
-    slots = torch.zeros(tokens * k, hidden, dtype=torch.float32, device=x.device)
-    slots[live] = y[rows].float() * topk_weights.reshape(-1)[live, None].float()
-    out.copy_(slots.view(tokens, k, hidden).sum(dim=1))
+    a1[rows] = qx[src]
+    s1[rows] = sx[src]
+    n = n2 // 2
+    return ContiguousCall(
+        dg=dg, align=align, lay=lay, live=live, rows=rows, a1=a1, s1=s1,
+        h=torch.empty(total, n2, dtype=torch.bfloat16, device=x.device),
+        a2=torch.zeros(total, n, dtype=torch.float8_e4m3fn, device=x.device),
+        s2=torch.zeros(total, n // GROUP, dtype=torch.float32, device=x.device),
+        y=torch.empty(total, hidden, dtype=torch.bfloat16, device=x.device))
+
+
+def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    ve._check("deepgemm-contiguous-experts", SUPPORT, case.features)
+    out = outputs["out"]
+    call = contiguous_call(inputs)
+    if call is None:  # no local expert: nothing routed here, the output stays zero
+        out.zero_()
+        return
+    call.gemm((call.a1, call.s1), (inputs["w13"], inputs["w13_scale"]), call.h)
+    call.quantize_h()
+    call.gemm((call.a2, call.s2), (inputs["w2"], inputs["w2_scale"]), call.y)
+    tokens, k = inputs["topk_ids"].shape
+    slots = torch.zeros(tokens * k, call.y.shape[1], dtype=torch.float32, device=out.device)
+    slots[call.live] = call.y[call.rows].float() * inputs["topk_weights"].reshape(-1)[call.live, None].float()
+    out.copy_(slots.view(tokens, k, -1).sum(dim=1))
 
 
 def run_masked(case: Case, inputs: Tensors, outputs: Tensors) -> None:
