@@ -67,3 +67,70 @@ def test_aligned_rows_covers_any_routing() -> None:
 def test_expected_m_is_the_batch_rows_per_expert() -> None:
     assert dg.expected_m(torch.tensor([0, 3, 1], dtype=torch.int32), 8) == 3
     assert dg.expected_m(torch.tensor([0, 0], dtype=torch.int32), 8) == 1
+
+
+def test_an_installed_deep_gemm_is_used_when_none_is_built(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from harness.registry import _importable, _installed_version
+
+    site = tmp_path / "site"
+    (site / "deep_gemm").mkdir(parents=True)
+    (site / "deep_gemm" / "__init__.py").write_text("")
+    (site / "deep_gemm-9.9.9.dist-info").mkdir()
+    (site / "deep_gemm-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: deep_gemm\nVersion: 9.9.9\n")
+    monkeypatch.setenv("MOE_DEEPGEMM_DIR", str(tmp_path / "not-built"))
+    lib = dg.LIBRARY
+    _installed_version.cache_clear()
+    _importable.cache_clear()
+    try:
+        assert lib.missing() is not None and "neither built" in lib.missing()
+        monkeypatch.syspath_prepend(str(site))
+        _installed_version.cache_clear()
+        _importable.cache_clear()
+        assert lib.missing() is None and lib.version() == "9.9.9"
+        built = tmp_path / "built" / "pkg" / "deep_gemm"
+        built.mkdir(parents=True)
+        (built / "_C.cpython-x.so").write_text("")
+        monkeypatch.setenv("MOE_DEEPGEMM_DIR", str(tmp_path / "built"))
+        assert lib.version() == dg.VERSION  # the folder the build script made wins
+    finally:
+        _installed_version.cache_clear()
+        _importable.cache_clear()
+
+
+class _BlockStoringDeepGemm:
+    """A CPU stand-in for DeepGEMM's sm90 masked grouped GEMM: exact products, stored in whole 64-row blocks with
+    no bound at a group's capacity (as its TMA store does), the last group first (the real stores race)."""
+
+    @staticmethod
+    def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, disable_ue8m0_cast=True) -> None:  # type: ignore[no-untyped-def]
+        (qa, sa), (qb, sb) = a, b
+        g, m, k = qa.shape
+        flat = d.view(g * m, -1)
+        for i, rows in reversed(list(enumerate(masked_m.tolist()))):
+            if not rows:
+                continue
+            xa = qa[i].float() * sa[i].repeat_interleave(128, 1)[:, :k]
+            wb = qb[i].float() * sb[i].repeat_interleave(128, 0).repeat_interleave(128, 1)[: qb.shape[1], :k]
+            block = -(-rows // 64) * 64
+            full = torch.zeros(block, wb.shape[0])
+            n = min(block, m)
+            full[:n] = xa[:n] @ wb.T
+            stop = min(i * m + block, g * m)
+            flat[i * m:stop] = full[: stop - i * m].to(d.dtype)
+
+
+def test_the_masked_path_gives_each_group_whole_blocks(monkeypatch, device_info) -> None:  # type: ignore[no-untyped-def]
+    # capacity 5: without padding, group 0's 64-row block would overwrite group 1's rows
+    from harness import ops
+    from harness.core.compare import compare_bounded
+
+    monkeypatch.setattr(dg, "deep_gemm", lambda: _BlockStoringDeepGemm)
+    case = _case(dg.MASKED)
+    case = dataclasses.replace(case, shapes={**case.shapes, "max_tokens": 5}, params={"counts": [5, 3]})
+    spec = ops.get("experts")
+    inputs = spec.make_inputs(case, "cpu")
+    out = torch.zeros_like(inputs["x"])
+    dg.run_masked(case, inputs, {"out": out})
+    (chk,) = spec.expected(case, inputs, dg.MASKED.conventions_of(case, device_info))
+    got = compare_bounded("out", out, chk.expected, chk.bound, mask=chk.mask)
+    assert got.passed, got.reason

@@ -66,29 +66,33 @@ def folder() -> Path:
 
 @dataclass(frozen=True)
 class BuiltLibrary(Library):
-    """DeepGEMM as `scripts/deepgemm.sh --build` leaves it: present when its extension is built in `folder()`."""
+    """DeepGEMM as `scripts/deepgemm.sh --build` leaves it in `folder()`, else an installed `deep_gemm` (a user's own
+    build, e.g. `pip install` of DeepGEMM's source against their torch): the built folder wins where both are."""
 
     def built(self) -> bool:
         return any((folder() / "deep_gemm").glob("_C*.so"))
 
     def version(self) -> str | None:
-        return self.written_for if self.built() else None
+        return self.written_for if self.built() else super().version()
 
     def missing(self) -> str | None:
-        if self.built():
+        if self.built() or super().missing() is None:
             return None
-        return (f"DeepGEMM's extension is not built in {folder()} (the adapter was written for DeepGEMM "
+        return (f"DeepGEMM is neither built in {folder()} nor installed (the adapter was written for DeepGEMM "
                 f"{self.written_for}, git {COMMIT}; build it against this torch with: {self.install})")
 
     def source(self) -> provenance.Source | None:
-        return provenance.Source(path=str(folder()), commit=COMMIT) if self.built() else None
+        if self.built():
+            return provenance.Source(path=str(folder()), commit=COMMIT)
+        return super().source()
 
     def load(self) -> None:
-        if not self.built():
+        if self.built():
+            path = str(folder())
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        elif super().missing() is not None:
             raise ImportError(self.missing())
-        path = str(folder())
-        if path not in sys.path:
-            sys.path.insert(0, path)
         __import__(self.module)
 
 
