@@ -76,7 +76,8 @@ def test_an_installed_deep_gemm_is_used_when_none_is_built(tmp_path, monkeypatch
     (site / "deep_gemm").mkdir(parents=True)
     (site / "deep_gemm" / "__init__.py").write_text("")
     (site / "deep_gemm-9.9.9.dist-info").mkdir()
-    (site / "deep_gemm-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: deep_gemm\nVersion: 9.9.9\n")
+    meta = "Metadata-Version: 2.1\nName: deep_gemm\nVersion: 9.9.9\n"
+    (site / "deep_gemm-9.9.9.dist-info" / "METADATA").write_text(meta)
     monkeypatch.setenv("MOE_DEEPGEMM_DIR", str(tmp_path / "not-built"))
     lib = dg.LIBRARY
     _installed_version.cache_clear()
