@@ -34,7 +34,7 @@ while [[ $# -gt 0 ]]; do
     --fast) FAST=1; shift ;;
     --dry-run) DRY=1; shift ;;
     --time-limit) LIMIT=$2; shift 2 ;;
-    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
     *) echo "flashinfer.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done

@@ -154,3 +154,12 @@ def test_deepgemm_build_refuses_a_compiler_that_links_the_cpp_runtime_statically
     assert picked.stdout.strip() != str(static) and "links libstdc++ statically" in picked.stderr
     kept = subprocess.run(run, env={**os.environ, "CXX": "c++"}, capture_output=True, text=True, timeout=60)
     assert kept.returncode == 0 and kept.stdout.strip() == "c++" and not kept.stderr, kept.stderr
+
+
+@pytest.mark.parametrize("name", ["deepgemm.sh", "flashinfer.sh"])
+def test_library_build_scripts_print_their_whole_header_as_help(name: str) -> None:
+    script = ROOT / "scripts" / name
+    header = script.read_text(encoding="utf-8").splitlines()[1:]
+    header = header[:next(i for i, line in enumerate(header) if not line.startswith("#"))]
+    done = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.splitlines() == header, done.stdout

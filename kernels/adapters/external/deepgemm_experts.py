@@ -54,7 +54,7 @@ BUILD = "bash scripts/deepgemm.sh --gather (where there is network), then bash s
 GROUP = 128
 #: the largest block M of DeepGEMM's sm90 masked kernel (its heuristics pick 64 or 128): the kernel stores whole
 #: blocks with no bound at a group's capacity, so a capacity that is not a multiple of it overwrites the next group's
-#: first rows (docs/FINDINGS.md); the adapter gives each group a capacity that is
+#: first rows (docs/FINDINGS.md 13); the adapter rounds each group's capacity up to a multiple of it
 MASKED_BLOCK_M = 128
 
 
@@ -237,9 +237,12 @@ class ContiguousCall:
         (torch.empty, as vLLM's workspace) and vLLM's quantizer output for them is never read."""
         self.a2[self.rows], self.s2[self.rows] = quantize(silu(self.h[self.rows]))
 
-    def gemms(self, inputs: Tensors) -> torch.Tensor:
-        """GEMM1 and GEMM2 on this call's operands (GEMM2's input as the last `quantize_h` left it)."""
+    def gemms(self, inputs: Tensors, *, requantize: bool = False) -> torch.Tensor:
+        """GEMM1 and GEMM2 on this call's operands; between them, with `requantize`, GEMM2's input made from GEMM1's
+        output (`quantize_h`), else left as the last call made it."""
         self.gemm((self.a1, self.s1), (inputs["w13"], inputs["w13_scale"]), self.h)
+        if requantize:
+            self.quantize_h()
         self.gemm((self.a2, self.s2), (inputs["w2"], inputs["w2_scale"]), self.y)
         return self.y
 
@@ -283,9 +286,7 @@ def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     if call is None:  # no local expert: nothing routed here, the output stays zero
         out.zero_()
         return
-    call.gemm((call.a1, call.s1), (inputs["w13"], inputs["w13_scale"]), call.h)
-    call.quantize_h()
-    call.gemm((call.a2, call.s2), (inputs["w2"], inputs["w2_scale"]), call.y)
+    call.gemms(inputs, requantize=True)
     tokens, k = inputs["topk_ids"].shape
     slots = torch.zeros(tokens * k, call.y.shape[1], dtype=torch.float32, device=out.device)
     slots[call.live] = call.y[call.rows].float() * inputs["topk_weights"].reshape(-1)[call.live, None].float()
@@ -303,7 +304,7 @@ def run_masked(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     em = expected_m(masked, t)
     # each group's capacity padded to the largest block M (vLLM's capacities are: DeepEP's per-rank maxima)
     tp = -(-t // MASKED_BLOCK_M) * MASKED_BLOCK_M
-    qx, sx = (_pad_rows(v, tp) for v in quantize_rows(x, masked))
+    qx, sx = quantize_rows(_pad_rows(x, tp), masked)
     h = torch.zeros(e, tp, w1.shape[1], dtype=torch.bfloat16, device=x.device)
     dg.m_grouped_fp8_gemm_nt_masked((qx, sx), (w1, inputs["w13_scale"]), h, masked, em, disable_ue8m0_cast=True)
     a2, s2 = quantize_rows(silu(h.view(e * tp, -1)).view(e, tp, -1), masked)
