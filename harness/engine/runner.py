@@ -59,6 +59,12 @@ _POISON: dict[torch.dtype, tuple[int, int]] = {
 }
 
 
+#: the phases a verdict's metrics.time_s counts (seconds): building inputs, the oracle, the kernel's runs (as the
+#: judge waited for them; `in_host`: the part the kernel host timed around the call), comparisons and checks; the
+#: sweep adds `host_start` (the wait for a kernel host before the case)
+PHASES = ("inputs", "oracle", "first_run", "second_run", "other_runs", "in_host", "checks", "host_start")
+_PHASE_OF_RUN = {"first run": "first_run", "second run": "second_run"}
+
 #: seconds the judge waits at the end of a case before it checks that no output changed after the kernel returned
 SETTLE_S = 0.005
 #: one case in this many (by case id) is also judged on other inputs of the same shapes (`fresh_inputs`)
@@ -564,13 +570,24 @@ class _Judging:
         self.returned_at = 0.0  # when the last remote run's reply arrived (the settle time counts from there)
         self.bands: dict[str, dict[str, Band]] = {}  # each run's output buffers, by run
         self.kernel_s = 0.0  # the longest kernel run of a host so far, as the host timed it (only sets a wait)
+        self.spent: dict[str, float] = {}  # seconds per phase (PHASES), for the sweep's account of its time
         try:
             self.declared, self.why_not = adapter.declares(case.features, device)
             self.broken_rule = ""
         except SupportRuleError as e:  # the adapter's own bug: an error verdict on this case, counted as claimed
             self.declared, self.why_not, self.broken_rule = True, "", str(e)
 
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - t0
+
     def result(self, verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
+        if self.spent:
+            metrics = {**metrics, "time_s": {k: round(v, 4) for k, v in self.spent.items()}}
         if self.adapter.library is not None:  # the library version that produced the verdict (provenance)
             metrics = {**metrics, "library": self.adapter.library.label()}
         if ":" in (spec := getattr(self.adapter, "spec", "")):  # how a replay finds it (`module:object[#name]`)
@@ -620,12 +637,13 @@ class _Judging:
         snapshot = {k: v.detach().clone().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         reported: Mapping[str, Mapping[str, Any]] = {}
         try:
-            if isinstance(self.adapter, RemoteAdapter):
-                outputs, bands, after, reported = self.remote(case or self.case, inputs, specs, which, run)
-            else:
-                after = inputs
-                outputs, bands = _run_adapter(self.adapter, case or self.case, inputs, specs, self.device.device,
-                                              which, self.changed)
+            with self.timed(_PHASE_OF_RUN.get(run, "other_runs")):
+                if isinstance(self.adapter, RemoteAdapter):
+                    outputs, bands, after, reported = self.remote(case or self.case, inputs, specs, which, run)
+                else:
+                    after = inputs
+                    outputs, bands = _run_adapter(self.adapter, case or self.case, inputs, specs, self.device.device,
+                                                  which, self.changed)
         except HostDied as e:
             raise _KernelFailed(self.result("error", f"{e} (in the kernel's {run})", host_died=str(e))) from None
         except Exception as e:
@@ -658,6 +676,7 @@ class _Judging:
         self.taken.append((run, {n: shared_bands[n][0] for n in shared_bands}, bands))
         self.returned_at = time.monotonic()
         self.kernel_s = max(self.kernel_s, float(reply.get("kernel_s") or 0.0))
+        self.spent["in_host"] = self.spent.get("in_host", 0.0) + float(reply.get("kernel_s") or 0.0)
         self.notes += [f"{c} (in its kernel host; restored there)" for c in reply.get("changed", [])
                        if f"{c} (in its kernel host; restored there)" not in self.notes]
         lost = reply.get("context_lost") or (reply.get("status") == "raised" and STICKY_CUDA.search(
@@ -722,9 +741,11 @@ class _Judging:
             return self.result("error", f"adapter conventions error: {type(e).__name__}: {e}")
         try:
             spec = ops.get(case.op)
-            inputs = spec.make_inputs(case, device.device)
-            specs = spec.outputs(case, inputs)
-            with isolation.pristine():  # before the kernel runs, with the functions as the harness loaded them
+            with self.timed("inputs"):
+                inputs = spec.make_inputs(case, device.device)
+                specs = spec.outputs(case, inputs)
+            # before the kernel runs, with the functions as the harness loaded them
+            with self.timed("oracle"), isolation.pristine():
                 expected = {c.name: c for c in spec.expected(case, inputs, conventions)}
         except Exception as e:  # a harness or case problem, not the kernel's
             if not self.declared:  # e.g. the adapter's conventions do not apply to a cell it does not claim
@@ -737,11 +758,13 @@ class _Judging:
             untouched = any(self.bands["first run"][n].untouched(first[n]).any() for n in specs)
             if untouched or "deterministic" in adapter.properties:
                 second = self.kernel(inputs, specs, 1, "second run")
-            checks = self.compare(spec, specs, expected, first, second)
+            with self.timed("checks"):
+                checks = self.compare(spec, specs, expected, first, second)
             if "batch_invariant" in adapter.properties and spec.token_subset is not None:
                 checks += self.batch_invariance(spec, inputs, first)
             checks += self.fresh_inputs(spec, conventions, expected)
-            self.late_writes(settle=True)
+            with self.timed("checks"):
+                self.late_writes(settle=True)
         except _KernelFailed as failed:
             return failed.result
         except Exception as e:
@@ -782,8 +805,9 @@ class _Judging:
                 or exercised(expected.values())["vacuous"]:
             return []
         case = self.case.replace(seed=self.case.seed + 7919)
-        inputs = spec.make_inputs(case, self.device.device)
-        with isolation.pristine():
+        with self.timed("inputs"):
+            inputs = spec.make_inputs(case, self.device.device)
+        with self.timed("oracle"), isolation.pristine():
             again = {c.name: c for c in spec.expected(case, inputs, conventions)}
         out = self.kernel(inputs, spec.outputs(case, inputs), 0, "run on other inputs of the same shapes", case)
         found = []

@@ -58,12 +58,15 @@ class _Run:
 
     def account(self, index: int, verdict: str, declared: bool, record: str | None = None) -> None:
         """Count a verdict; `record`: its result as a worker judged it (JSON), written to the run's file here."""
+        spent = None
         if record is not None:
-            self.main.append(Result.from_dict(json.loads(record)))
+            result = Result.from_dict(json.loads(record))
+            self.main.append(result)
+            spent = result.metrics.get("time_s")
         name = self.owner[index].name
         self.totals[name][counted_as(verdict, declared)] += 1
         assert self.progress is not None
-        self.progress.record(index, verdict, declared)
+        self.progress.record(index, verdict, declared, spent if isinstance(spent, dict) else None)
         self.left_of[name] -= 1
         if self.left_of[name] == 0 and not self.progress.tty:
             self.progress.note(f"{name}: " + ", ".join(f"{v} {k}" for k, v in sorted(self.totals[name].items())))

@@ -43,12 +43,17 @@ class Progress:
         self.counts: Counter = Counter()
         self.t0 = time.monotonic()
         self._last = 0.0
+        self.spent: Counter = Counter()  # seconds per judging phase, summed over the cases (runner.PHASES)
 
     @property
     def cells_done(self) -> int:
         return sum(1 for n in self.cell_left.values() if n == 0)
 
-    def record(self, index: int, verdict: str, declared: bool) -> None:
+    def record(self, index: int, verdict: str, declared: bool, spent: Mapping[str, float] | None = None) -> None:
+        if spent:
+            self.spent.update({k: float(v) for k, v in spent.items()})
+            if "second_run" in spent:  # what the first run took beyond the second: compiles, first-call set-up
+                self.spent["first_run_excess"] += max(0.0, spent.get("first_run", 0.0) - spent["second_run"])
         self.done += 1
         self.cell_left[self.cells_of[index]] -= 1
         self.counts[counted_as(verdict, declared)] += 1
@@ -63,7 +68,31 @@ class Progress:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items()))
         eta_s = "?" if math.isnan(eta) else f"{eta:.0f}s"
         return (f"{self.cells_done}/{self.cells_total} cells, {self.done}/{self.total} cases ({counts or 'none yet'})"
-                f" {elapsed:.0f}s elapsed, ETA {eta_s}")
+                f" {elapsed:.0f}s elapsed, ETA {eta_s}{self._compiling()}")
+
+    def _compiling(self) -> str:
+        """A note when first-call work (Triton compiles) has taken most of the judging time so far."""
+        total = sum(v for k, v in self.spent.items() if k != "first_run_excess")
+        share = self.spent["first_run_excess"] / total if total > 0 else 0.0
+        return f"; {share:.0%} of it compiling (first kernel runs)" if share >= 0.5 and total >= 10 else ""
+
+    def account(self) -> str:
+        """Where the judging time went, summed over the workers ("" before any case was timed)."""
+        total = sum(v for k, v in self.spent.items() if k not in ("in_host", "first_run_excess"))
+        if total <= 0:
+            return ""
+        s = self.spent
+
+        def part(name: str, seconds: float) -> str:
+            return f"{name} {duration(seconds)} ({seconds / total:.0%})"
+
+        runs = s["first_run"] + s["second_run"] + s["other_runs"]
+        parts = [part("kernel runs", runs) + (f" [first runs beyond their second, i.e. compiles and first calls: "
+                                              f"{duration(s['first_run_excess'])}; in the kernel host's own timing: "
+                                              f"{duration(s['in_host'])}]")]
+        parts += [part(name, s[key]) for name, key in (("oracle", "oracle"), ("inputs", "inputs"),
+                                                        ("checks", "checks"), ("kernel host starts", "host_start"))]
+        return f"time summed over the workers: {duration(total)}: " + ", ".join(parts)
 
     def show(self, force: bool = False) -> None:
         if self.out is None:
@@ -92,6 +121,8 @@ class Progress:
                   f"({self.cells_done}/{self.cells_total} cells; "
                   + (", ".join(f"{v} {k}" for k, v in sorted(self.counts.items())) or "no verdicts") + ")",
                   file=self.out, flush=True)
+            if account := self.account():
+                print(account, file=self.out, flush=True)
 
 
 class WorkerWarnings:

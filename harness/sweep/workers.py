@@ -13,6 +13,7 @@ with the rest. Ctrl-C or SIGTERM (to the parent, or to the workers with it) stop
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -53,6 +54,14 @@ def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[st
         return Result(case=case, verdict="error", reason=f"harness error: {type(e).__name__}: {e}",
                       metrics={"trace": traceback.format_exc(limit=4)}, declared=declared,
                       generation=dev.generation, device=dev.to_dict())
+
+
+def with_host_start(r: Result, seconds: float) -> Result:
+    """`r` with the time its worker waited for the kernel host before the case (counted in the sweep's account)."""
+    if seconds < 0.001:
+        return r
+    spent = {**r.metrics.get("time_s", {}), "host_start": round(seconds, 4)}
+    return dataclasses.replace(r, metrics={**r.metrics, "time_s": spent})
 
 
 def _watch_lifeline(lifeline: Connection) -> None:
@@ -119,6 +128,7 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         for other in [k for k in resolved if k != spec]:  # one kernel host at a time
             remote.close_adapter(other, dev.device)
             del resolved[other]
+        t0 = time.perf_counter()
         try:  # the adapter's module is imported in its kernel host, never in this judging process
             adapter = resolved.get(spec) or remote.open_adapter(spec, dev.device)
             resolved[spec] = adapter
@@ -129,8 +139,9 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
             if adapter.host is not None:  # a host replaced after a death starts before the case's clock does
                 with contextlib.suppress(HostDied):
                     adapter.host.ready()
+            waited = time.perf_counter() - t0
             conn.send(("start", index))
-            r = judge_safely(Case.from_dict(case_dict), adapter, dev, unverifiable)
+            r = with_host_start(judge_safely(Case.from_dict(case_dict), adapter, dev, unverifiable), waited)
             # the parent writes every verdict: one writer, whose file a kernel host that writes into the results
             # folder cannot change unnoticed (ResultStore.check_untouched)
             conn.send(("done", index, r.verdict, r.declared, json.dumps(strict_json(r.to_dict()))))
@@ -138,6 +149,7 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
             if lost:  # the CUDA context is gone: the parent starts a fresh worker for the rest of the chunk
                 conn.send(("recycle", str(lost)[:200]))
                 os._exit(3)
+            t0 = time.perf_counter()  # a replaced host's start counts from here
         conn.send(("idle",))
 
 
