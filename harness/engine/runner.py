@@ -65,6 +65,10 @@ _POISON: dict[torch.dtype, tuple[int, int]] = {
 PHASES = ("inputs", "oracle", "first_run", "second_run", "other_runs", "in_host", "checks", "host_start")
 _PHASE_OF_RUN = {"first run": "first_run", "second run": "second_run"}
 
+#: a case on a GPU whose inputs hold at most this many elements is built and judged on the CPU when its kernel runs
+#: in a kernel host (`_Judging.inputs`); larger ones on the GPU
+CPU_JUDGED_ELEMENTS = 1 << 24
+
 #: seconds the judge waits at the end of a case before it checks that no output changed after the kernel returned
 SETTLE_S = 0.005
 #: one case in this many (by case id) is also judged on other inputs of the same shapes (`fresh_inputs`)
@@ -163,6 +167,11 @@ def _is_poison(t: torch.Tensor, which: int) -> torch.Tensor:
         return torch.zeros(t.shape, dtype=torch.bool)
     ref = _fill_poison(torch.empty(t.shape, dtype=t.dtype), which)
     return bits(t.detach().cpu()) == bits(ref)
+
+
+def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
+    """`t` on `device` with the same strides (a layout a case chose, e.g. a padded row stride, is kept)."""
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device).copy_(t)
 
 
 def _check(name: str, passed: bool, reason: str = "", **metrics: Any) -> Comparison:
@@ -283,9 +292,11 @@ def _on_device(t: torch.Tensor, device: str) -> bool:
 
 
 def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any], device: str,
-                      reported: Mapping[str, Mapping[str, Any]] | None = None) -> list[Comparison]:
+                      reported: Mapping[str, Mapping[str, Any]] | None = None,
+                      copies_on: str | None = None) -> list[Comparison]:
     """Each output is a plain strided tensor of its spec's shape, dtype and contractual strides on the case's
-    device; `reported`: outputs a kernel host said its kernel returned, judged from that description."""
+    device; `reported`: outputs a kernel host said its kernel returned, judged from that description; `copies_on`:
+    where the judge's copies of the outputs a kernel host wrote live (their device says nothing of the kernel)."""
     found = []
     for name, spec in specs.items():
         if reported and name in reported:
@@ -301,7 +312,7 @@ def _structure_checks(specs: Mapping[str, OutputSpec], outputs: Mapping[str, Any
         problems = []
         if type(t) is not torch.Tensor or t.layout != torch.strided:  # a subclass could answer anything it is asked
             problems.append(f"a {type(t).__name__} with layout {t.layout}, not a plain strided torch.Tensor")
-        elif not _on_device(t, device):
+        elif not _on_device(t, copies_on or device):
             problems.append(f"on device {t.device}, the case runs on {device}")
         if tuple(t.shape) != tuple(spec.shape):
             problems.append(f"shape {list(t.shape)} != {list(spec.shape)}")
@@ -504,7 +515,8 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     changed = [*registry.IMPORT_CHANGES.get(adapter.name, []), *judging.changed]
     accepted = [*registry.IMPORT_ACCEPTED.get(adapter.name, []), *isolation.accepted(before)]
     isolation.restore(before)  # the next case, whoever's, starts from the same state
-    _probe_cuda(device)
+    if judging.used_device:
+        _probe_cuda(device)
     metrics = {**result.metrics, "accepted_state": accepted} if accepted else result.metrics
     host_notes = [*getattr(adapter, "notes", ()), *judging.notes]
     if host_notes:  # what the kernel changed in its own host: named, never charged (it cannot reach the judge)
@@ -571,6 +583,8 @@ class _Judging:
         self.bands: dict[str, dict[str, Band]] = {}  # each run's output buffers, by run
         self.kernel_s = 0.0  # the longest kernel run of a host so far, as the host timed it (only sets a wait)
         self.spent: dict[str, float] = {}  # seconds per phase (PHASES), for the sweep's account of its time
+        self.where = device.device  # where the judge's own tensors live (inputs, oracle, copies of the outputs)
+        self.used_device = False  # whether this process used the case's device (a GPU context to probe after)
         try:
             self.declared, self.why_not = adapter.declares(case.features, device)
             self.broken_rule = ""
@@ -631,6 +645,23 @@ class _Judging:
                                f"moe-harness loaded: {names}; import the harness before the library that does it")
         return None
 
+    def inputs(self, spec: ops.OpSpec, case: Case) -> dict[str, torch.Tensor]:
+        """The case's inputs, where the judge works on them (`self.where`). A kernel in a kernel host on a GPU gets
+        them through the host's shared memory, so a small case is built and judged on the CPU: inputs are drawn on
+        the CPU and the oracle is device-independent, so the verdict is the same; the GPU is left to the kernels
+        (many judging processes' small oracle launches on one GPU were most of a GPU sweep's time)."""
+        if self.device.device == "cpu" or not isinstance(self.adapter, RemoteAdapter):
+            self.used_device = True
+            return spec.make_inputs(case, self.where)
+        found = spec.make_inputs(case, "cpu")
+        if self.where == "cpu":  # another input set of this case (`fresh_inputs`) was small
+            return found
+        if sum(t.numel() for t in found.values() if isinstance(t, torch.Tensor)) <= CPU_JUDGED_ELEMENTS:
+            self.where = "cpu"
+            return found
+        self.used_device = True
+        return {k: _to_device(v, self.where) if isinstance(v, torch.Tensor) else v for k, v in found.items()}
+
     def kernel(self, inputs: Mapping[str, torch.Tensor], specs: Mapping[str, OutputSpec], which: int,
                run: str, case: Case | None = None) -> dict[str, torch.Tensor]:
         """One contained kernel run; its outputs, or `_KernelFailed` with the verdict (raised, out of bounds)."""
@@ -650,7 +681,7 @@ class _Judging:
             raise _KernelFailed(self.raised(e, run)) from None
         self.bands[run] = bands
         checks = _unchanged(after, snapshot) + _guard_checks(bands, run)
-        checks += _structure_checks(specs, outputs, self.device.device, reported)
+        checks += _structure_checks(specs, outputs, self.device.device, reported, copies_on=self.where)
         if not all(c.passed for c in checks):
             reason, metrics = _summary(checks)
             raise _KernelFailed(self.result("fail", reason, checks, **metrics))
@@ -667,7 +698,7 @@ class _Judging:
             self.notes.append(f"{left} process(es) the kernel started were still running after its {run}; killed")
         outputs, bands = {}, {}
         for name, (base, band) in shared_bands.items():
-            private = base.to(self.device.device, copy=True)
+            private = base.to(self.where, copy=True)
             spec = specs[name]
             stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
             outputs[name] = private.as_strided(tuple(spec.shape), stride, band.start)
@@ -742,7 +773,7 @@ class _Judging:
         try:
             spec = ops.get(case.op)
             with self.timed("inputs"):
-                inputs = spec.make_inputs(case, device.device)
+                inputs = self.inputs(spec, case)
                 specs = spec.outputs(case, inputs)
             # before the kernel runs, with the functions as the harness loaded them
             with self.timed("oracle"), isolation.pristine():
@@ -806,7 +837,7 @@ class _Judging:
             return []
         case = self.case.replace(seed=self.case.seed + 7919)
         with self.timed("inputs"):
-            inputs = spec.make_inputs(case, self.device.device)
+            inputs = self.inputs(spec, case)
         with self.timed("oracle"), isolation.pristine():
             again = {c.name: c for c in spec.expected(case, inputs, conventions)}
         out = self.kernel(inputs, spec.outputs(case, inputs), 0, "run on other inputs of the same shapes", case)
