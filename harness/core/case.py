@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -98,7 +98,9 @@ class Case:
 
     # -- serialization -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
+        # the fields hold JSON values only (checked above): a JSON round trip is the deep copy (dataclasses.asdict's
+        # own deep copy was most of the time of rendering a matrix)
+        return json.loads(json.dumps({name: getattr(self, name) for name in self.__dataclass_fields__}))
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, **kwargs)
