@@ -150,9 +150,7 @@ def _context() -> Any:
     and never touched CUDA (forking the judge itself can deadlock on a lock a thread of its held); else spawn."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        # triton too (a host importing it costs about a second): it reads TRITON_INTERPRET when a kernel is
-        # decorated, not at import, so an interpreter host forked from it still interprets; a missing one is skipped
-        ctx.set_forkserver_preload(["torch", "triton", "harness.engine.hosted"])
+        ctx.set_forkserver_preload(["torch", "harness.engine.hosted"])
         return ctx
     return mp.get_context("spawn")
 
