@@ -72,13 +72,17 @@ class Progress:
 
     def _compiling(self) -> str:
         """A note when first-call work (Triton compiles) has taken most of the judging time so far."""
-        total = sum(v for k, v in self.spent.items() if k != "first_run_excess")
+        total = self._judging_total()
         share = self.spent["first_run_excess"] / total if total > 0 else 0.0
         return f"; {share:.0%} of it compiling (first kernel runs)" if share >= 0.5 and total >= 10 else ""
 
+    def _judging_total(self) -> float:
+        """The judging seconds summed (`in_host` and the first-run excess are parts of the kernel runs)."""
+        return sum(v for k, v in self.spent.items() if k not in ("in_host", "first_run_excess"))
+
     def account(self) -> str:
         """Where the judging time went, summed over the workers ("" before any case was timed)."""
-        total = sum(v for k, v in self.spent.items() if k not in ("in_host", "first_run_excess"))
+        total = self._judging_total()
         if total <= 0:
             return ""
         s = self.spent

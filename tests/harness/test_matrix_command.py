@@ -91,3 +91,24 @@ def test_a_sweep_leaves_a_clean_checkout_clean_and_keeps_every_committed_verdict
     for g in committed["generations"]:
         if g["generation"] != "interp":
             assert gens[g["generation"]] == g["verdicts"], g["generation"]
+
+
+def test_the_end_of_a_sweep_says_where_the_judging_time_went_and_the_progress_line_names_compiles() -> None:
+    import io
+
+    from harness.sweep.progress import Progress
+
+    out = io.StringIO()
+    progress = Progress(3, {0: ("a", 1), 1: ("a", 2), 2: ("a", 3)}, out)
+    progress.record(0, "pass", True, {"inputs": 1.0, "oracle": 2.0, "first_run": 30.0, "second_run": 1.0,
+                                      "in_host": 29.0, "checks": 1.0, "host_start": 5.0})
+    assert "compiling" in progress.line()  # 29 s of the first run's 30 beyond the second, of 40 s
+    progress.record(1, "pass", True, {"inputs": 1.0, "oracle": 50.0, "first_run": 1.0, "second_run": 1.0})
+    assert "compiling" not in progress.line()  # 29 of 93 s
+    progress.record(2, "unsupported", False)  # a gated case: no time spent
+    account = progress.account()
+    assert account.startswith("time summed over the workers: 1m33s: ")  # 40 + 53 s
+    assert "kernel runs 33s (35%)" in account and "compiles and first calls: 29s" in account
+    assert "oracle 52s (56%)" in account and "kernel host starts 5s (5%)" in account
+    progress.finish()
+    assert out.getvalue().splitlines()[-1] == account
