@@ -58,6 +58,9 @@ def test_worker_warnings_go_to_a_log_and_the_end_says_how_long_it_took(tmp_path:
     assert re.search(r"^\d+ warning\(s\) from the worker processes \(Python, Triton\): .*-warnings\.log$",
                      done.stderr, re.MULTILINE), done.stderr
     assert re.search(r"^judged \d+ cases in \d+s \(\d+s judging, ", done.stdout.splitlines()[-1]), done.stdout
+    # where the judging time went, a kernel host's start included (the worker waited for one before its first case)
+    assert re.search(r"^time summed over the workers: .*kernel runs .*, kernel host starts [1-9]", done.stderr,
+                     re.MULTILINE), done.stderr[-2000:]
 
 
 def _clean_checkout(tmp: Path) -> Path:
