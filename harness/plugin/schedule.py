@@ -35,19 +35,12 @@ def read_durations(path: str | Path) -> dict[str, float]:
 
 
 def order_longest_first(items: list[pytest.Item], durations: Mapping[str, float]) -> None:
-    """Sort `items` in place, longest expected first (a stable sort: ties keep the collected order). A property
-    test's shard s counts as 1/(s + 1) of its time: shards of one adapter started together compile the same kernel
-    variants at once (on a GPU most of their time), while a shard started later finds them in the Triton cache."""
+    """Sort `items` in place, longest expected first (a stable sort: ties keep the collected order)."""
     if durations:
         default = statistics.median(durations.values())
-        items.sort(key=lambda item: -_expected(item.nodeid, durations, default) / (1 + _shard(item.nodeid)))
+        items.sort(key=lambda item: -_expected(item.nodeid, durations, default))
     else:
         items.sort(key=lambda item: getattr(item, "originalname", item.name) != PROPERTY_TEST)
-
-
-def _shard(nodeid: str) -> int:
-    found = re.search(r"-shard(\d+)\]$", nodeid)
-    return int(found.group(1)) if found else 0
 
 
 def _expected(nodeid: str, durations: Mapping[str, float], default: float) -> float:

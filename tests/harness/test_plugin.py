@@ -257,21 +257,3 @@ def test_xdist_hands_tests_out_one_at_a_time_unless_the_user_chose_a_chunk() -> 
     for config in (default, chosen, serial):
         plugin._hand_out_one_at_a_time(config)  # type: ignore[arg-type]
     assert (default.option.maxschedchunk, chosen.option.maxschedchunk, serial.option.maxschedchunk) == (1, 8, None)
-
-
-def test_the_shards_of_one_property_test_are_spread_apart_in_the_hand_out_order() -> None:
-    from harness.plugin.schedule import order_longest_first
-
-    class Item:
-        def __init__(self, nodeid: str) -> None:
-            self.nodeid, self.name = nodeid, nodeid.split("::")[-1]
-
-    gen = "harness/plugin/generic.py::test_declared_cases_pass"
-    times = {f"{gen}[a-shard{i}]": 100.0 for i in range(4)} | {f"{gen}[b-shard{i}]": 60.0 for i in range(4)}
-    times |= {"t.py::test_40": 40.0, "t.py::test_20": 20.0}
-    items = [Item(n) for n in sorted(times)]
-    order_longest_first(items, times)  # type: ignore[arg-type]
-    got = [i.nodeid.removeprefix(gen).removeprefix("t.py::") for i in items]
-    # a's 4 shards: 100, 50, 33, 25 s of weight; b's: 60, 30, 20, 15
-    assert got == ["[a-shard0]", "[b-shard0]", "[a-shard1]", "test_40", "[a-shard2]", "[b-shard1]", "[a-shard3]",
-                   "[b-shard2]", "test_20", "[b-shard3]"], got
