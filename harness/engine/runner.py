@@ -169,11 +169,6 @@ def _is_poison(t: torch.Tensor, which: int) -> torch.Tensor:
     return bits(t.detach().cpu()) == bits(ref)
 
 
-def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
-    """`t` on `device` with the same strides (a layout a case chose, e.g. a padded row stride, is kept)."""
-    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device).copy_(t)
-
-
 def _check(name: str, passed: bool, reason: str = "", **metrics: Any) -> Comparison:
     return Comparison(name, "integrity", passed, reason, metrics)
 
@@ -650,17 +645,12 @@ class _Judging:
         them through the host's shared memory, so a small case is built and judged on the CPU: inputs are drawn on
         the CPU and the oracle is device-independent, so the verdict is the same; the GPU is left to the kernels
         (many judging processes' small oracle launches on one GPU were most of a GPU sweep's time)."""
-        if self.device.device == "cpu" or not isinstance(self.adapter, RemoteAdapter):
-            self.used_device = True
-            return spec.make_inputs(case, self.where)
-        found = spec.make_inputs(case, "cpu")
-        if self.where == "cpu":  # another input set of this case (`fresh_inputs`) was small
-            return found
-        if sum(t.numel() for t in found.values() if isinstance(t, torch.Tensor)) <= CPU_JUDGED_ELEMENTS:
+        if self.device.device != "cpu" and isinstance(self.adapter, RemoteAdapter) \
+                and spec.estimated_input_elements(case) <= CPU_JUDGED_ELEMENTS:
             self.where = "cpu"
-            return found
-        self.used_device = True
-        return {k: _to_device(v, self.where) if isinstance(v, torch.Tensor) else v for k, v in found.items()}
+        # a large case is built where it is judged: its weights quantized on the CPU took a minute on the H100
+        self.used_device = self.where != "cpu"
+        return spec.make_inputs(case, self.where)
 
     def kernel(self, inputs: Mapping[str, torch.Tensor], specs: Mapping[str, OutputSpec], which: int,
                run: str, case: Case | None = None) -> dict[str, torch.Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,14 @@ class OpSpec:
     notes: dict[str, str] = field(default_factory=dict)
     #: the value classes of its inputs that every run judges (one case per family among the declared cells)
     value_classes: tuple[ValueClass, ...] = ()
+    #: about how many elements a case's inputs hold, known before they are built (None: the product of its shape
+    #: sizes, an upper bound for ops whose largest input spans every dimension)
+    input_elements: Callable[[Case], int] | None = None
+
+    def estimated_input_elements(self, case: Case) -> int:
+        if self.input_elements is not None:
+            return self.input_elements(case)
+        return math.prod(max(1, int(v)) for v in case.shapes.values())
 
     def axis_names(self) -> list[str]:
         return [a.name for a in self.axes]

@@ -647,6 +647,15 @@ PADDING_UNDER_TENSOR_SCALE = ValueClass(
     and c["quant_format"] == "T", ("quant_type",), _tensor_scale_fields, _poisoned_padding)
 
 
+def input_elements(case: Case) -> int:
+    """The elements of the weights and the tokens (the rest is smaller), as `make_inputs` builds them."""
+    e_local = case.params.get("local_experts", case.shape("E"))
+    hidden, n = case.shape("K"), case.shape("N")
+    tokens = case.shape("E") * case.shape("max_tokens") if _batched(case) else case.shape("M")
+    return e_local * 3 * n * hidden + tokens * hidden
+
+
 SPECS = {"experts": OpSpec(name="experts", title="Fused experts", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                            expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable,
-                           value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER))}
+                           value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER),
+                           input_elements=input_elements)}
