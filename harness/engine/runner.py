@@ -59,10 +59,7 @@ _POISON: dict[torch.dtype, tuple[int, int]] = {
 }
 
 
-#: the phases a verdict's metrics.time_s counts (seconds): building inputs, the oracle, the kernel's runs (as the
-#: judge waited for them; `in_host`: the part the kernel host timed around the call), comparisons and checks; the
-#: sweep adds `host_start` (the wait for a kernel host before the case)
-PHASES = ("inputs", "oracle", "first_run", "second_run", "other_runs", "in_host", "checks", "host_start")
+#: the phase a kernel run's time counts in (a verdict's metrics.time_s; the others: `_Judging.spent`)
 _PHASE_OF_RUN = {"first run": "first_run", "second run": "second_run"}
 
 #: a case on a GPU whose inputs hold at most this many elements is built and judged on the CPU when its kernel runs
@@ -577,7 +574,10 @@ class _Judging:
         self.returned_at = 0.0  # when the last remote run's reply arrived (the settle time counts from there)
         self.bands: dict[str, dict[str, Band]] = {}  # each run's output buffers, by run
         self.kernel_s = 0.0  # the longest kernel run of a host so far, as the host timed it (only sets a wait)
-        self.spent: dict[str, float] = {}  # seconds per phase (PHASES), for the sweep's account of its time
+        # seconds per phase, a verdict's metrics.time_s: inputs, oracle, first_run, second_run, other_runs (as the
+        # judge waited for them), in_host (what the kernel host timed around its calls), checks; the sweep adds
+        # host_start (its worker's wait for the kernel host before the case)
+        self.spent: dict[str, float] = {}
         self.where = device.device  # where the judge's own tensors live (inputs, oracle, copies of the outputs)
         self.used_device = False  # whether this process used the case's device (a GPU context to probe after)
         try:
@@ -696,8 +696,9 @@ class _Judging:
         after = {k: t.clone() for k, t in shared_in.items()}
         self.taken.append((run, {n: shared_bands[n][0] for n in shared_bands}, bands))
         self.returned_at = time.monotonic()
-        self.kernel_s = max(self.kernel_s, float(reply.get("kernel_s") or 0.0))
-        self.spent["in_host"] = self.spent.get("in_host", 0.0) + float(reply.get("kernel_s") or 0.0)
+        kernel_s = float(reply.get("kernel_s") or 0.0)
+        self.kernel_s = max(self.kernel_s, kernel_s)
+        self.spent["in_host"] = self.spent.get("in_host", 0.0) + kernel_s
         self.notes += [f"{c} (in its kernel host; restored there)" for c in reply.get("changed", [])
                        if f"{c} (in its kernel host; restored there)" not in self.notes]
         lost = reply.get("context_lost") or (reply.get("status") == "raised" and STICKY_CUDA.search(

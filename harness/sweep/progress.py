@@ -43,7 +43,7 @@ class Progress:
         self.counts: Counter = Counter()
         self.t0 = time.monotonic()
         self._last = 0.0
-        self.spent: Counter = Counter()  # seconds per judging phase, summed over the cases (runner.PHASES)
+        self.spent: Counter = Counter()  # seconds per judging phase (metrics.time_s), summed over the cases
 
     @property
     def cells_done(self) -> int:
