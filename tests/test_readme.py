@@ -3,7 +3,7 @@
 The commands are the lines of the ```bash blocks. Each is checked as a user would meet it: the `python -m harness`
 commands are parsed by the real argument parser and the cheap ones run in full (rendering, diff, golden, replay, a
 sweep narrowed by --adapter), in order, in a scratch copy of the tree (so nothing committed is rewritten); `pytest`
-commands collect (`--co`) with their arguments; `pip install` lines must name installable folders; `tox -e NAME`
+commands collect (`--co`, in one process) with their arguments; `pip install` lines must name installable folders; `tox -e NAME`
 must name an environment of tox.ini and `bash SCRIPT.sh` a script that parses (both install libraries for minutes).
 Sweeps of every adapter, benchmarks and bisects are only parsed: they take minutes to hours or a GPU.
 """
@@ -144,7 +144,8 @@ def run_step(step: Step, tree: Path) -> str | None:
         argv = [sys.executable, "-m", "harness", *args]
         allowed = ALLOWED_EXIT.get(args[0], (0,))
     elif what == "pytest":
-        argv = [sys.executable, "-m", "pytest", *step.argv[1:], "--co", "-q", "-p", "no:cacheprovider"]
+        # collected in one process: `-n 0` after the command's own `-n` (still parsed) starts no xdist workers
+        argv = [sys.executable, "-m", "pytest", *step.argv[1:], "--co", "-q", "-p", "no:cacheprovider", "-n", "0"]
         allowed = (0,)
     else:
         return "not a command this test knows how to check (add it to kind())"
