@@ -3,8 +3,9 @@
 The commands are the lines of the ```bash blocks. Each is checked as a user would meet it: the `python -m harness`
 commands are parsed by the real argument parser and the cheap ones run in full (rendering, diff, golden, replay, a
 sweep narrowed by --adapter), in order, in a scratch copy of the tree (so nothing committed is rewritten); `pytest`
-commands collect (`--co`, in one process) with their arguments; `pip install` lines must name installable folders; `tox -e NAME`
-must name an environment of tox.ini and `bash SCRIPT.sh` a script that parses (both install libraries for minutes).
+commands collect (`--co`, in one process) with their arguments; `pip install` lines must name installable folders;
+`tox -e NAME` must name an environment of tox.ini and `bash SCRIPT.sh` a script that parses (both install libraries
+for minutes).
 Sweeps of every adapter, benchmarks and bisects are only parsed: they take minutes to hours or a GPU.
 """
 

@@ -116,3 +116,74 @@ def test_vllm_loader_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.M
         _vllm.load(tmp_path / "empty")
     with pytest.raises(ValueError, match="fused_moe_kernel"):
         _vllm.load(_fake_vllm(tmp_path / "old", drop="fused_moe_kernel"))
+
+
+class _FakeClock:
+    """Times from a table (seconds per kernel and method), a log of what was timed in which order."""
+
+    def __init__(self, eager: dict[str, list[float]], graph: dict[str, list[float]], capturable: bool = True) -> None:
+        self.eager_times, self.graph_times, self.capturable, self.log = eager, graph, capturable, []
+
+    def capture(self, fn):  # type: ignore[no-untyped-def]
+        if not self.capturable:
+            raise RuntimeError("syncs the host")
+        return fn
+
+    def eager(self, fn) -> float:  # type: ignore[no-untyped-def]
+        self.log.append(("eager", fn.__name__))
+        return self.eager_times[fn.__name__].pop(0)
+
+    def graph(self, captured) -> float:  # type: ignore[no-untyped-def]
+        self.log.append(("graph", captured.__name__))
+        return self.graph_times[captured.__name__].pop(0)
+
+
+def ours() -> None:
+    pass
+
+
+def theirs() -> None:
+    pass
+
+
+def test_the_kernels_of_a_point_are_timed_in_interleaved_rounds_with_a_spread() -> None:
+    from harness.commands.bench import _timing
+
+    clock = _FakeClock(eager={"ours": [1.0, 1.1, 0.9], "theirs": [2.0, 2.0, 2.0]},
+                       graph={"ours": [1.0, 1.2, 0.8], "theirs": [2.0, 2.1, 1.9]})
+    a, b = _timing.time_point([ours, theirs], [True, True], clock, rounds=3)
+    assert clock.log[:4] == [("eager", "ours"), ("graph", "ours"), ("eager", "theirs"), ("graph", "theirs")]
+    assert len(clock.log) == 12 and not a.retimed
+    cols = a.columns()
+    assert cols["kernel_us"] == cols["graph_us"] == 1e6 and cols["timing"] == "graph"
+    assert abs(cols["graph_spread_%"] - 40) < 1e-9 and abs(cols["eager_spread_%"] - 20) < 1e-9
+    assert b.columns()["eager_vs_graph_%"] == 0
+
+
+def test_a_point_whose_methods_disagree_is_timed_again_and_the_difference_shown() -> None:
+    from harness.commands.bench import _timing
+
+    # ours: graph replays 10% slower than eager calls in the first rounds, in line after the re-time
+    clock = _FakeClock(eager={"ours": [1.0] * 4, "theirs": [2.0] * 4}, graph={"ours": [1.1, 1.1, 1.0, 1.0],
+                                                                            "theirs": [2.0] * 4})
+    a, b = _timing.time_point([ours, theirs], [True, True], clock, rounds=2)
+    assert a.retimed and b.retimed and len(a.graph) == 4 and len(clock.log) == 16  # both kernels, both methods
+    assert a.columns()["retimed"] == "yes" and abs(a.columns()["eager_vs_graph_%"] - 100 * (1 / 1.05 - 1)) < 1e-9
+    # within 5%: no re-time
+    clock = _FakeClock(eager={"ours": [1.0] * 2}, graph={"ours": [1.04] * 2})
+    (c,) = _timing.time_point([ours], [True], clock, rounds=2)
+    assert not c.retimed and "retimed" not in c.columns()
+
+
+def test_a_kernel_that_cannot_be_captured_keeps_its_eager_time_and_says_why() -> None:
+    from harness.commands.bench import _timing
+
+    clock = _FakeClock(eager={"ours": [3.0, 3.0]}, graph={}, capturable=False)
+    (a,) = _timing.time_point([ours], [True], clock, rounds=2)
+    cols = a.columns()
+    assert cols["kernel_us"] == 3e6 and cols["timing"] == "eager (no graph: RuntimeError)" and "graph_us" not in cols
+
+
+def test_rows_say_how_long_verification_and_timing_took() -> None:
+    rows = run_cases([BenchCase("p", "ours", kernel=lambda: None, verify=lambda: None)], "cpu")
+    assert rows[0]["verify_s"] >= 0 and rows[0]["time_s"] >= 0 and "eager_spread_%" in rows[0]

@@ -1,11 +1,12 @@
 """`python -m harness bench --op OP`: timings on the GPU (never asserted in tests).
 
-Each op's benchmarks live in `harness/benchmarks/<op>.py`, which defines `cases(device, shapes) -> list[BenchCase]`.
-A `BenchCase` holds closures over pre-made inputs: our kernel, and the torch reference beside it. Times are the
-median of `triton.testing.do_bench` (warm-up, L2 flushed between repetitions); memory-bound stages are reported in
-GB/s against the copy bandwidth measured on the same device in the same run, compute-bound ones in TFLOP/s.
-Cases marked `graph` (the experts) report `kernel_us` from replays of a CUDA graph holding one call (the GPU time,
-as a serving engine's decode step runs it) and `eager_us` from Python calls (launch overhead included).
+Each op's benchmarks live in `harness/commands/bench/<op>.py`, which defines `cases(device, shapes)`, the
+`BenchCase`s: closures over pre-made inputs, our kernel and what it is compared with (the torch reference, vLLM's
+kernel, ...). The cases of one point (one name) are timed together in interleaved rounds, by eager calls and, for
+cases marked `graph` (the experts), by CUDA-graph replays; each method's median, its spread over the rounds, and a
+re-time when the two disagree (`_timing`). Memory-bound stages are reported in GB/s against the copy bandwidth
+measured on the same device in the same run, compute-bound ones in TFLOP/s. `verify_s` is how long a row's
+verification took, `time_s` its timing.
 
 `--op reference-experts` times the reference experts oracle at model shapes: it must be fast enough to be the oracle
 for real shapes (DeepSeek-V3-like M=4096, E=256, k=8, K=7168, N=512 in well under a second on one GPU).
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import pkgutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,50 +141,83 @@ def bench_ops() -> list[str]:
     return sorted(i.name for i in pkgutil.iter_modules(pkg.__path__) if not i.name.startswith("_"))
 
 
-def run_cases(cases: list[BenchCase], device: str, out: Any = None) -> list[dict]:
-    """Time every case; a case whose kernel raises is reported with its error, the others still run."""
-    bw = copy_bandwidth(device) if device.startswith("cuda") else 0.0
-    rows = []
-    for c in cases:
-        row: dict[str, Any] = {"case": c.name, "adapter": c.adapter, **(c.extra or {})}
+def run_cases(cases: Iterable[BenchCase], device: str, out: Any = None) -> list[dict]:
+    """Time every case; the consecutive cases of one name (a point: ours and the kernels compared with it) are timed
+    together in interleaved rounds by graph replay and by eager calls (`_timing`). A point whose kernel raises gets
+    the error in its rows, the other points still run."""
+    from harness.commands.bench import _timing
+
+    cuda = device.startswith("cuda")
+    bw = copy_bandwidth(device) if cuda else 0.0
+    clock: _timing.Clock = _timing.CudaClock() if cuda else _timing.HostClock()
+    rows: list[dict] = []
+    for _, point in itertools.groupby(cases, key=lambda c: c.name):
+        point = list(point)
+        found = [_verified_row(c) for c in point]
+        t0 = time.perf_counter()
+        live = [(c, row) for c, row in zip(point, found, strict=True) if "error" not in row]
         try:
-            why = c.verify() if c.verify is not None else None
-            row["verified"] = "yes" if c.verify is not None and why is None else ("no: " + why if why else "not run")
-            t = do_bench(c.kernel, device)
-            if c.graph and device.startswith("cuda"):
-                row["eager_us"] = t * 1e6
-                try:
-                    t = do_bench_graph(c.kernel)
-                    row["timing"] = "graph"
-                except Exception as e:  # not capturable: the eager time stands, and the row says why
-                    row["timing"] = f"eager (no graph: {type(e).__name__})"
-            row["kernel_us"] = t * 1e6
-            if c.floor_s:
-                row["% of floor"] = 100 * c.floor_s / t
-            if c.bytes_moved:
-                row["GB/s"] = c.bytes_moved / t / 1e9
-                if bw:
-                    row["% of copy"] = 100 * c.bytes_moved / t / bw
-            if c.flops:
-                row["TFLOP/s"] = c.flops / t / 1e12
-            for other in c.compare_to:
-                base = next((r for r in reversed(rows) if r["case"] == c.name and r["adapter"] == other
-                             and "kernel_us" in r), None)
-                if base is not None:
-                    row[f"vs {other}"] = t * 1e6 / base["kernel_us"]
+            timings = _timing.time_point([c.kernel for c, _ in live], [c.graph and cuda for c, _ in live], clock)
+        except Exception as e:  # one failing kernel must not hide the other points
+            for _, row in live:
+                row["error"] = f"{type(e).__name__}: {e}"[:200]
+            timings = []
+        spent = (time.perf_counter() - t0) / max(len(live), 1)
+        for (_, row), timing in zip(live, timings, strict=False):
+            row.update(timing.columns())
+            row["time_s"] = spent
+        for c, row in live:
+            if "kernel_us" not in row:
+                continue
+            _rates(c, row, bw, rows + found)
             if c.reference is not None:
                 tr = do_bench(c.reference, device)
                 row["torch_ref_us"] = tr * 1e6
-                row["speedup"] = tr / t
-        except Exception as e:  # one failing kernel must not hide the rest
-            row["error"] = f"{type(e).__name__}: {e}"[:200]
-        rows.append(row)
-        if out is not None:
-            print(f"  {c.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                             for k, v in row.items() if k not in ("case",)), file=out, flush=True)
+                row["speedup"] = tr * 1e6 / row["kernel_us"]
+        for row in found:
+            rows.append(row)
+            if out is not None:
+                print(f"  {row['case']}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                     for k, v in row.items() if k != "case"), file=out, flush=True)
     if bw:
         rows.append({"case": "device copy bandwidth (measured)", "adapter": "-", "GB/s": bw / 1e9})
     return rows
+
+
+def _verified_row(c: BenchCase) -> dict[str, Any]:
+    """The row of a case with its verification (and how long it took); `error` when the check itself raised."""
+    row: dict[str, Any] = {"case": c.name, "adapter": c.adapter, **(c.extra or {})}
+    t0 = time.perf_counter()
+    try:
+        why = c.verify() if c.verify is not None else None
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:200]
+        return row
+    row["verified"] = "yes" if c.verify is not None and why is None else ("no: " + why if why else "not run")
+    if c.verify is not None:
+        row["verify_s"] = time.perf_counter() - t0
+    return row
+
+
+def _rates(c: BenchCase, row: dict[str, Any], bw: float, earlier: list[dict]) -> None:
+    """Roofline, bandwidth and FLOP rate columns, and `vs <adapter>` (graph times; `(eager)` by eager calls) against
+    the named adapters timed on the same point."""
+    t = row["kernel_us"] / 1e6
+    if c.floor_s:
+        row["% of floor"] = 100 * c.floor_s / t
+    if c.bytes_moved:
+        row["GB/s"] = c.bytes_moved / t / 1e9
+        if bw:
+            row["% of copy"] = 100 * c.bytes_moved / t / bw
+    if c.flops:
+        row["TFLOP/s"] = c.flops / t / 1e12
+    for other in c.compare_to:
+        base = next((r for r in reversed(earlier) if r["case"] == c.name and r["adapter"] == other
+                     and "kernel_us" in r), None)
+        if base is not None:
+            row[f"vs {other}"] = row["kernel_us"] / base["kernel_us"]
+            if base.get("timing") == "graph" and row.get("timing") == "graph":
+                row[f"vs {other} (eager)"] = row["eager_us"] / base["eager_us"]
 
 
 def main_bench(op: str, device: str, shapes: list[str], options: dict[str, Any] | None = None) -> int:

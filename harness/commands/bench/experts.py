@@ -14,8 +14,10 @@ scheme's tensor-core type (bf16 matmul; fp8 `torch._scaled_mm`; int8 `torch._int
 multiply in bf16). Bytes = the weights of the experts the routing actually hits in their stored format (codes,
 scales, zero points) plus x and out. Targets: kernel time <= floor / 0.8 for M <= 64 (decode, bandwidth),
 >= 60% of the fp8 tensor-core floor at M >= 1024 for fp8 block-scaled.
-Both kernels are timed as CUDA-graph replays (`kernel_us`, the GPU time, L2 flushed) and as eager calls
-(`eager_us`).
+The kernels of a point are timed together, in interleaved rounds, as CUDA-graph replays (`graph_us`, the GPU
+time, L2 flushed; `kernel_us` and the `vs` ratios) and as eager calls (`eager_us`, launch overhead included;
+`vs ... (eager)`), each with its spread over the rounds; a point whose methods disagree by more than 5% is timed
+again (`harness/commands/bench/_timing.py`).
 
 Each case has a `verify` closure: the output rows of a sample of tokens (the first 8 and the last) are judged
 against the op spec's oracle and error bound (harness.ops.experts.expected, fp64) on the sub-problem of the
