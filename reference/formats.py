@@ -31,6 +31,7 @@ where every zero is 0x00. e8m0 encodes positive values only: zero, negatives and
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -268,13 +269,25 @@ def decode(codes: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
 
     codes: uint8, any shape; for e2m1 only the low 4 bits may be set (unpacked codes, see `unpack_nibbles`).
     Returns float32 of the same shape; NaN codes decode to NaN, e5m2 inf codes to +-inf, negative zeros to -0.0.
+    Each code is looked up in the format's table (`code_table`, decoded from the bit fields once per device), so a
+    large tensor costs one gather instead of a dozen full-size temporaries.
     """
     check_tensor("codes", codes, dtypes=(torch.uint8,))
     fmt = _as_format(fmt)
-    sp = _SPECS[fmt]
-    c = codes.to(torch.int64)
-    if fmt == FloatFormat.E2M1 and bool((c > 0xF).any()):
+    if fmt == FloatFormat.E2M1 and bool((codes > 0xF).any()):
         raise ValueError("codes for e2m1 must be in [0, 15] (unpack packed bytes with unpack_nibbles first)")
+    return _table(fmt, codes.device)[codes.long()]
+
+
+@functools.cache
+def _table(fmt: FloatFormat, device: torch.device) -> torch.Tensor:
+    sp = _SPECS[fmt]
+    return _decode_fields(torch.arange(sp.num_codes, dtype=torch.int64), sp).to(device)
+
+
+def _decode_fields(c: torch.Tensor, sp: FormatSpec) -> torch.Tensor:
+    """The value of each int64 code `c` of format `sp`, from its sign, exponent and mantissa fields (float32)."""
+    fmt = sp.fmt
     if fmt == FloatFormat.E8M0:
         val = _pow2(c - sp.bias)
         return torch.where(c == 0xFF, torch.full_like(val, float("nan")), val).to(torch.float32)
@@ -300,8 +313,7 @@ def decode(codes: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
 
 def code_table(fmt: FloatFormat | str) -> torch.Tensor:
     """float32 value of every code of `fmt`, indexed by code (256 entries; 16 for e2m1)."""
-    sp = spec(fmt)
-    return decode(torch.arange(sp.num_codes, dtype=torch.int64).to(torch.uint8), sp.fmt)
+    return _table(spec(fmt).fmt, torch.device("cpu")).clone()
 
 
 def pack_nibbles(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:

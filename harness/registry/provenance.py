@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 #: git must answer within this many seconds; a tree it cannot describe in time is hashed instead
 GIT_TIMEOUT_S = 20.0
@@ -106,9 +106,16 @@ def git_source(location: Path) -> Source | None:
     except ValueError:
         scope = "."
     scope = "" if scope == "." else scope
-    dirty = any(not line.startswith("??") or _under(line[3:].strip('"'), scope)
+    dirty = any(not line.startswith("??") or (_under(line[3:].strip('"'), scope)
+                                               and not _bytecode(line[3:].strip('"')))
                 for line in status.stdout.splitlines())
     return Source(path=str(root), commit=head.stdout.strip(), dirty=dirty)
+
+
+def _bytecode(path: str) -> bool:
+    """An untracked bytecode cache (a checkout without a .gitignore for them): Python's, not a change of code."""
+    parts = PurePosixPath(path)
+    return bool(_SKIPPED_DIRS & set(parts.parts)) or parts.suffix in _SKIPPED_SUFFIXES
 
 
 def _under(path: str, scope: str) -> bool:

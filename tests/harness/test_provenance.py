@@ -61,6 +61,8 @@ def test_a_library_from_a_git_checkout_is_labelled_with_its_commit(checkout) -> 
 def test_uncommitted_changes_make_it_dirty(checkout) -> None:  # type: ignore[no-untyped-def]
     tree, name, commit = checkout
     (tree / "notes.txt").write_text("an untracked file beside the package changes no code\n")
+    (tree / name / "__pycache__").mkdir(exist_ok=True)  # nor does bytecode Python cached (no .gitignore here)
+    (tree / name / "__pycache__" / "extra.cpython-311.pyc").write_bytes(b"\0")
     assert provenance.source_of(name, "x") == provenance.Source(str(tree), commit, dirty=False)
     (tree / name / "extra.py").write_text("X = 3\n")  # an added module of the package does
     provenance.source_of.cache_clear()

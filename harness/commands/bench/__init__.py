@@ -5,8 +5,8 @@ Each op's benchmarks live in `harness/commands/bench/<op>.py`, which defines `ca
 kernel, ...). The cases of one point (one name) are timed together in interleaved rounds, by eager calls and, for
 cases marked `graph` (the experts), by CUDA-graph replays; each method's median, its spread over the rounds, and a
 re-time when the two disagree (`_timing`). Memory-bound stages are reported in GB/s against the copy bandwidth
-measured on the same device in the same run, compute-bound ones in TFLOP/s. `verify_s` is how long a row's
-verification took, `time_s` its timing.
+measured on the same device in the same run, compute-bound ones in TFLOP/s. `first_call_s` is a row's first call
+(JIT compiles), `verify_s` its verification, `time_s` its timing.
 
 `--op reference-experts` times the reference experts oracle at model shapes: it must be fast enough to be the oracle
 for real shapes (DeepSeek-V3-like M=4096, E=256, k=8, K=7168, N=512 in well under a second on one GPU).
@@ -153,7 +153,7 @@ def run_cases(cases: Iterable[BenchCase], device: str, out: Any = None) -> list[
     rows: list[dict] = []
     for _, point in itertools.groupby(cases, key=lambda c: c.name):
         point = list(point)
-        found = [_verified_row(c) for c in point]
+        found = [_verified_row(c, cuda) for c in point]
         t0 = time.perf_counter()
         live = [(c, row) for c, row in zip(point, found, strict=True) if "error" not in row]
         try:
@@ -184,18 +184,27 @@ def run_cases(cases: Iterable[BenchCase], device: str, out: Any = None) -> list[
     return rows
 
 
-def _verified_row(c: BenchCase) -> dict[str, Any]:
-    """The row of a case with its verification (and how long it took); `error` when the check itself raised."""
+def _verified_row(c: BenchCase, cuda: bool) -> dict[str, Any]:
+    """The row of a case with its first call (`first_call_s`: JIT compiles) and its verification (`verify_s`);
+    `error` when either raised."""
     row: dict[str, Any] = {"case": c.name, "adapter": c.adapter, **(c.extra or {})}
-    t0 = time.perf_counter()
+
+    def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        found = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return found, time.perf_counter() - t0
+
     try:
-        why = c.verify() if c.verify is not None else None
+        row["first_call_s"] = timed(c.kernel)[1]
+        why, spent = timed(c.verify) if c.verify is not None else (None, 0.0)
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:200]
         return row
     row["verified"] = "yes" if c.verify is not None and why is None else ("no: " + why if why else "not run")
     if c.verify is not None:
-        row["verify_s"] = time.perf_counter() - t0
+        row["verify_s"] = spent
     return row
 
 
