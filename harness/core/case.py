@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 OPS: tuple[str, ...] = (
     "routing", "grouped_routing", "group_quant", "align", "permute", "activation", "act_quant", "reduce", "experts",
@@ -27,11 +28,25 @@ ROUTING_PATTERNS: tuple[str, ...] = (
     "nonfinite",  # rows with NaN / Inf logits (only in properties that test them)
 )
 
-DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "int64": torch.int64,
-    "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8,
-}
+#: the dtype names a case may use (each the name of a torch dtype); `DTYPES` maps them to torch dtypes
+DTYPE_NAMES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "int64",
+                                "int32", "int8", "uint8")
+
+
+def _dtypes() -> dict[str, torch.dtype]:
+    import torch  # on first use: reading, writing and rendering cases never needs torch
+
+    found = globals().get("_DTYPES")
+    if found is None:
+        found = {name: getattr(torch, name) for name in DTYPE_NAMES}
+        globals()["_DTYPES"] = found
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPES":  # {name: torch dtype}, made when first asked for
+        return _dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _JSONScalar = (str, int, float, bool, type(None))
 
@@ -39,9 +54,9 @@ _JSONScalar = (str, int, float, bool, type(None))
 def dtype_of(name: str) -> torch.dtype:
     """torch dtype from its short name ("bfloat16"), with a clear error."""
     try:
-        return DTYPES[name]
+        return _dtypes()[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPE_NAMES)}") from None
 
 
 def _check_json(where: str, value: Any) -> None:
@@ -88,8 +103,8 @@ class Case:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise ValueError(f"Case.shapes[{name!r}] must be a non-negative int, got {size!r}")
         for name, dt in self.dtypes.items():
-            if dt not in DTYPES:
-                raise ValueError(f"Case.dtypes[{name!r}]: unknown dtype {dt!r}; known: {', '.join(DTYPES)}")
+            if dt not in DTYPE_NAMES:
+                raise ValueError(f"Case.dtypes[{name!r}]: unknown dtype {dt!r}; known: {', '.join(DTYPE_NAMES)}")
         for name, value in self.features.items():
             if not isinstance(value, str):
                 raise ValueError(f"Case.features[{name!r}] must be a string, got {value!r}")

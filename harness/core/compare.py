@@ -8,9 +8,10 @@ indices) and a human-readable reason. `mask` arguments select the elements that 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MAX_INDICES = 5
 
@@ -40,6 +41,8 @@ def _shape_problem(name: str, mode: str, actual: torch.Tensor, expected: torch.T
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view of a tensor's bits, one integer per element (for bitwise equality)."""
+    import torch
+
     t = t.contiguous()
     if t.dtype == torch.bool:
         return t.to(torch.uint8)
@@ -53,6 +56,8 @@ def run_bits(t: torch.Tensor) -> torch.Tensor:
     """`bits`, with every NaN as one canonical NaN: what two runs of a kernel must agree on (determinism, batch
     invariance). A NaN's payload and sign are not a result (vectorized and scalar paths of one kernel differ in
     them); a NaN where the other run has a number still differs. fp8 NaN codes are kept as they are."""
+    import torch
+
     t = t.detach().cpu()
     if t.dtype.is_floating_point and t.element_size() > 1:
         t = torch.where(t.isnan(), torch.tensor(float("nan"), dtype=t.dtype), t)
@@ -88,6 +93,8 @@ def compare_set(
     name: str, actual: torch.Tensor, expected: torch.Tensor, *, mask: torch.Tensor | None = None
 ) -> Comparison:
     """Per-row multiset equality of the last dimension (e.g. top-k ids in any order)."""
+    import torch
+
     if (p := _shape_problem(name, "set", actual, expected)) is not None:
         return p
     a = actual.detach().cpu().to(torch.int64).sort(dim=-1).values
@@ -111,6 +118,8 @@ def compare_codes(
 ) -> Comparison:
     """Quantized codes at most `k` steps apart. `step_of(codes) -> int64 ordinal` maps codes to a monotone
     integer scale (default: the integer value of the codes)."""
+    import torch
+
     if (p := _shape_problem(name, f"codes({k})", actual, expected)) is not None:
         return p
     to_ord = step_of or (lambda c: c.to(torch.int64))
@@ -134,6 +143,8 @@ def compare_bounded(
     mask: torch.Tensor | None = None,
 ) -> Comparison:
     """Elementwise |actual - expected| <= bound (NaN/Inf in `actual` where `expected` is finite always fails)."""
+    import torch
+
     if (p := _shape_problem(name, "bounded", actual, expected)) is not None:
         return p
     a = actual.detach().cpu().to(torch.float64)

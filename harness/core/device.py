@@ -9,8 +9,6 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Generation labels, in the order the matrix shows them.
@@ -34,6 +32,8 @@ def prepare_interpreter(device: str) -> None:
     used: `device` is cpu, or no CUDA device is available. An explicit TRITON_INTERPRET is left as it is."""
     if os.environ.get("TRITON_INTERPRET") is not None:
         return
+    import torch  # here, not at import: commands that never judge (replay's parent, bisect, render) skip it
+
     if device == "cpu" or not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
@@ -106,6 +106,8 @@ class DeviceInfo:
 
 def detect(device: str = "auto") -> DeviceInfo:
     """Describe `device` ("auto", "cpu", "cuda" or "cuda:N"). "auto" picks CUDA when present."""
+    import torch
+
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
     if device == "auto":
@@ -155,6 +157,8 @@ def release_cached_memory(device: str) -> None:
     """Return torch's cached GPU memory past CACHED_MEMORY_KEPT_MB to the device: a large case's blocks stay
     cached in the process that ran it, and many processes sharing one GPU (pytest workers, their kernel hosts)
     otherwise run it out of memory between them."""
+    import torch
+
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return
     if torch.cuda.memory_reserved(torch.device(device)) > CACHED_MEMORY_KEPT_MB * 2**20:

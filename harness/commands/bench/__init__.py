@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from harness.core.device import prepare_interpreter
 
 SHAPES = {
@@ -74,6 +72,8 @@ def do_bench(fn: Callable[[], Any], device: str) -> float:
 def do_bench_graph(fn: Callable[[], Any], reps: int = 50) -> float:
     """Median seconds of one replay of a CUDA graph that holds one call of `fn`, with L2 flushed before each
     replay (as do_bench does): the GPU time of the kernels, without the Python launch overhead."""
+    import torch
+
     fn()  # warm-up: JIT compiles, allocator growth
     fn()
     graph = torch.cuda.CUDAGraph()
@@ -93,6 +93,8 @@ def do_bench_graph(fn: Callable[[], Any], reps: int = 50) -> float:
 
 def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
     """Measured device-to-device copy bandwidth in bytes/s (read + write counted), on a buffer far beyond L2."""
+    import torch
+
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     t = do_bench(lambda: dst.copy_(src), device)
@@ -100,6 +102,8 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
 
 
 def _time(fn: Callable[[], Any], device: str, reps: int = 3) -> float:
+    import torch
+
     fn()  # warm-up
     times = []
     for _ in range(reps):
@@ -113,8 +117,13 @@ def _time(fn: Callable[[], Any], device: str, reps: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def bench_reference_experts(device: str, shapes: list[str], dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+def bench_reference_experts(device: str, shapes: list[str], dtype: Any = None) -> list[dict]:
+    """Times of the reference experts oracle at model shapes (`dtype`: of x and the weights, default bfloat16)."""
+    import torch
+
     from reference.experts import fused_experts
+
+    dtype = dtype or torch.bfloat16
 
     rows = []
     for name in shapes:
@@ -193,6 +202,8 @@ def _verified_row(c: BenchCase, cuda: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         found = fn()
         if cuda:
+            import torch
+
             torch.cuda.synchronize()
         return found, time.perf_counter() - t0
 

@@ -10,21 +10,21 @@ must be regenerated on purpose with `python -m harness golden --regenerate [NAME
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any
-
 import importlib
 import pkgutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from harness.core.compare import bits
 
 GOLDEN_DIR = Path(__file__).resolve().parents[3] / "golden"
 
-GoldenFn = Callable[[], dict[str, torch.Tensor]]
+GoldenFn = Callable[[], "dict[str, torch.Tensor]"]
 _REGISTRY: dict[str, GoldenFn] = {}
 _ULPS: dict[str, int] = {}
 
@@ -61,6 +61,8 @@ def path_of(name: str) -> Path:
 
 
 def compute(name: str) -> dict[str, torch.Tensor]:
+    import torch
+
     all_cases = cases()
     if name not in all_cases:
         raise KeyError(f"unknown golden case {name!r}; known: {', '.join(all_cases)}")
@@ -72,6 +74,8 @@ def compute(name: str) -> dict[str, torch.Tensor]:
 
 
 def write(name: str) -> Path:
+    import torch
+
     p = path_of(name)
     p.parent.mkdir(parents=True, exist_ok=True)
     torch.save(compute(name), p)
@@ -79,6 +83,8 @@ def write(name: str) -> Path:
 
 
 def load(name: str) -> dict[str, torch.Tensor]:
+    import torch
+
     p = path_of(name)
     if not p.exists():
         raise FileNotFoundError(f"{p} is missing: run `python -m harness golden --regenerate {name}`")
@@ -87,6 +93,8 @@ def load(name: str) -> dict[str, torch.Tensor]:
 
 def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Distance in units in the last place between two float tensors (same dtype); NaN vs NaN is 0."""
+    import torch
+
     width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     bits = a.element_size() * 8
 
@@ -101,6 +109,8 @@ def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def mismatches(name: str) -> list[str]:
     """Differences between the stored golden file and a fresh computation (empty when equal: bitwise, or within
     the case's declared ulps for float entries)."""
+    import torch
+
     cases()
     stored, fresh = load(name), compute(name)
     ulps = _ULPS.get(name, 0)
