@@ -118,7 +118,8 @@ class Case:
         return json.loads(json.dumps({name: getattr(self, name) for name in self.__dataclass_fields__}))
 
     def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, **kwargs)
+        # the same text as dumping to_dict() (JSON values only), without its copy: case ids hash it
+        return json.dumps({name: getattr(self, name) for name in self.__dataclass_fields__}, sort_keys=True, **kwargs)
 
     @classmethod
     def from_dict(cls, d: Any) -> Case:
