@@ -7,6 +7,7 @@ conventions or op parameters. Everything a verdict depends on is in the case, so
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -33,14 +34,11 @@ DTYPE_NAMES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16", "fl
                                 "int32", "int8", "uint8")
 
 
+@functools.cache
 def _dtypes() -> dict[str, torch.dtype]:
     import torch  # on first use: reading, writing and rendering cases never needs torch
 
-    found = globals().get("_DTYPES")
-    if found is None:
-        found = {name: getattr(torch, name) for name in DTYPE_NAMES}
-        globals()["_DTYPES"] = found
-    return found
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def __getattr__(name: str) -> Any:

@@ -72,23 +72,12 @@ def do_bench(fn: Callable[[], Any], device: str) -> float:
 def do_bench_graph(fn: Callable[[], Any], reps: int = 50) -> float:
     """Median seconds of one replay of a CUDA graph that holds one call of `fn`, with L2 flushed before each
     replay (as do_bench does): the GPU time of the kernels, without the Python launch overhead."""
-    import torch
+    from harness.commands.bench._timing import CudaClock
 
     fn()  # warm-up: JIT compiles, allocator growth
     fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in events)
-    return times[len(times) // 2] / 1e3
+    clock = CudaClock(reps)
+    return clock.graph(clock.capture(fn))
 
 
 def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
