@@ -32,16 +32,18 @@ from kernels._launch import interpreting
 SCORINGS = ("softmax", "sigmoid", "llama4_top1")
 LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_E = 1024  # a whole row stays in registers
-MAX_K = 32  # the k rounds are unrolled
+MAX_K = 32
 
 
-@triton.jit
+# The k (and group) rounds are runtime loops and the sizes are not specialized: unrolling 32 rounds over a 1024-wide
+# row took 15-80 s per compile on an H100 machine, and every k, M or E drawn was a new compile.
+@triton.jit(do_not_specialize=["M", "E", "PER_GROUP", "K", "TOPK_GROUP"])
 def _route_kernel(
     logits_ptr, bias_ptr, w_ptr, ids_ptr,
     M, E, PER_GROUP,
     stride_lm, stride_le, stride_wm, stride_wk, stride_im, stride_ik,
-    scale,
-    K: tl.constexpr, TOPK_GROUP: tl.constexpr, SCORING: tl.constexpr, HAS_BIAS: tl.constexpr,  # SCORINGS index
+    scale, K, TOPK_GROUP,
+    SCORING: tl.constexpr, HAS_BIAS: tl.constexpr,  # SCORINGS index
     GROUPED: tl.constexpr, RENORM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -91,7 +93,7 @@ def _route_kernel(
             gscore = m1
         g_ok = (g[None, :] * PER_GROUP) < E
         kept = tl.zeros([BLOCK_M, BLOCK_G], dtype=tl.int32)
-        for _ in tl.static_range(TOPK_GROUP):
+        for _ in range(TOPK_GROUP):
             free_g = g_ok & (kept == 0)
             cand_g = tl.where(free_g, gscore, NEG_INF)
             best_g = tl.max(cand_g, axis=1)
@@ -102,7 +104,7 @@ def _route_kernel(
     kcol = tl.arange(0, BLOCK_K)[None, :]
     out_w = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     out_i = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.int32)
-    for i in tl.static_range(K):
+    for i in range(K):
         # -Inf is a legal selection value (Llama-4 logits), so availability is a mask, never a sentinel score.
         cand = tl.where(avail, sel, NEG_INF)
         best = tl.max(tl.max(cand, axis=2), axis=1)
@@ -174,8 +176,8 @@ def _launch(logits: torch.Tensor, k: int, *, groups: int, topk_group: int, scori
         logits, logits if bias is None else bias, w, ids,
         m, e, per_group,
         logits.stride(0), logits.stride(1), w.stride(0), w.stride(1), ids.stride(0), ids.stride(1),
-        float(scale),
-        K=k, TOPK_GROUP=topk_group, SCORING=SCORINGS.index(scoring), HAS_BIAS=bias is not None,
+        float(scale), k, topk_group,
+        SCORING=SCORINGS.index(scoring), HAS_BIAS=bias is not None,
         GROUPED=topk_group < groups, RENORM=renormalize,  # keeping every group masks nothing
         BLOCK_M=block_m, BLOCK_G=block_g, BLOCK_P=block_p, BLOCK_K=triton.next_power_of_2(k),
         num_warps=4,
