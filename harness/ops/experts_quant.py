@@ -148,12 +148,15 @@ def tie_rows(case: Case, x: torch.Tensor) -> None:
 
 
 def quantize_weights(found: dict[str, torch.Tensor], sch: Scheme, device: str) -> None:
-    """Replace found['w13'], found['w2'] (float) by their codes and add the scale inputs, per expert."""
+    """Replace found['w13'], found['w2'] (float) by their codes and add the scale inputs, per expert.
+
+    Quantized where the weights are: the oracle's quantizer is exact on any device (the same codes), and on a GPU
+    machine a judge has one CPU thread while its large cases' weights are built on the GPU."""
     for name in ("w13", "w2"):
-        w = found[name].float().cpu()
+        w = found[name].float()
         qs = [quantize(w[e], sch.weight) for e in range(w.shape[0])]
         if not qs:  # no local experts: empty tensors with the shapes one expert would have
-            one = quantize(torch.zeros(w.shape[1:]), sch.weight)
+            one = quantize(torch.zeros(w.shape[1:], device=w.device), sch.weight)
             found[name] = _code_view(one.codes, sch.weight)[None][:0].to(device)
             found[f"{name}_scale"] = one.scales[None][:0].to(device)
             continue
@@ -201,24 +204,25 @@ def _activation(case: Case) -> str:
 
 def to_experts_quant(inputs: Mapping[str, torch.Tensor], sch: Scheme, *, requantize: bool = True) -> ref.ExpertsQuant:
     """The oracle's view of the quantized inputs: one QuantizedTensor per expert and the activation recipes
-    (`requantize=False`: the intermediate stays unquantized, the `intermediate_quant=none` convention)."""
+    (`requantize=False`: the intermediate stays unquantized, the `intermediate_quant=none` convention). The codes
+    stay where the inputs are: the oracle dequantizes them there (exactly, on any device)."""
     per: dict[str, list[QuantizedTensor]] = {}
     logical: dict[str, tuple[int, int]] = {}
     for name in ("w13", "w2"):
-        codes = _oracle_codes(inputs[name]).cpu()
-        scales = inputs[f"{name}_scale"].cpu()
+        codes = _oracle_codes(inputs[name])
+        scales = inputs[f"{name}_scale"]
         e = codes.shape[0]
         k = codes.shape[-1] * (2 if sch.weight.dtype in (QuantDtype.W4A16, QuantDtype.MXFP4, QuantDtype.NVFP4) else 1)
         shape = (codes.shape[1], k)
         logical[name] = shape
         per[name] = [QuantizedTensor(
             codes=codes[i], scales=scales[i], recipe=sch.weight, shape=shape,
-            global_scale=inputs[f"{name}_global_scale"][i].cpu() if f"{name}_global_scale" in inputs else None,
-            zero_points=inputs[f"{name}_zp"][i].cpu() if f"{name}_zp" in inputs else None) for i in range(e)]
+            global_scale=inputs[f"{name}_global_scale"][i] if f"{name}_global_scale" in inputs else None,
+            zero_points=inputs[f"{name}_zp"][i] if f"{name}_zp" in inputs else None) for i in range(e)]
     gs = {}
     if "a13_global_scale" in inputs:
-        gs = {"act_global_scale": inputs["a13_global_scale"].cpu(),
-              "intermediate_global_scale": inputs["a2_global_scale"].cpu()}
+        gs = {"act_global_scale": inputs["a13_global_scale"],
+              "intermediate_global_scale": inputs["a2_global_scale"]}
     return ref.ExpertsQuant(per["w13"], per["w2"], act=sch.act, intermediate=sch.act if requantize else None,
                             expert_shapes=(logical["w13"], logical["w2"]), **gs)
 
