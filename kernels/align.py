@@ -77,9 +77,9 @@ def _bitonic_step(x, S: tl.constexpr, T: tl.constexpr, LOG: tl.constexpr):
     return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), [C])
 
 
-# Sizes and counts are not specialized (divisible by 16, equal to 1): each drawn size was otherwise a new compile of
-# the in-chunk sort, for a few integer comparisons.
-@triton.jit(do_not_specialize=["numel", "E"])
+# Sizes and counts other than numel (the bound of the id loads) are not specialized (divisible by 16, equal to 1):
+# each drawn size was otherwise a new compile of the in-chunk sort, for a few integer comparisons.
+@triton.jit(do_not_specialize=["E"])
 def _hist_kernel(ids_ptr, emap_ptr, counts_ptr, numel, E, HAS_MAP: tl.constexpr, EXCLUDE: tl.constexpr,
                  CHUNK: tl.constexpr, NB: tl.constexpr):
     chunk = tl.program_id(0)
@@ -107,7 +107,7 @@ def _scan_kernel(counts_ptr, prefix_ptr, totals_ptr, num_chunks, NB: tl.constexp
     tl.store(totals_ptr + cols, carry)
 
 
-@triton.jit(do_not_specialize=["numel", "E", "block_size", "capacity", "num_blocks_cap", "num_chunks"])
+@triton.jit(do_not_specialize=["E", "block_size", "capacity", "num_blocks_cap", "num_chunks"])
 def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_ptr, sorted_ptr, eids_ptr,
                     ntpp_ptr, numel, E, block_size, capacity, num_blocks_cap, num_chunks,
                     HAS_MAP: tl.constexpr, EXCLUDE: tl.constexpr, FUSED: tl.constexpr, CHUNK: tl.constexpr,
