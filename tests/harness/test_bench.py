@@ -188,3 +188,17 @@ def test_rows_say_how_long_verification_and_timing_took() -> None:
     rows = run_cases([BenchCase("p", "ours", kernel=lambda: None, verify=lambda: None)], "cpu")
     row = rows[0]
     assert row["first_call_s"] >= 0 and row["verify_s"] >= 0 and row["time_s"] >= 0 and "eager_spread_%" in row
+
+
+def test_list_flags_take_comma_separated_values_or_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--op", "experts", "--quant", "fp8_w8a8:G128,int8_w8a8:A",
+                                      "--quant", "none", "--m", "1,64", "--m", "256",
+                                      "--shape", "deepseek-v3,qwen3-30b-a3b"])
+    assert args.quant == ["fp8_w8a8:G128", "int8_w8a8:A", "none"]
+    assert args.m == [1, 64, 256]
+    assert args.shape == ["deepseek-v3", "qwen3-30b-a3b"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--op", "experts", "--m", "1,x"])
+    assert "--m" in capsys.readouterr().err

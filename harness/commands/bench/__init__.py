@@ -297,15 +297,30 @@ def run(args: argparse.Namespace) -> int:
     return main_bench(args.op, device, args.shape or ["deepseek-v3"], options)
 
 
+def _names(text: str) -> list[str]:
+    """A flag's value: one name or a comma-separated list of them."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token counts (integers, comma-separated), got {text!r}") from None
+
+
 def add_parser(sub: Any) -> None:
     """Add the command to the `python -m harness` subparsers."""
     b = sub.add_parser("bench", help="time kernels (or the oracle) on this device")
     b.add_argument("--op", required=True, help="what to time: an op (routing, group_quant, ...) or reference-experts")
     b.add_argument("--device", default="auto")
-    b.add_argument("--shape", action="append", default=[], help="model shape(s): deepseek-v3, mixtral-tp2, ...")
-    b.add_argument("--quant", action="append", default=[],
-                   help="experts: scheme(s) to time (none, fp8_w8a8:G128, ..., all; default: none)")
+    b.add_argument("--shape", action="extend", type=_names, default=[],
+                   help="model shape(s): deepseek-v3, mixtral-tp2, ... (comma-separated or repeated)")
+    b.add_argument("--quant", action="extend", type=_names, default=[],
+                   help="experts: scheme(s) to time (none, fp8_w8a8:G128, ..., all; comma-separated or repeated; "
+                        "default: none)")
     b.add_argument("--against-vllm", metavar="PATH", default=None,
                    help="experts: also time vLLM's Triton fused_moe_kernel loaded from this wheel or source tree")
-    b.add_argument("--m", action="append", type=int, default=[], help="experts: token counts (default 1..4096)")
+    b.add_argument("--m", action="extend", type=_counts, default=[],
+                   help="experts: token counts (comma-separated or repeated; default 1..4096)")
     b.set_defaults(func=run)
