@@ -110,14 +110,18 @@ class Case:
             _check_json(f"Case.{part}", getattr(self, part))
 
     # -- serialization -------------------------------------------------------------------------------------------
+    def _fields(self) -> dict[str, Any]:
+        """The fields by name, not copied."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
     def to_dict(self) -> dict[str, Any]:
         # the fields hold JSON values only (checked above): a JSON round trip is the deep copy (dataclasses.asdict's
         # own deep copy was most of the time of rendering a matrix)
-        return json.loads(json.dumps({name: getattr(self, name) for name in self.__dataclass_fields__}))
+        return json.loads(json.dumps(self._fields()))
 
     def to_json(self, **kwargs: Any) -> str:
         # the same text as dumping to_dict() (JSON values only), without its copy: case ids hash it
-        return json.dumps({name: getattr(self, name) for name in self.__dataclass_fields__}, sort_keys=True, **kwargs)
+        return json.dumps(self._fields(), sort_keys=True, **kwargs)
 
     @classmethod
     def from_dict(cls, d: Any) -> Case:

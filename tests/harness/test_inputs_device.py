@@ -9,6 +9,7 @@ import torch
 
 from harness import registry
 from harness.core.case import Case
+from harness.core.compare import bits  # bitwise: NaN poison in padding rows equals itself
 from harness.engine import strategies as hs
 from harness.ops import get as get_op
 
@@ -30,11 +31,6 @@ def _one_case_per_scheme() -> list[Case]:
     return found
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The bytes (NaN poison in padding rows compares equal to itself, fp8 compares at all)."""
-    return t.reshape(-1).contiguous().view(torch.uint8)
-
-
 def test_quantized_experts_inputs_are_the_same_on_the_cpu_and_the_gpu() -> None:
     cases = _one_case_per_scheme()
     assert len(cases) >= 10  # every scheme the oracle has, in both formats
@@ -45,7 +41,7 @@ def test_quantized_experts_inputs_are_the_same_on_the_cpu_and_the_gpu() -> None:
         assert cpu.keys() == gpu.keys(), case.features
         for name, t in cpu.items():
             g = gpu[name].cpu()
-            if t.dtype != g.dtype or t.shape != g.shape or not torch.equal(_bits(t), _bits(g)):
+            if t.dtype != g.dtype or t.shape != g.shape or not torch.equal(bits(t), bits(g)):
                 differ.append(f"{case.features['quant_type']}:{case.features['quant_format']} "
                               f"{case.features['format']} {name}")
     assert not differ, differ
