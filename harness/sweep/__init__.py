@@ -14,7 +14,7 @@ import math
 import os
 import re
 import sys
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +28,7 @@ from harness.engine import remote
 from harness.engine.host import Host
 from harness.store.results import ResultStore, load_results, new_run_id
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
+from harness.sweep.schedule import ChunkQueue
 from harness.sweep.selection import (
     CASES_PER_CELL,
     QUICK_ALL_CELLS,
@@ -157,10 +158,10 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
 
 
 def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str, Result],
-                 chunk_size: int) -> tuple[deque[_Chunk], list[tuple[int, Result]]]:
-    """Number every case, and cut the cases still to judge into chunks of one adapter (biggest adapters first, so
-    the long tail is short); the cases judged before a resume come back apart."""
-    chunks: deque[_Chunk] = deque()
+                 chunk_size: int, workers: int) -> tuple[ChunkQueue, list[tuple[int, Result]]]:
+    """Number every case, and cut the cases still to judge into chunks of one adapter (biggest adapters first: the
+    order in which each adapter's first chunk goes out); the cases judged before a resume come back apart."""
+    chunks = ChunkQueue(workers=workers)
     finished: list[tuple[int, Result]] = []
     for adapter, spec_name, p in sorted(planned, key=lambda t: -len(t[2].cases)):
         items = []
@@ -172,7 +173,8 @@ def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str
                 finished.append((index, done[case.case_id]))
             else:
                 items.append((index, case))
-        chunks.extend(_Chunk(spec_name, items[at:at + chunk_size]) for at in range(0, len(items), chunk_size))
+        for at in range(0, len(items), chunk_size):
+            chunks.append(_Chunk(spec_name, items[at:at + chunk_size]))
     run.left_of = Counter(run.owner[i].name for i in run.cases)
     return chunks, finished
 
@@ -236,9 +238,10 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     finally:
         planner.close()
     n_jobs = max(1, jobs or default_jobs(device))
-    # chunks small enough that the last ones end together (a worker that changes adapter starts a kernel host)
-    chunk_size = max(4, math.ceil(sum(len(p.cases) for _, _, p in planned) / (5 * n_jobs)))
-    chunks, finished = _chunk_cases(planned, run, done, chunk_size)
+    # chunks small enough that the last ones end together (a worker that changes adapter starts a kernel host,
+    # so it stays with its adapter while that one has work: harness.sweep.schedule)
+    chunk_size = max(2, math.ceil(sum(len(p.cases) for _, _, p in planned) / (12 * n_jobs)))
+    chunks, finished = _chunk_cases(planned, run, done, chunk_size, n_jobs)
     run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out)
     _announce(out, planned, run, profile, n_jobs, case_timeout, shard)
     if out is not None and resume:

@@ -21,9 +21,8 @@ import signal
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -34,6 +33,7 @@ from harness.core.result import Result, strict_json
 from harness.engine import remote, runner
 from harness.engine.host import HostDied, log_warnings_to
 from harness.sweep.progress import Progress
+from harness.sweep.schedule import ChunkQueue
 
 #: seconds a worker may take to start (import torch, triton, the kernels) before it counts as dead
 START_TIMEOUT_S = 180.0
@@ -42,6 +42,9 @@ MAX_SILENT_DEATHS = 2
 #: whether a worker is replaced before it judges another adapter: no longer needed, since kernels run in kernel hosts
 #: (one per adapter, closed when the worker moves on), never in the worker; what a kernel leaves behind stays there
 FRESH_WORKER_PER_ADAPTER = False
+#: kernel hosts a worker keeps up (the adapters it judged last): the scheduler sends it more of their cases while they
+#: have a fair part of the work left, so moving between adapters often does not restart hosts
+HOSTS_KEPT = 3
 
 
 def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[str] | None) -> Result:
@@ -125,13 +128,13 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         if msg is None:
             break
         spec, items = msg
-        for other in [k for k in resolved if k != spec]:  # one kernel host at a time
-            remote.close_adapter(other, dev.device)
+        for other in [k for k in resolved if k != spec][: max(0, len(resolved) - HOSTS_KEPT + 1)]:
+            remote.close_adapter(other, dev.device)  # the least recently judged beyond HOSTS_KEPT
             del resolved[other]
         t0 = time.perf_counter()
         try:  # the adapter's module is imported in its kernel host, never in this judging process
-            adapter = resolved.get(spec) or remote.open_adapter(spec, dev.device)
-            resolved[spec] = adapter
+            adapter = resolved.pop(spec, None) or remote.open_adapter(spec, dev.device)
+            resolved[spec] = adapter  # now the most recently judged
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
@@ -196,6 +199,7 @@ class _Slot:
     since: float = 0.0
     recycling: str = ""  # the worker announced it exits (its CUDA context is lost): not a death
     judged: str = ""  # the adapter spec this worker has judged cases of
+    held: list[str] = field(default_factory=list)  # the specs whose kernel hosts it keeps, most recent first
 
 
 def default_jobs(device: DeviceInfo) -> int:
@@ -215,7 +219,7 @@ class WorkerPool:
     case whose worker hung or died (the caller records an `error` verdict for it).
     """
 
-    def __init__(self, chunks: deque[_Chunk], device: DeviceInfo, results_dir: str, run_id: str, jobs: int,
+    def __init__(self, chunks: ChunkQueue, device: DeviceInfo, results_dir: str, run_id: str, jobs: int,
                  case_timeout: float, progress: Progress, cases: dict[int, Case],
                  account: Callable[[int, str, bool], None], mark: Callable[..., None],
                  warnings_log: str | None = None):
@@ -269,15 +273,7 @@ class WorkerPool:
         slot.proc.start()
         child.close()
         slot.conn, slot.ready, slot.born, slot.chunk, slot.current = parent, False, time.monotonic(), None, None
-        slot.recycling, slot.judged = "", ""
-
-    def _next_chunk(self, slot: _Slot) -> _Chunk:
-        """The next chunk for this worker: one of the adapter it already judged, else the next in line."""
-        for chunk in self.chunks:
-            if chunk.spec == slot.judged:
-                self.chunks.remove(chunk)
-                return chunk
-        return self.chunks.popleft()
+        slot.recycling, slot.judged, slot.held = "", "", []
 
     def _renew(self, slot: _Slot) -> None:
         """End an idle worker normally (its results file closes) and start a fresh one in its slot."""
@@ -299,12 +295,13 @@ class WorkerPool:
             if slot.proc is None and (self.chunks or slot.chunk is not None):
                 self.start(slot)
             if slot.ready and slot.chunk is None and self.chunks and slot.conn is not None:
-                chunk = self._next_chunk(slot)
+                chunk = self.chunks.take(slot.held)
                 if FRESH_WORKER_PER_ADAPTER and slot.judged and chunk.spec != slot.judged:
                     self.chunks.appendleft(chunk)
                     self._renew(slot)  # it takes the chunk once it is ready
                     continue
                 slot.chunk, slot.judged = chunk, chunk.spec
+                slot.held = [chunk.spec, *(h for h in slot.held if h != chunk.spec)][:HOSTS_KEPT]
                 slot.conn.send((slot.chunk.spec, [(i, c.to_dict()) for i, c in slot.chunk.items]))
 
     def drain(self, slot: _Slot) -> None:
@@ -362,6 +359,8 @@ class WorkerPool:
             slot.current, slot.since = msg[1], time.monotonic()
         elif kind == "done":
             index = msg[1]
+            if slot.current == index and slot.chunk is not None:
+                self.chunks.observe(slot.chunk.spec, time.monotonic() - slot.since)
             self.account(index, msg[2], msg[3], msg[4] if len(msg) > 4 else None)
             if slot.chunk is not None:
                 slot.chunk.items = [(i, c) for i, c in slot.chunk.items if i != index]
