@@ -240,7 +240,7 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     n_jobs = max(1, jobs or default_jobs(device))
     # chunks small enough that the last ones end together (a worker that changes adapter starts a kernel host,
     # so it stays with its adapter while that one has work: harness.sweep.schedule)
-    chunk_size = max(2, math.ceil(sum(len(p.cases) for _, _, p in planned) / (12 * n_jobs)))
+    chunk_size = max(2, math.ceil(sum(len(p.cases) for _, _, p in planned) / (5 * n_jobs)))
     chunks, finished = _chunk_cases(planned, run, done, chunk_size, n_jobs)
     run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out)
     _announce(out, planned, run, profile, n_jobs, case_timeout, shard)

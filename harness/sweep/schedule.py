@@ -3,14 +3,13 @@
 A case costs from a hundredth of a second to many seconds, and nothing in a plan says which: on a GPU with a cold
 Triton cache every new kernel variant is a compile of seconds, so an adapter of 50 cheap-looking cases can be the
 longest in the run. Handing adapters out by case count left such an adapter to start last and finish alone. So:
-- every adapter's first cases go out (a couple of them) before any adapter's second chunk, which measures each
-  adapter early;
+- every adapter's first case goes out before any adapter's second chunk, which measures each adapter early;
 - then the next chunk is of the adapter with the most work left: its measured seconds per case times its cases
   not yet handed out (an adapter with no finished case yet counts at the mean of all finished cases);
-- a chunk handed out holds at most a fair share of the work left (that over twice the workers, in measured
-  seconds), so the chunks of a slow adapter are short and the last ones end together;
-- a worker stays with an adapter whose kernel host it has up while that adapter has at least half the work left of
-  the busiest one;
+- a chunk handed out holds at most a fair share of the work left (that over the workers, in measured seconds),
+  so the chunks of a slow adapter are short and the last ones end together;
+- a worker stays with an adapter whose kernel host it has up while that adapter has at least a quarter of the work
+  left of the busiest one (a kernel host starts in 1.5 s or more);
 - a chunk put back (its worker died or was recycled) goes out first.
 """
 
@@ -22,9 +21,9 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 #: a worker stays with its adapter while that has at least 1/STICK of the top adapter's work left
-STICK = 2
+STICK = 4
 #: cases in the first chunk of an adapter, handed out to measure it
-PROBE_CASES = 2
+PROBE_CASES = 1
 
 
 class _Chunk(Protocol):
@@ -103,6 +102,6 @@ class ChunkQueue:
         return chunk
 
     def _fair_share(self, spec: str) -> int:
-        """Cases of `spec` worth at most the work left over twice the workers (at least one)."""
-        share = sum(self.work_left(s) for s in self._by_spec) / (2 * self.workers)
+        """Cases of `spec` worth at most the work left over the workers (at least one)."""
+        share = sum(self.work_left(s) for s in self._by_spec) / self.workers
         return max(1, int(share / max(self.per_case(spec), 1e-6)))

@@ -42,9 +42,10 @@ MAX_SILENT_DEATHS = 2
 #: whether a worker is replaced before it judges another adapter: no longer needed, since kernels run in kernel hosts
 #: (one per adapter, closed when the worker moves on), never in the worker; what a kernel leaves behind stays there
 FRESH_WORKER_PER_ADAPTER = False
-#: kernel hosts a worker keeps up (the adapters it judged last): the scheduler sends it more of their cases while they
-#: have a fair part of the work left, so moving between adapters often does not restart hosts
-HOSTS_KEPT = 3
+#: kernel hosts a worker keeps up (those of the adapters it judged last; the scheduler prefers their cases). One: with
+#: three per worker, 48 hosts with their CUDA contexts on a 16-core GPU machine made every host start take 4-7 s
+#: instead of 1.6 (a cold quick matrix: host starts 17 min of worker time against 2.7)
+HOSTS_KEPT = 1
 
 
 def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[str] | None) -> Result:
