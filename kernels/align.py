@@ -49,18 +49,32 @@ def _bins(ids_ptr, emap_ptr, offs, numel, E, HAS_MAP: tl.constexpr, EXCLUDE: tl.
 
 @triton.jit
 def _bitonic_sort(x, LOG: tl.constexpr):
-    """Ascending sort of a [2**LOG] int tensor (bitonic network). The rounds are runtime loops and each entry
-    reads its partner i ^ 2**t with a gather: an unrolled network (55 steps at 1024 entries, 78 at 4096) took
-    2-4 s to compile, a new compile for every chunk size and flag set."""
-    i = tl.arange(0, 1 << LOG)
-    for s in range(1, LOG + 1):
-        for u in range(s):
-            j = 1 << (s - 1 - u)
-            partner = tl.gather(x, i ^ j, 0)
-            # runs of 2**s alternate direction, so that pairs of runs form bitonic sequences; the last is ascending
-            keep_min = ((i & j) == 0) == (((i >> s) & 1) == 0)
-            x = tl.where(keep_min, tl.minimum(x, partner), tl.maximum(x, partner))
+    """Ascending sort of a [2**LOG] int tensor (bitonic network). Partners i and i ^ 2**t meet as the halves
+    of a [A, B, 2] view (split/join are single ops in the interpreter too, unlike tl.sort's xor reduction,
+    which it runs element by element)."""
+    for s in tl.static_range(1, LOG + 1):
+        for u in tl.static_range(s):
+            # one step per call: Triton 3.6 refuses to re-bind a constexpr inside a loop body
+            x = _bitonic_step(x, s, s - 1 - u, LOG)
     return x
+
+
+@triton.jit
+def _bitonic_step(x, S: tl.constexpr, T: tl.constexpr, LOG: tl.constexpr):
+    C: tl.constexpr = 1 << LOG
+    A: tl.constexpr = C >> (T + 1)
+    B: tl.constexpr = 1 << T
+    left, right = tl.split(tl.permute(tl.reshape(x, [A, 2, B]), (0, 2, 1)))
+    lo = tl.minimum(left, right)
+    hi = tl.maximum(left, right)
+    if S < LOG:  # runs of 2**s alternate direction, so that pairs of runs form bitonic sequences
+        desc = ((tl.arange(0, A) >> (S - T - 1)) & 1)[:, None] == 1
+        first = tl.where(desc, hi, lo)
+        second = tl.where(desc, lo, hi)
+    else:
+        first = lo
+        second = hi
+    return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), [C])
 
 
 # Sizes and counts other than numel (the bound of the id loads) are not specialized (divisible by 16, equal to 1):
