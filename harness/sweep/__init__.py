@@ -157,11 +157,17 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
     return planned
 
 
+#: chunks cut per worker: few, since a worker that changes adapter starts a kernel host; once the chunks are out, idle
+#: workers take the unsent halves of the others' (harness.sweep.schedule). Simulated on the cold quick matrix's case
+#: times (16 workers, 1.7 s a host start): 2 a worker 84 s, 5 a worker 91 s, 5 without taking halves 123 s.
+CHUNKS_PER_WORKER = 2
+
+
 def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str, Result],
-                 chunk_size: int, workers: int) -> tuple[ChunkQueue, list[tuple[int, Result]]]:
-    """Number every case, and cut the cases still to judge into chunks of one adapter (biggest adapters first: the
-    order in which each adapter's first chunk goes out); the cases judged before a resume come back apart."""
-    chunks = ChunkQueue(workers=workers)
+                 chunk_size: int) -> tuple[ChunkQueue, list[tuple[int, Result]]]:
+    """Number every case, and cut the cases still to judge into chunks of one adapter (biggest adapters first, so
+    the long tail is short); the cases judged before a resume come back apart."""
+    chunks = ChunkQueue()
     finished: list[tuple[int, Result]] = []
     for adapter, spec_name, p in sorted(planned, key=lambda t: -len(t[2].cases)):
         items = []
@@ -238,10 +244,8 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     finally:
         planner.close()
     n_jobs = max(1, jobs or default_jobs(device))
-    # chunks small enough that the last ones end together (a worker that changes adapter starts a kernel host,
-    # so it stays with its adapter while that one has work: harness.sweep.schedule)
-    chunk_size = max(2, math.ceil(sum(len(p.cases) for _, _, p in planned) / (5 * n_jobs)))
-    chunks, finished = _chunk_cases(planned, run, done, chunk_size, n_jobs)
+    chunk_size = max(2, math.ceil(sum(len(p.cases) for _, _, p in planned) / (CHUNKS_PER_WORKER * n_jobs)))
+    chunks, finished = _chunk_cases(planned, run, done, chunk_size)
     run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out)
     _announce(out, planned, run, profile, n_jobs, case_timeout, shard)
     if out is not None and resume:

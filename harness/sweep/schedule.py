@@ -1,29 +1,26 @@
-"""Which chunk of cases a sweep worker judges next: the adapter with the most work left, measured as it goes.
+"""Which cases a sweep worker judges next: chunks of one adapter in plan order, then work taken from the busiest.
 
 A case costs from a hundredth of a second to many seconds, and nothing in a plan says which: on a GPU with a cold
-Triton cache every new kernel variant is a compile of seconds, so an adapter of 50 cheap-looking cases can be the
-longest in the run. Handing adapters out by case count left such an adapter to start last and finish alone. So:
-- every adapter's first case goes out before any adapter's second chunk, which measures each adapter early;
-- then the next chunk is of the adapter with the most work left: its measured seconds per case times its cases
-  not yet handed out (an adapter with no finished case yet counts at the mean of all finished cases);
-- a chunk handed out holds at most a fair share of the work left (that over the workers, in measured seconds),
-  so the chunks of a slow adapter are short and the last ones end together;
-- a worker stays with an adapter whose kernel host it has up while that adapter has at least a quarter of the work
-  left of the busiest one (a kernel host starts in 1.5 s or more);
-- a chunk put back (its worker died or was recycled) goes out first.
+Triton cache every new kernel variant is a compile of seconds. With whole chunks handed out, a chunk of such cases
+taken late ended the run alone while the other workers idled (the cold quick matrix on an H100: the last 40 s on
+one or two workers). So:
+- chunks go out in plan order (the biggest adapters first), a worker taking a chunk of the adapter whose kernel host
+  it has up before any other (a host starts in 1.5 s or more);
+- a worker is sent one case of its chunk at a time, so the rest of a chunk stays the parent's to give away;
+- once no chunk is left, an idle worker takes the back half of the not-yet-sent cases of the chunk with the most
+  measured work left (that adapter's seconds per case, measured as the sweep goes, times its cases), when that half
+  is worth more than a kernel host start.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-#: a worker stays with its adapter while that has at least 1/STICK of the top adapter's work left
-STICK = 4
-#: cases in the first chunk of an adapter, handed out to measure it
-PROBE_CASES = 1
+#: seconds a taken half must be worth (measured) before an idle worker takes it; twice that when the worker does not
+#: hold the adapter's kernel host (about what a host takes to start)
+STEAL_MIN_S = 1.5
 
 
 class _Chunk(Protocol):
@@ -32,76 +29,54 @@ class _Chunk(Protocol):
 
 
 class ChunkQueue:
-    """The chunks still to hand out, by adapter spec; `observe` feeds it the seconds each finished case took."""
+    """The chunks still to hand out, in plan order; `observe` feeds it the seconds each finished case took."""
 
-    def __init__(self, chunks: list | deque | None = None, workers: int = 1) -> None:
-        self.workers = max(1, workers)
-        self._urgent: deque = deque()
-        self._by_spec: dict[str, deque] = {}
+    def __init__(self, chunks: Sequence | None = None) -> None:
+        self._chunks: deque = deque(chunks or ())
         self._seconds: dict[str, float] = {}
         self._judged: dict[str, int] = {}
-        self._started: set[str] = set()
-        for chunk in chunks or ():
-            self.append(chunk)
 
     def append(self, chunk: _Chunk) -> None:
-        self._by_spec.setdefault(chunk.spec, deque()).append(chunk)
+        self._chunks.append(chunk)
 
     def appendleft(self, chunk: _Chunk) -> None:
         """Put back a chunk that was handed out: it goes out next."""
-        self._urgent.appendleft(chunk)
+        self._chunks.appendleft(chunk)
 
     def __len__(self) -> int:
-        return len(self._urgent) + sum(len(q) for q in self._by_spec.values())
+        return len(self._chunks)
 
     def __iter__(self) -> Iterator[_Chunk]:
-        yield from self._urgent
-        for q in self._by_spec.values():
-            yield from q
+        return iter(self._chunks)
 
     def popleft(self) -> _Chunk:
-        """Any chunk (the put-back ones first); IndexError when empty."""
-        return self.take()
+        return self._chunks.popleft()
+
+    def take(self, held: Sequence[str] = ()) -> _Chunk:
+        """The next chunk for a worker whose kernel hosts are up for the specs `held`: one of theirs, else the next."""
+        for chunk in self._chunks:
+            if chunk.spec in held:
+                self._chunks.remove(chunk)
+                return chunk
+        return self._chunks.popleft()
 
     def observe(self, spec: str, seconds: float) -> None:
-        """One case of `spec` took `seconds` (start to verdict, as the parent saw it)."""
+        """One case of `spec` took `seconds` (from its start to its verdict, as the parent saw it)."""
         self._seconds[spec] = self._seconds.get(spec, 0.0) + max(0.0, seconds)
         self._judged[spec] = self._judged.get(spec, 0) + 1
 
     def per_case(self, spec: str) -> float:
-        """Measured seconds per case of `spec`; the mean over all adapters while it has none."""
+        """Measured seconds per case of `spec`; the mean over all adapters while it has none (1 s before any)."""
         if self._judged.get(spec):
             return self._seconds[spec] / self._judged[spec]
         n = sum(self._judged.values())
         return sum(self._seconds.values()) / n if n else 1.0
 
-    def work_left(self, spec: str) -> float:
-        return self.per_case(spec) * sum(len(c.items) for c in self._by_spec.get(spec, ()))
-
-    def take(self, held: Sequence[str] = ()) -> _Chunk:
-        """The next chunk for a worker whose kernel hosts are up for the adapter specs `held`."""
-        if self._urgent:
-            return self._urgent.popleft()
-        live = [s for s, q in self._by_spec.items() if q]
-        if not live:
-            raise IndexError("no chunks left")
-        unstarted = [s for s in live if s not in self._started]
-        if unstarted:
-            spec = unstarted[0]
-        else:
-            spec = max(live, key=self.work_left)
-            mine = [s for s in held if s in live]
-            if mine and self.work_left(own := max(mine, key=self.work_left)) * STICK >= self.work_left(spec):
-                spec = own
-        fits = PROBE_CASES if spec not in self._started else self._fair_share(spec)
-        chunk = self._by_spec[spec].popleft()
-        self._started.add(spec)
-        if fits < len(chunk.items):  # hand out the head, keep the rest first in line for this adapter
-            self._by_spec[spec].appendleft(dataclasses.replace(chunk, items=chunk.items[fits:]))
-            chunk = dataclasses.replace(chunk, items=chunk.items[:fits])
-        return chunk
-
-    def _fair_share(self, spec: str) -> int:
-        """Cases of `spec` worth at most the work left over the workers (at least one)."""
-        share = sum(self.work_left(s) for s in self._by_spec) / self.workers
-        return max(1, int(share / max(self.per_case(spec), 1e-6)))
+    def to_take(self, unsent: Sequence[tuple[int, str, int]], held: Sequence[str] = ()) -> tuple[int, int] | None:
+        """For an idle worker holding `held` when no chunk is left: (owner, n) to take the last n of the `unsent`
+        cases of that owner's chunk, or None. `unsent`: (owner, spec, cases not yet sent) per worker."""
+        best = max(unsent, key=lambda u: self.per_case(u[1]) * u[2], default=None)
+        if best is None or best[2] < 2:
+            return None
+        n = best[2] // 2
+        return (best[0], n) if self.per_case(best[1]) * n > STEAL_MIN_S * (1 if best[1] in held else 2) else None

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -42,10 +42,6 @@ MAX_SILENT_DEATHS = 2
 #: whether a worker is replaced before it judges another adapter: no longer needed, since kernels run in kernel hosts
 #: (one per adapter, closed when the worker moves on), never in the worker; what a kernel leaves behind stays there
 FRESH_WORKER_PER_ADAPTER = False
-#: kernel hosts a worker keeps up (those of the adapters it judged last; the scheduler prefers their cases). One: with
-#: three per worker, 48 hosts with their CUDA contexts on a 16-core GPU machine made every host start take 4-7 s
-#: instead of 1.6 (a cold quick matrix: host starts 17 min of worker time against 2.7)
-HOSTS_KEPT = 1
 
 
 def judge_safely(case: Case, adapter: Any, dev: DeviceInfo, unverifiable: set[str] | None) -> Result:
@@ -129,13 +125,13 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         if msg is None:
             break
         spec, items = msg
-        for other in [k for k in resolved if k != spec][: max(0, len(resolved) - HOSTS_KEPT + 1)]:
-            remote.close_adapter(other, dev.device)  # the least recently judged beyond HOSTS_KEPT
+        for other in [k for k in resolved if k != spec]:  # one kernel host at a time
+            remote.close_adapter(other, dev.device)
             del resolved[other]
         t0 = time.perf_counter()
         try:  # the adapter's module is imported in its kernel host, never in this judging process
-            adapter = resolved.pop(spec, None) or remote.open_adapter(spec, dev.device)
-            resolved[spec] = adapter  # now the most recently judged
+            adapter = resolved.get(spec) or remote.open_adapter(spec, dev.device)
+            resolved[spec] = adapter
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
@@ -200,7 +196,7 @@ class _Slot:
     since: float = 0.0
     recycling: str = ""  # the worker announced it exits (its CUDA context is lost): not a death
     judged: str = ""  # the adapter spec this worker has judged cases of
-    held: list[str] = field(default_factory=list)  # the specs whose kernel hosts it keeps, most recent first
+    sent: int | None = None  # index of the case sent to it and not yet judged (its "idle" not yet received)
 
 
 def default_jobs(device: DeviceInfo) -> int:
@@ -234,7 +230,7 @@ class WorkerPool:
             import torch
 
             devices = [f"cuda:{i}" for i in range(max(1, torch.cuda.device_count()))]
-        n_slots = min(jobs, max(1, len(chunks)))
+        n_slots = min(jobs, max(1, sum(len(c.items) for c in chunks)))  # idle workers take halves of chunks
         self.cpu_threads = threads_for(n_slots)
         self.slots = [_Slot(i, devices[i % len(devices)]) for i in range(n_slots)]
         self.start_failures = 0  # workers that died before reporting ready, in a row
@@ -274,7 +270,28 @@ class WorkerPool:
         slot.proc.start()
         child.close()
         slot.conn, slot.ready, slot.born, slot.chunk, slot.current = parent, False, time.monotonic(), None, None
-        slot.recycling, slot.judged, slot.held = "", "", []
+        slot.sent = None
+        slot.recycling, slot.judged = "", ""
+
+    def _next_chunk(self, slot: _Slot) -> _Chunk | None:
+        """This worker's next chunk: the next in line (one of the adapter it judged first), else once none is left
+        the back half of the unsent cases of the chunk with the most measured work left (harness.sweep.schedule)."""
+        if self.chunks:
+            return self.chunks.take([slot.judged])
+        unsent = [(s.index, s.chunk.spec, len(self._unsent(s))) for s in self.slots if s.chunk is not None]
+        taken = self.chunks.to_take(unsent, [slot.judged])
+        if taken is None:
+            return None
+        owner = self.slots[taken[0]]
+        assert owner.chunk is not None
+        moved = self._unsent(owner)[-taken[1]:]
+        owner.chunk.items = [it for it in owner.chunk.items if it not in moved]
+        return _Chunk(owner.chunk.spec, moved)
+
+    @staticmethod
+    def _unsent(slot: _Slot) -> list[tuple[int, Case]]:
+        assert slot.chunk is not None
+        return [it for it in slot.chunk.items if it[0] != slot.sent]
 
     def _renew(self, slot: _Slot) -> None:
         """End an idle worker normally (its results file closes) and start a fresh one in its slot."""
@@ -291,19 +308,26 @@ class WorkerPool:
         self.start(slot)
 
     def dispatch(self) -> None:
-        """Restart dead slots that still have work, and hand a chunk to every idle ready worker."""
+        """Restart dead slots that still have work, and send every idle ready worker its next case (one at a time:
+        the rest of its chunk stays here, for another worker to take once no chunk is left)."""
         for slot in self.slots:
             if slot.proc is None and (self.chunks or slot.chunk is not None):
                 self.start(slot)
-            if slot.ready and slot.chunk is None and self.chunks and slot.conn is not None:
-                chunk = self.chunks.take(slot.held)
+            if not slot.ready or slot.sent is not None or slot.conn is None:
+                continue
+            if slot.chunk is None or not slot.chunk.items:
+                chunk = self._next_chunk(slot)
+                if chunk is None:
+                    slot.chunk = None
+                    continue
                 if FRESH_WORKER_PER_ADAPTER and slot.judged and chunk.spec != slot.judged:
                     self.chunks.appendleft(chunk)
                     self._renew(slot)  # it takes the chunk once it is ready
                     continue
                 slot.chunk, slot.judged = chunk, chunk.spec
-                slot.held = [chunk.spec, *(h for h in slot.held if h != chunk.spec)][:HOSTS_KEPT]
-                slot.conn.send((slot.chunk.spec, [(i, c.to_dict()) for i, c in slot.chunk.items]))
+            index, case = slot.chunk.items[0]
+            slot.sent = index
+            slot.conn.send((slot.chunk.spec, [(index, case.to_dict())]))
 
     def drain(self, slot: _Slot) -> None:
         try:
@@ -370,13 +394,15 @@ class WorkerPool:
             assert slot.chunk is not None
             for i, _ in slot.chunk.items:
                 self.mark(i, f"adapter could not be loaded in the worker: {msg[1]}", "unloadable")
-            slot.chunk, slot.current = None, None
+            slot.chunk, slot.current, slot.sent = None, None, None
         elif kind == "recycle":
             slot.recycling = msg[1]
         elif kind == "interrupted":
             raise KeyboardInterrupt(f"a worker got {msg[1]}")
-        elif kind == "idle":
-            slot.chunk, slot.current = None, None
+        elif kind == "idle":  # the case sent is judged; the rest of the chunk, if any, goes out one by one
+            slot.sent, slot.current = None, None
+            if slot.chunk is not None and not slot.chunk.items:
+                slot.chunk = None
 
     def retire(self, slot: _Slot, why: str, kind: str) -> None:
         """The worker is dead or being killed: mark its case in flight, requeue the rest of its chunk."""
@@ -403,7 +429,7 @@ class WorkerPool:
                     self.chunks.appendleft(_Chunk(chunk.spec, rest, chunk.silent_deaths))
         if slot.conn is not None:
             slot.conn.close()
-        slot.proc, slot.conn, slot.chunk, slot.current = None, None, None, None
+        slot.proc, slot.conn, slot.chunk, slot.current, slot.sent = None, None, None, None, None
 
     def stop(self, kill: bool = False) -> None:
         """End the workers: asked to finish (their results files close), or killed at once (`kill`)."""

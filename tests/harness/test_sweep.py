@@ -392,3 +392,20 @@ def test_each_adapter_runs_in_a_kernel_host_of_its_own(tmp_path: Path) -> None:
     assert flips and others and {r.verdict for r in flips + others} <= {"pass", "unsupported"}
     assert any("mkldnn" in note for r in flips for note in r.metrics.get("kernel_host", []))
     assert not any(r.metrics.get("kernel_host") for r in others)
+
+
+def test_an_idle_worker_takes_half_of_a_busy_workers_unsent_cases(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One adapter, cut into one chunk: the worker that did not get it takes unsent halves of it, one case at a time
+    reaching each worker, and every case still gets exactly one verdict."""
+    spec = "tests.harness.fixtures.fake_adapters:SLOW"
+    pidfile = tmp_path / "pids"
+    monkeypatch.setenv("MOE_TEST_PIDFILE", str(pidfile))
+    monkeypatch.setattr(sweep, "CHUNKS_PER_WORKER", 0.01)
+    planned = sweep.plan(registry.resolve(spec), "quick").cases
+    sweep.run_sweep([spec], detect("cpu"), str(tmp_path / "r"), profile="quick", run_id="s", jobs=2, out=None)
+    results = load_results([tmp_path / "r"])
+    assert Counter(r.case.case_id for r in results) == Counter(c.case_id for c in planned)
+    assert {r.verdict for r in results} <= {"pass", "unsupported"}
+    hosts = Counter(pidfile.read_text().split())
+    assert len(hosts) == 2 and min(hosts.values()) >= 10, hosts  # both workers' kernel hosts judged many cases
