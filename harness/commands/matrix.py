@@ -89,6 +89,18 @@ def _render_only(args: argparse.Namespace) -> int:
 def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     started = time.monotonic()
     prepare_interpreter(args.device)
+    from harness.engine.host import Host
+
+    # listed in a host (which probes the imports first: one that ends the process from C code is named), so that
+    # this process, which renders the verdicts, never imports an adapter module; the sweep plans in the same host
+    planner = Host("cpu")
+    try:
+        return _sweep_with(args, shard, out, started, planner)
+    finally:
+        planner.close()
+
+
+def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, planner: Any) -> int:
     from harness.core.device import detect
     from harness.engine import remote
     from harness.store.results import new_run_id
@@ -98,9 +110,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
 
     try:
         dev = detect(args.device)
-        # listed in a host (which probes the imports first: one that ends the process from C code is named), so
-        # that this process, which renders the verdicts, never imports an adapter module
-        specs = remote.expand(list(args.adapter or []), probe=True).specs
+        specs = remote.expand(list(args.adapter or []), probe=True, host=planner).specs
     except (ValueError, remote.HostError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -117,7 +127,8 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     sweep_started = time.monotonic()
     try:
         totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
-                           case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard)
+                           case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard,
+                           planner=planner)
     except ValueError as e:  # --resume of a run that has no results here
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -219,15 +219,18 @@ class Catalog:
         return self.specs[self.names.index(name)] if name in self.names else name
 
 
-def expand(specs: list[str], *, probe: bool = False) -> Catalog:
+def expand(specs: list[str], *, probe: bool = False, host: Host | None = None) -> Catalog:
     """`registry.expand` (every registered adapter when `specs` is empty), done in a host; ValueError for a spec
     that names nothing. probe: first import the adapter modules in a probe child (an import that ends the process
-    from C code is named, not fatal)."""
-    host = Host("cpu")
+    from C code is named, not fatal). host: a CPU host to do it in, left running (its adapters stay imported, for
+    planning); default a new one, closed."""
+    own = host is None
+    host = host or Host("cpu")
     try:
         reply = _ask(host, ("expand", list(specs), probe), "listing adapters")
     finally:
-        host.close()
+        if own:
+            host.close()
     if "usage_error" in reply:
         raise ValueError(reply["usage_error"])
     return Catalog(list(reply["specs"]), list(reply["names"]), dict(reply.get("load_failures") or {}),

@@ -203,7 +203,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
               run_id: str | None = None, jobs: int | None = None, case_timeout: float = 120.0,
               command: str = "", out: IO[str] | None = sys.stderr,
               on_plan: Callable[[str, Plan], None] | None = None, resume: bool = False,
-              shard: Shard | None = None) -> dict[str, Counter]:
+              shard: Shard | None = None, planner: Host | None = None) -> dict[str, Counter]:
     """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter.
 
     `adapter_specs` are registered names or module:object specs (workers resolve them the same way).
@@ -212,6 +212,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     resume: continue run `run_id` (its files in results_dir): cases it already judged are counted, not re-run,
     so a sweep cut short (a time limit, a lost machine) finishes in a later call.
     shard: judge only this shard of the cells (the metadata still describes the whole plan, so shards merge).
+    planner: a CPU host that has the adapters imported (remote.expand's), to plan in; closed once the plan is made.
     Ctrl-C or SIGTERM raises `SweepInterrupted` (a KeyboardInterrupt) once the workers are stopped: the cases they
     were running get no verdict (the user stopped them, not their kernels) and `resume` judges them later.
     """
@@ -221,7 +222,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     lock = _lock_run(results_dir, run_id)
     try:
         return _sweep_locked(adapter_specs, device, results_dir, run_id, profile, jobs, case_timeout, command, out,
-                             on_plan, resume, shard)
+                             on_plan, resume, shard, planner)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(lock.name)
@@ -230,7 +231,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
 
 def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str, run_id: str, profile: str,
                   jobs: int | None, case_timeout: float, command: str, out: IO[str] | None,
-                  on_plan: Callable[[str, Plan], None] | None, resume: bool, shard: Shard | None) -> dict[str, Counter]:
+                  on_plan: Callable[[str, Plan], None] | None, resume: bool, shard: Shard | None,
+                  planner: Host | None) -> dict[str, Counter]:
     done = _judged_before(results_dir, run_id) if resume else {}
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
     commit, dirty = git_state()
@@ -238,7 +240,7 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
                                  "command": command, "commit": os.environ.get("MOE_HARNESS_COMMIT", commit),
                                  "dirty": dirty, "quick_all_cells": QUICK_ALL_CELLS,
                                  "cases_per_cell": CASES_PER_CELL[profile], "shard": str(shard or "")})
-    planner = Host("cpu")
+    planner = planner or Host("cpu")
     try:
         planned = _plan_adapters(adapter_specs, run, profile, shard, out, on_plan, planner)
     finally:

@@ -115,3 +115,23 @@ def test_the_end_of_a_sweep_says_where_the_judging_time_went_and_the_progress_li
     assert "oracle 52s (56%)" in account and "kernel host starts 5s (5%)" in account
     progress.finish()
     assert out.getvalue().splitlines()[-1] == account
+
+
+def test_the_adapters_are_listed_and_planned_in_one_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listing the adapters and planning their cases both import every adapter module in a CPU host: one host does
+    both (a second one was a second import of torch and of every adapter, seconds before any case ran)."""
+    from harness.cli import main
+    from harness.engine import host
+
+    started: list[str] = []
+    real_start = host.Host.start
+
+    def counting_start(self: host.Host) -> None:
+        started.append(self.device)
+        real_start(self)
+
+    monkeypatch.setattr(host.Host, "start", counting_start)
+    code = main(["matrix", "--device", "cpu", "--adapter", "tests.harness.test_matrix_command:WARNS", "--results-dir",
+                 str(tmp_path / "r"), "--out", "", "--jobs", "1"])
+    assert code == 0
+    assert started == ["cpu"]  # the sweep's workers start their kernel hosts in their own processes
