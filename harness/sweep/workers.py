@@ -285,7 +285,8 @@ class WorkerPool:
         owner = self.slots[taken[0]]
         assert owner.chunk is not None
         moved = self._unsent(owner)[-taken[1]:]
-        owner.chunk.items = [it for it in owner.chunk.items if it not in moved]
+        gone = {i for i, _ in moved}
+        owner.chunk.items = [it for it in owner.chunk.items if it[0] not in gone]
         return _Chunk(owner.chunk.spec, moved)
 
     @staticmethod
