@@ -52,10 +52,10 @@ class ChunkQueue:
     def popleft(self) -> _Chunk:
         return self._chunks.popleft()
 
-    def take(self, held: Sequence[str] = ()) -> _Chunk:
-        """The next chunk for a worker whose kernel hosts are up for the specs `held`: one of theirs, else the next."""
+    def take(self, current: str = "") -> _Chunk:
+        """The next chunk for a worker whose kernel host is up for the spec `current`: one of its, else the next."""
         for chunk in self._chunks:
-            if chunk.spec in held:
+            if chunk.spec == current:
                 self._chunks.remove(chunk)
                 return chunk
         return self._chunks.popleft()
@@ -72,11 +72,11 @@ class ChunkQueue:
         n = sum(self._judged.values())
         return sum(self._seconds.values()) / n if n else 1.0
 
-    def to_take(self, unsent: Sequence[tuple[int, str, int]], held: Sequence[str] = ()) -> tuple[int, int] | None:
-        """For an idle worker holding `held` when no chunk is left: (owner, n) to take the last n of the `unsent`
-        cases of that owner's chunk, or None. `unsent`: (owner, spec, cases not yet sent) per worker."""
+    def to_take(self, unsent: Sequence[tuple[int, str, int]], current: str = "") -> tuple[int, int] | None:
+        """For an idle worker whose kernel host is up for `current` when no chunk is left: (owner, n) to take the
+        last n of the `unsent` cases of that owner's chunk, or None. `unsent`: (owner, spec, cases not yet sent)."""
         best = max(unsent, key=lambda u: self.per_case(u[1]) * u[2], default=None)
         if best is None or best[2] < 2:
             return None
         n = best[2] // 2
-        return (best[0], n) if self.per_case(best[1]) * n > STEAL_MIN_S * (1 if best[1] in held else 2) else None
+        return (best[0], n) if self.per_case(best[1]) * n > STEAL_MIN_S * (1 if best[1] == current else 2) else None

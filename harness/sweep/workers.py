@@ -277,9 +277,9 @@ class WorkerPool:
         """This worker's next chunk: the next in line (one of the adapter it judged first), else once none is left
         the back half of the unsent cases of the chunk with the most measured work left (harness.sweep.schedule)."""
         if self.chunks:
-            return self.chunks.take([slot.judged])
+            return self.chunks.take(slot.judged)
         unsent = [(s.index, s.chunk.spec, len(self._unsent(s))) for s in self.slots if s.chunk is not None]
-        taken = self.chunks.to_take(unsent, [slot.judged])
+        taken = self.chunks.to_take(unsent, slot.judged)
         if taken is None:
             return None
         owner = self.slots[taken[0]]

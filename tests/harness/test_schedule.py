@@ -24,7 +24,7 @@ def chunks_of(spec: str, cases: int, size: int) -> list[Chunk]:
 def test_chunks_go_in_plan_order_and_a_worker_keeps_its_adapter() -> None:
     q = ChunkQueue(chunks_of("a", 20, 10) + chunks_of("b", 20, 10))
     assert q.take().spec == "a"
-    assert q.take(["b"]).spec == "b"  # the worker that holds b's kernel host takes b's chunk before a's
+    assert q.take("b").spec == "b"  # the worker that holds b's kernel host takes b's chunk before a's
     assert q.take().spec == "a" and q.take().spec == "b" and not q
 
 
@@ -55,8 +55,8 @@ def test_an_idle_worker_takes_half_of_the_unsent_cases_with_the_most_work() -> N
     assert q.to_take([(1, "slow", 1)]) is None
     # a worker that holds the adapter's host takes a smaller half
     q.observe("mid", STEAL_MIN_S * 0.75)
-    assert q.to_take([(2, "mid", 4)], held=["mid"]) == (2, 2)
-    assert q.to_take([(2, "mid", 4)], held=["other"]) is None
+    assert q.to_take([(2, "mid", 4)], current="mid") == (2, 2)
+    assert q.to_take([(2, "mid", 4)], current="other") is None
 
 
 def simulate(queue: ChunkQueue, cost: dict[str, float], workers: int, host_start: float) -> float:
@@ -69,9 +69,9 @@ def simulate(queue: ChunkQueue, cost: dict[str, float], workers: int, host_start
     while events:
         t, w = heapq.heappop(events)
         if not left[w]:
-            chunk = queue.take([spec[w]]) if queue else None
+            chunk = queue.take(spec[w]) if queue else None
             if chunk is None:
-                taken = queue.to_take([(v, spec[v], len(left[v])) for v in left if left[v]], [spec[w]])
+                taken = queue.to_take([(v, spec[v], len(left[v])) for v in left if left[v]], spec[w])
                 if taken is not None:
                     v, n = taken
                     chunk, left[v] = Chunk(spec[v], left[v][-n:]), left[v][:-n]
