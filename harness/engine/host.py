@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from harness.engine import compile_once_env
 from harness.engine.arena import Arena
 
 #: largest reply a judge reads from a host (a reply is JSON: descriptions, never tensors)
@@ -119,6 +120,7 @@ def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: 
     os.environ.update(env)
     # no compile pool: a process a kernel leaves running is killed after its run
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    compile_once_env.install()  # hosts that need one new kernel variant at once compile it once
     sys.path[:] = path
     with contextlib.suppress(OSError):
         os.chdir(cwd)

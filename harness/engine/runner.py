@@ -437,6 +437,13 @@ def rejects_cleanly(e: BaseException, features: Mapping[str, str]) -> bool:
                for w in [*features, *features.values()] if len(w) > 1)
 
 
+def gated_whole(adapter: Adapter, device: DeviceInfo) -> bool:
+    """Whether the gate turns away every case of `adapter` on `device` before anything of the adapter's runs: it
+    does not run on this generation, or its library is not installed (the gate's first two rules)."""
+    device = adapter.device_for(device)
+    return device.generation not in adapter.generations or adapter.not_installed() is not None
+
+
 class CaseTimeout(BaseException):
     """The case ran past its timeout. A BaseException, so that no `except Exception` on the way swallows it."""
 

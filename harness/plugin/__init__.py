@@ -243,6 +243,10 @@ def pytest_configure(config: pytest.Config) -> None:
             # the xdist controller chooses the run's uid now, so that it knows its workers' results files
             config.option.testrunuid = uuid.uuid4().hex
     os.environ["HARNESS_CASE_TIMEOUT"] = f"{config.getoption('moe_case_timeout'):g}"  # xdist workers inherit it
+    # workers and kernel hosts that need one new kernel variant at once compile it once (harness.engine.compile_once)
+    from harness.engine import compile_once_env
+
+    compile_once_env.install()
     if hasattr(config, "workerinput"):
         _share_cores(xdist_workers(config))
     device = worker_device(config)

@@ -24,7 +24,7 @@ from harness import registry
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
-from harness.engine import remote
+from harness.engine import remote, runner
 from harness.engine.host import Host
 from harness.store.results import ResultStore, load_results, new_run_id
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
@@ -56,12 +56,14 @@ class _Run:
     owner: dict[int, Any] = field(default_factory=dict)
     totals: dict[str, Counter] = field(default_factory=dict)
     left_of: Counter = field(default_factory=Counter)
+    #: verdicts given without a worker: every case of an adapter the gate turns away whole (case id -> result)
+    gated: dict[str, Result] = field(default_factory=dict)
 
-    def account(self, index: int, verdict: str, declared: bool, record: str | None = None) -> None:
-        """Count a verdict; `record`: its result as a worker judged it (JSON), written to the run's file here."""
+    def account(self, index: int, verdict: str, declared: bool, record: str | Result | None = None) -> None:
+        """Count a verdict; `record`: its result (as a worker judged it, in JSON), written to the run's file here."""
         spent = None
         if record is not None:
-            result = Result.from_dict(json.loads(record))
+            result = record if isinstance(record, Result) else Result.from_dict(json.loads(record))
             self.main.append(result)
             spent = result.metrics.get("time_s")
         name = self.owner[index].name
@@ -151,6 +153,8 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
             p = shard.of(p)
         run.main.append_meta("adapter", adapter_record(adapter, p, run.device, profile))
         planned.append((adapter, spec_name, p))
+        if runner.gated_whole(adapter, run.device):  # not this generation, not installed: no kernel host needed
+            run.gated.update({c.case_id: judge_safely(c, adapter, run.device, None) for c in p.cases})
         run.totals[adapter.name] = Counter()
         if on_plan is not None:
             on_plan(adapter.name, p)
@@ -166,9 +170,10 @@ CHUNKS_PER_WORKER = 2
 def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str, Result],
                  chunk_size: int) -> tuple[ChunkQueue, list[tuple[int, Result]]]:
     """Number every case, and cut the cases still to judge into chunks of one adapter (biggest adapters first, so
-    the long tail is short); the cases judged before a resume come back apart."""
+    the long tail is short); the cases judged before a resume come back apart, and so do the cases judged in
+    planning (`run.gated`), paired with True (to be written)."""
     chunks = ChunkQueue()
-    finished: list[tuple[int, Result]] = []
+    finished: list[tuple[int, Result, bool]] = []
     for adapter, spec_name, p in sorted(planned, key=lambda t: -len(t[2].cases)):
         items = []
         for case in p.cases:
@@ -176,7 +181,9 @@ def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str
             run.cases[index] = case
             run.owner[index] = adapter
             if case.case_id in done:
-                finished.append((index, done[case.case_id]))
+                finished.append((index, done[case.case_id], False))
+            elif case.case_id in run.gated:
+                finished.append((index, run.gated[case.case_id], True))
             else:
                 items.append((index, case))
         for at in range(0, len(items), chunk_size):
@@ -246,14 +253,16 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     finally:
         planner.close()
     n_jobs = max(1, jobs or default_jobs(device))
-    chunk_size = max(2, math.ceil(sum(len(p.cases) for _, _, p in planned) / (CHUNKS_PER_WORKER * n_jobs)))
+    for_workers = sum(c.case_id not in done and c.case_id not in run.gated for _, _, p in planned for c in p.cases)
+    chunk_size = max(2, math.ceil(for_workers / (CHUNKS_PER_WORKER * n_jobs)))
     chunks, finished = _chunk_cases(planned, run, done, chunk_size)
     run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out)
     _announce(out, planned, run, profile, n_jobs, case_timeout, shard)
     if out is not None and resume:
-        print(f"resuming {run_id}: {len(finished)} of {len(run.cases)} cases already judged", file=out, flush=True)
-    for index, r in finished:
-        run.account(index, r.verdict, r.declared)
+        before = sum(not written for *_, written in finished)
+        print(f"resuming {run_id}: {before} of {len(run.cases)} cases already judged", file=out, flush=True)
+    for index, r, to_write in finished:
+        run.account(index, r.verdict, r.declared, r if to_write else None)
     warned = WorkerWarnings(Path(results_dir) / f"{run_id}-warnings.log")
     try:
         WorkerPool(chunks, device, results_dir, run_id, n_jobs, case_timeout, run.progress, run.cases,

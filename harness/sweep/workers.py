@@ -230,8 +230,9 @@ class WorkerPool:
             import torch
 
             devices = [f"cuda:{i}" for i in range(max(1, torch.cuda.device_count()))]
-        n_slots = min(jobs, max(1, sum(len(c.items) for c in chunks)))  # idle workers take halves of chunks
-        self.cpu_threads = threads_for(n_slots)
+        # idle workers take halves of chunks; no case for a worker (all judged in planning): no worker
+        n_slots = min(jobs, sum(len(c.items) for c in chunks))
+        self.cpu_threads = threads_for(max(1, n_slots))
         self.slots = [_Slot(i, devices[i % len(devices)]) for i in range(n_slots)]
         self.start_failures = 0  # workers that died before reporting ready, in a row
         # every worker holds the read end; when this process dies the write end closes and the workers exit

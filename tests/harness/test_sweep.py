@@ -409,3 +409,25 @@ def test_an_idle_worker_takes_half_of_a_busy_workers_unsent_cases(tmp_path: Path
     assert {r.verdict for r in results} <= {"pass", "unsupported"}
     hosts = Counter(pidfile.read_text().split())
     assert len(hosts) == 2 and min(hosts.values()) >= 10, hosts  # both workers' kernel hosts judged many cases
+
+
+def test_adapters_turned_away_whole_get_their_verdicts_without_a_worker(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library that is not installed, a generation this machine is not: every case's verdict is known before any
+    kernel host starts (each took a host start per worker that met it, seconds of a GPU sweep). They are written
+    by the planning, with the same verdicts a worker gives, and no worker starts when nothing is left."""
+    from harness.sweep import workers
+
+    def no_worker(self: object, slot: object) -> None:
+        raise AssertionError("a worker started for cases whose verdicts were known")
+
+    monkeypatch.setattr(workers.WorkerPool, "start", no_worker)
+    specs = [f"tests.harness.fixtures.fake_adapters:{name}" for name in ("NOT_INSTALLED", "OTHER_GENERATION")]
+    planned = [c for s in specs for c in sweep.plan(registry.resolve(s), "quick").cases]
+    totals = sweep.run_sweep(specs, detect("cpu"), str(tmp_path), profile="quick", run_id="g", jobs=2, out=None)
+    results = load_results([tmp_path])
+    assert Counter(r.case.case_id for r in results) == Counter(c.case_id for c in planned)
+    assert {r.verdict for r in results if r.adapter == "fake-not-installed"} == {"not-installed"}
+    assert all("pip install moe-harness-absent-library" in r.reason for r in results if r.verdict == "not-installed")
+    assert {r.verdict for r in results if r.adapter == "fake-other-generation"} == {"unsupported"}
+    assert sum(sum(c.values()) for c in totals.values()) == len(planned), totals
