@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["EP_CONVENTIONS", "MAX_BLOCK_SIZE", "MAX_EXPERTS", "moe_align_block_size", "sorted_layout_capacity"]
+__all__ = ["EP_CONVENTIONS", "MAX_BLOCK_SIZE", "MAX_EXPERTS", "default_chunk", "moe_align_block_size",
+           "sorted_layout_capacity"]
 
 EP_CONVENTIONS = ("keep_invalid_blocks", "exclude")
 MAX_EXPERTS = 1024  # keys (bin << log2(CHUNK)) | local index must fit in int32; histogram bins stay small
@@ -178,6 +179,14 @@ def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_
         tl.store(ntpp_ptr, used)
 
 
+def default_chunk(numel: int) -> int:
+    """Entries per program for `numel` ids: the in-chunk sort is an unrolled network of log2(CHUNK)**2 / 2 steps,
+    so a chunk sized to a small input compiles in a fraction of the time (H100: 0.4-1.2 s at 16-256 entries
+    against 2.4-4.8 s at 1024) and runs faster (8 ids: 7.4 against 10.5 us); four sizes, so that few variants
+    are compiled."""
+    return 64 if numel <= 64 else 256 if numel <= 256 else 1024 if numel <= 65536 else 4096
+
+
 def sorted_layout_capacity(numel: int, num_experts: int, block_size: int) -> int:
     """Length of sorted_token_ids: numel + num_experts * (block_size - 1)."""
     return numel + num_experts * (block_size - 1)
@@ -217,7 +226,7 @@ def moe_align_block_size(
             (their entries are left out); only read with an expert map.
         sorted_token_ids, expert_ids, num_tokens_post_padded: optional int32 outputs to write into
             (shapes [capacity], [ceil(capacity / block_size)], [1]); allocated when None.
-        chunk: entries per program (a power of two, 16..4096); default by size. fuse_scan: sum the earlier
+        chunk: entries per program (a power of two, 16..4096); default `default_chunk(numel)`. fuse_scan: sum the earlier
             chunks in the scatter kernel instead of launching the scan kernel; default when there are <= 32 chunks.
 
     Returns:
@@ -246,7 +255,7 @@ def moe_align_block_size(
     if numel >= 2**31 - num_experts * block_size:
         raise ValueError(f"topk_ids has {numel} entries; int32 ids need numel + E*block_size < 2**31")
     if chunk is None:
-        chunk = 1024 if numel <= 65536 else 4096
+        chunk = default_chunk(numel)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 16 or chunk > 4096 or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two in [16, 4096], got {chunk!r}")
 

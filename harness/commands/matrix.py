@@ -104,18 +104,26 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     from harness.core.device import detect
     from harness.engine import remote
     from harness.store.results import new_run_id
-    from harness.sweep import VerdictsLost, run_sweep
+    from harness.sweep import VerdictsLost, default_jobs, run_sweep, worker_pool
     from harness.sweep import run_files as sweep_files
     from harness.sweep.progress import duration
 
+    pool = None
     try:
         dev = detect(args.device)
+        suffix = f"-shard{shard.index}of{shard.count}" if shard else ""
+        run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}{suffix}"
+        if not args.adapter:  # every adapter: a worker per job, started now so that their start overlaps the listing
+            pool = worker_pool(dev, args.results_dir, run_id, args.jobs, args.case_timeout,
+                               start=args.jobs or default_jobs(dev))
+        listed = time.monotonic()
         specs = remote.expand(list(args.adapter or []), probe=True, host=planner).specs
+        listed = time.monotonic() - listed
     except (ValueError, remote.HostError) as e:
+        if pool is not None:
+            pool.stop(kill=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    suffix = f"-shard{shard.index}of{shard.count}" if shard else ""
-    run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}{suffix}"
     print(f"moe-harness {__version__}: sweeping {len(specs)} adapter(s) on {dev.generation} ({dev.device_name}), "
           f"profile {args.profile}" + (f", shard {shard}" if shard else ""), file=sys.stderr)
     if dev.generation == "interp":
@@ -128,7 +136,7 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     try:
         totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
                            case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard,
-                           planner=planner)
+                           planner=planner, pool=pool)
     except ValueError as e:  # --resume of a run that has no results here
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -139,15 +147,17 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     judged, swept = sum(sum(c.values()) for c in totals.values()), time.monotonic() - sweep_started
     run_files = sweep_files(args.results_dir, run_id)
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl ({judged} verdicts)")
+    rendered = time.monotonic()
     if out and run_files:
         _render_run(args, run_id, run_files, out, command)
     elif shard:
         print(f"shard {shard}: merge the shards' result folders with `python -m harness matrix --from DIR ...`")
+    rendered = time.monotonic() - rendered
     if bad:
         print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
     wall = time.monotonic() - started
-    print(f"judged {judged} cases in {duration(wall)} ({duration(swept)} judging, {duration(wall - swept)} setting up "
-          "and rendering)")
+    print(f"judged {judged} cases in {duration(wall)} ({swept:.1f}s planning and judging, {listed:.1f}s listing the "
+          f"adapters, {rendered:.1f}s rendering, {wall - swept - listed - rendered:.1f}s other)")
     return 1 if bad else 0
 
 

@@ -162,10 +162,12 @@ def _cap(device: str) -> int:
     return MAX_OPEN_HOSTS["cuda" if device.startswith("cuda") else "cpu"]
 
 
-def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteAdapter:
+def open_adapter(spec: str, device: str, *, host: Host | None = None, spare: Host | None = None) -> RemoteAdapter:
     """The adapter `spec` (a registered name or `module:object[#name]`) in a kernel host of its own on `device`
-    (or in `host`, shared with other adapters, to read their declarations: planning runs no kernel). ValueError
-    when the spec names no adapter, HostError when the host cannot load it."""
+    (or in `host`, shared with other adapters, to read their declarations: planning runs no kernel). spare: a host
+    on `device` started ahead and holding no adapter yet, to load it into instead of starting one (unused when the
+    adapter's host is open already). ValueError when the spec names no adapter, HostError when the host cannot
+    load it."""
     if host is not None:
         return _described(spec, host)
     # a host takes the judge's environment when it starts: one started under another TRITON_INTERPRET (a test that
@@ -179,7 +181,7 @@ def open_adapter(spec: str, device: str, *, host: Host | None = None) -> RemoteA
         found = _OPEN[old]
         if found.host is not None and found.host.alive():
             found.host.close()
-    _OPEN[key] = _described(spec, Host(device))
+    _OPEN[key] = _described(spec, spare if spare is not None else Host(device))
     return _OPEN[key]
 
 

@@ -580,7 +580,10 @@ class _Judging:
         self.taken: list[tuple[str, dict[str, torch.Tensor], dict[str, Band]]] = []  # remote runs' outputs
         self.returned_at = 0.0  # when the last remote run's reply arrived (the settle time counts from there)
         self.bands: dict[str, dict[str, Band]] = {}  # each run's output buffers, by run
-        self.kernel_s = 0.0  # the longest kernel run of a host so far, as the host timed it (only sets a wait)
+        # the longest of the host-timed kernel runs whose outputs are not yet checked for late writes (`taken`): it
+        # sets the settle wait. Only those runs: the first run's time holds its compile (seconds, on a cold cache),
+        # and a wait of a tenth of that after every later run was 7% of a cold GPU sweep's time
+        self.kernel_s = 0.0
         # seconds per phase, a verdict's metrics.time_s: inputs, oracle, first_run, second_run, other_runs (as the
         # judge waited for them), in_host (what the kernel host timed around its calls), checks; the sweep adds
         # host_start (its worker's wait for the kernel host before the case)
@@ -733,9 +736,9 @@ class _Judging:
                 if not torch.equal(bits(base), bits(bands[name].base.detach().cpu())):
                     check = _check(f"settled:{name}", False, f"{name}: the output changed after the kernel's {run} "
                                    "had returned (written late, by a thread or an unsynchronised stream)")
-                    self.taken = []
+                    self.taken, self.kernel_s = [], 0.0
                     raise _KernelFailed(self.result("fail", check.reason, [check], failed_checks=[check.name]))
-        self.taken = []
+        self.taken, self.kernel_s = [], 0.0
 
     def raised(self, e: Exception, run: str) -> Result:
         msg = _describe(e)

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -193,13 +194,15 @@ def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str
 
 
 def _announce(out: IO[str] | None, planned: list[tuple[Any, str, Plan]], run: _Run, profile: str, jobs: int,
-              case_timeout: float, shard: Shard | None) -> None:
+              case_timeout: float, shard: Shard | None, planning_s: float) -> None:
     if out is None:
         return
     assert run.progress is not None
     where = f", shard {shard}" if shard is not None else ""
-    print(f"{len(planned)} adapter(s), {run.progress.cells_total} cells, {len(run.cases)} cases, profile "
-          f"{profile}{where}, {jobs} worker(s), case timeout {case_timeout:g}s", file=out, flush=True)
+    gated = f" ({len(run.gated)} judged in planning: not installed, or not for this generation)" if run.gated else ""
+    print(f"{len(planned)} adapter(s), {run.progress.cells_total} cells, {len(run.cases)} cases{gated}, profile "
+          f"{profile}{where}, {jobs} worker(s), case timeout {case_timeout:g}s; planned in {planning_s:.1f}s",
+          file=out, flush=True)
     for _, _, p in planned:
         whole = f" ({len(p.cells)} of its {p.summary()['cells']} cells in this shard)" if p.shard else ""
         print(f"  {p.adapter}: {p.selection} cells ({p.summary()['cells']} of {p.cells_total}){whole}, "
@@ -210,7 +213,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
               run_id: str | None = None, jobs: int | None = None, case_timeout: float = 120.0,
               command: str = "", out: IO[str] | None = sys.stderr,
               on_plan: Callable[[str, Plan], None] | None = None, resume: bool = False,
-              shard: Shard | None = None, planner: Host | None = None) -> dict[str, Counter]:
+              shard: Shard | None = None, planner: Host | None = None,
+              pool: WorkerPool | None = None) -> dict[str, Counter]:
     """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter.
 
     `adapter_specs` are registered names or module:object specs (workers resolve them the same way).
@@ -220,17 +224,25 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     so a sweep cut short (a time limit, a lost machine) finishes in a later call.
     shard: judge only this shard of the cells (the metadata still describes the whole plan, so shards merge).
     planner: a CPU host that has the adapters imported (remote.expand's), to plan in; closed once the plan is made.
+    pool: workers started for this run before it was planned (`worker_pool(..., start=n)`); stopped at the end.
     Ctrl-C or SIGTERM raises `SweepInterrupted` (a KeyboardInterrupt) once the workers are stopped: the cases they
     were running get no verdict (the user stopped them, not their kernels) and `resume` judges them later.
     """
     run_id = run_id or f"matrix-{device.generation}-{new_run_id()}"
-    check_run_id(run_id)
     results_dir = os.path.abspath(results_dir)  # fixed now: a kernel that changes the cwd cannot move the results
-    lock = _lock_run(results_dir, run_id)
+    try:
+        check_run_id(run_id)
+        lock = _lock_run(results_dir, run_id)
+    except BaseException:
+        if pool is not None:
+            pool.stop(kill=True)
+        raise
     try:
         return _sweep_locked(adapter_specs, device, results_dir, run_id, profile, jobs, case_timeout, command, out,
-                             on_plan, resume, shard, planner)
+                             on_plan, resume, shard, planner, pool)
     finally:
+        if pool is not None:  # started early: stopped here even when planning failed (a no-op after its run)
+            pool.stop(kill=True)
         with contextlib.suppress(OSError):
             os.unlink(lock.name)
         lock.close()
@@ -239,7 +251,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
 def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str, run_id: str, profile: str,
                   jobs: int | None, case_timeout: float, command: str, out: IO[str] | None,
                   on_plan: Callable[[str, Plan], None] | None, resume: bool, shard: Shard | None,
-                  planner: Host | None) -> dict[str, Counter]:
+                  planner: Host | None, pool: WorkerPool | None) -> dict[str, Counter]:
     done = _judged_before(results_dir, run_id) if resume else {}
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
     commit, dirty = git_state()
@@ -248,25 +260,27 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
                                  "dirty": dirty, "quick_all_cells": QUICK_ALL_CELLS,
                                  "cases_per_cell": CASES_PER_CELL[profile], "shard": str(shard or "")})
     planner = planner or Host("cpu")
+    planning_s = time.monotonic()
     try:
         planned = _plan_adapters(adapter_specs, run, profile, shard, out, on_plan, planner)
     finally:
         planner.close()
+    planning_s = time.monotonic() - planning_s
     n_jobs = max(1, jobs or default_jobs(device))
     for_workers = sum(c.case_id not in done and c.case_id not in run.gated for _, _, p in planned for c in p.cases)
     chunk_size = max(2, math.ceil(for_workers / (CHUNKS_PER_WORKER * n_jobs)))
     chunks, finished = _chunk_cases(planned, run, done, chunk_size)
     run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out)
-    _announce(out, planned, run, profile, n_jobs, case_timeout, shard)
+    _announce(out, planned, run, profile, n_jobs, case_timeout, shard, planning_s)
     if out is not None and resume:
         before = sum(not written for *_, written in finished)
         print(f"resuming {run_id}: {before} of {len(run.cases)} cases already judged", file=out, flush=True)
     for index, r, to_write in finished:
         run.account(index, r.verdict, r.declared, r if to_write else None)
-    warned = WorkerWarnings(Path(results_dir) / f"{run_id}-warnings.log")
+    warned = WorkerWarnings(warnings_log(results_dir, run_id))
+    pool = pool or worker_pool(device, results_dir, run_id, n_jobs, case_timeout)
     try:
-        WorkerPool(chunks, device, results_dir, run_id, n_jobs, case_timeout, run.progress, run.cases,
-                   run.account, run.mark, warnings_log=str(warned.path)).run()
+        pool.run(chunks, run.progress, run.cases, run.account, run.mark)
     finally:
         run.progress.finish()
         run.main.append_meta("run_end", {"generation": device.generation, "verdicts": run.progress.done,
@@ -277,6 +291,22 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
             print(warned.summary(), file=out, flush=True)
     _check_recorded(results_dir, run_id, run)
     return run.totals
+
+
+def warnings_log(results_dir: str, run_id: str) -> Path:
+    """Where a sweep's workers and kernel hosts log their warnings."""
+    return Path(os.path.abspath(results_dir)) / f"{run_id}-warnings.log"
+
+
+def worker_pool(device: DeviceInfo, results_dir: str, run_id: str, jobs: int | None = None,
+                case_timeout: float = 120.0, *, start: int = 0) -> WorkerPool:
+    """The worker pool of run `run_id` (`jobs`: default by device); `start` workers started now, before the cases
+    are planned (for `run_sweep(pool=...)`: their start overlaps the listing and the planning)."""
+    pool = WorkerPool(device, os.path.abspath(results_dir), run_id, max(1, jobs or default_jobs(device)),
+                      case_timeout, warnings_log=str(warnings_log(results_dir, run_id)))
+    if start:
+        pool.start_workers(start)
+    return pool
 
 
 class VerdictsLost(RuntimeError):

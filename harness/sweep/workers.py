@@ -31,7 +31,7 @@ from harness.core.device import DeviceInfo, detect, threads_for, usable_cpus
 from harness.core.exits import INTERRUPT_SIGNALS
 from harness.core.result import Result, strict_json
 from harness.engine import remote, runner
-from harness.engine.host import HostDied, log_warnings_to
+from harness.engine.host import Host, HostDied, log_warnings_to
 from harness.sweep.progress import Progress
 from harness.sweep.schedule import ChunkQueue
 
@@ -108,16 +108,20 @@ def _serve(conn: Connection, device: str, results_dir: str, run_id: str, threads
     import torch
 
     torch.set_num_threads(max(1, threads))
+    # the first kernel host starts now, while this worker starts and waits for its first case (a host's first
+    # start in a process also starts the fork server it comes from: seconds); it loads the first chunk's adapter
+    spare = Host(device)
+    spare.start()
     dev = detect(device)
     unverifiable: set[str] | None = None
     if dev.generation == "interp":
         from harness.engine.interpreter import unverifiable_here
 
         unverifiable = unverifiable_here()
-    _judge_chunks(conn, dev, unverifiable)
+    _judge_chunks(conn, dev, unverifiable, spare)
 
 
-def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | None) -> None:
+def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | None, spare: Host | None) -> None:
     resolved: dict[str, Any] = {}
     conn.send(("ready", os.getpid()))
     while True:
@@ -130,8 +134,8 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
             del resolved[other]
         t0 = time.perf_counter()
         try:  # the adapter's module is imported in its kernel host, never in this judging process
-            adapter = resolved.get(spec) or remote.open_adapter(spec, dev.device)
-            resolved[spec] = adapter
+            adapter = resolved.get(spec) or remote.open_adapter(spec, dev.device, spare=spare)
+            resolved[spec], spare = adapter, None
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
@@ -212,39 +216,49 @@ def default_jobs(device: DeviceInfo) -> int:
 class WorkerPool:
     """Feeds chunks of cases to worker processes and watches them; every case ends with exactly one verdict.
 
-    `account(index, verdict, declared)` is called for every verdict, `mark(index, reason, kind, **metrics)` for a
-    case whose worker hung or died (the caller records an `error` verdict for it).
+    Workers may be started (`start_workers`) before the cases are planned: a worker's start (torch, its CUDA
+    context, its first kernel host) then overlaps the planning. `run` judges the chunks: `account(index, verdict,
+    declared)` is called for every verdict, `mark(index, reason, kind, **metrics)` for a case whose worker hung or
+    died (the caller records an `error` verdict for it).
     """
 
-    def __init__(self, chunks: ChunkQueue, device: DeviceInfo, results_dir: str, run_id: str, jobs: int,
-                 case_timeout: float, progress: Progress, cases: dict[int, Case],
-                 account: Callable[[int, str, bool], None], mark: Callable[..., None],
+    def __init__(self, device: DeviceInfo, results_dir: str, run_id: str, jobs: int, case_timeout: float,
                  warnings_log: str | None = None):
         self.warnings_log = warnings_log
-        self.chunks, self.results_dir, self.run_id = chunks, str(results_dir), run_id
-        self.case_timeout, self.progress, self.cases = case_timeout, progress, cases
-        self.account, self.mark = account, mark
+        self.results_dir, self.run_id, self.jobs, self.case_timeout = str(results_dir), run_id, jobs, case_timeout
+        self.chunks = ChunkQueue()
+        self.cases: dict[int, Case] = {}
         self.ctx = _context()
-        devices = [device.device]
+        self.devices = [device.device]
         if device.is_cuda and device.device in ("cuda", "cuda:0"):
             import torch
 
-            devices = [f"cuda:{i}" for i in range(max(1, torch.cuda.device_count()))]
-        # idle workers take halves of chunks; no case for a worker (all judged in planning): no worker
-        n_slots = min(jobs, sum(len(c.items) for c in chunks))
-        self.cpu_threads = threads_for(max(1, n_slots))
-        self.slots = [_Slot(i, devices[i % len(devices)]) for i in range(n_slots)]
+            self.devices = [f"cuda:{i}" for i in range(max(1, torch.cuda.device_count()))]
+        self.cpu_threads = 0
+        self.slots: list[_Slot] = []
         self.start_failures = 0  # workers that died before reporting ready, in a row
         # every worker holds the read end; when this process dies the write end closes and the workers exit
         self.lifeline, self._lifeline_w = self.ctx.Pipe(duplex=False)
 
-    def run(self) -> None:
+    def start_workers(self, n: int) -> None:
+        """Have `n` workers (at most `jobs`) started; the first call sets each one's share of the CPU threads."""
+        n = min(n, self.jobs)
+        if not self.cpu_threads:
+            self.cpu_threads = threads_for(max(1, n))
+        while len(self.slots) < n:
+            slot = _Slot(len(self.slots), self.devices[len(self.slots) % len(self.devices)])
+            self.slots.append(slot)
+            self.start(slot)
+
+    def run(self, chunks: ChunkQueue, progress: Progress, cases: dict[int, Case],
+            account: Callable[[int, str, bool], None], mark: Callable[..., None]) -> None:
         """Judge every chunk; Ctrl-C or SIGTERM raises `SweepInterrupted` (the workers are killed at once)."""
+        self.chunks, self.progress, self.cases, self.account, self.mark = chunks, progress, cases, account, mark
         finished = False
         previous = _stop_on_signals()
         try:
-            for slot in self.slots:
-                self.start(slot)
+            # idle workers take halves of chunks; no case for a worker (all judged in planning): none started
+            self.start_workers(min(self.jobs, sum(len(c.items) for c in chunks)))
             while self.chunks or any(s.chunk is not None for s in self.slots):
                 self.dispatch()
                 live = [s for s in self.slots if s.conn is not None]
@@ -434,7 +448,9 @@ class WorkerPool:
         slot.proc, slot.conn, slot.chunk, slot.current, slot.sent = None, None, None, None, None
 
     def stop(self, kill: bool = False) -> None:
-        """End the workers: asked to finish (their results files close), or killed at once (`kill`)."""
+        """End the workers: asked to finish (their results files close), or killed at once (`kill`); once."""
+        if self._lifeline_w.closed:
+            return
         for slot in self.slots:
             if slot.conn is not None and not kill:
                 try:

@@ -258,3 +258,45 @@ def test_the_arena_files_of_judges_that_are_gone_are_removed(tmp_path: Path) -> 
         f.write_bytes(b"x")
     arena.remove_stale(str(tmp_path))
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_the_settle_wait_follows_the_last_run_not_a_first_run_that_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the end of a case the judge waits a tenth of the kernel's time for late writes of its last run. A first
+    run that took a second (a compile) must not set that wait once a quick second run followed: a tenth of each
+    first run's compile was 7% of a cold GPU sweep."""
+    from harness.engine import remote
+    from harness.sweep import plan
+
+    spec = "tests.harness.fixtures.fake_adapters:SLOW_FIRST_RUN"
+    remote.close_adapter(spec, "cpu")  # a fresh host: its first run is the slow one
+    adapter = remote.open_adapter(spec, "cpu")
+    case = next(c for c in plan(adapter, "quick").cases if not runner.fresh_selected(c))
+    waits: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: (waits.append(s), real_sleep(s)))
+    try:
+        r = runner.judge(case, adapter, detect("cpu"))
+    finally:
+        remote.close_adapter(spec, "cpu")
+    assert r.verdict == "pass", r.reason
+    assert r.metrics["time_s"]["first_run"] >= 1.0 > r.metrics["time_s"]["second_run"]
+    assert max(waits, default=0.0) < 0.05, waits
+
+
+def test_an_adapter_opens_in_a_spare_host_started_ahead() -> None:
+    """A sweep worker starts its first kernel host while it starts itself; the first adapter it judges is loaded
+    into that host, not into a second one."""
+    from harness.engine import remote
+    from harness.engine.host import Host
+
+    spec = "tests.harness.fixtures.fake_adapters:SLOW_FIRST_RUN"
+    remote.close_adapter(spec, "cpu")
+    spare = Host("cpu")
+    spare.start()
+    try:
+        adapter = remote.open_adapter(spec, "cpu", spare=spare)
+        assert adapter.host is spare
+        assert remote.open_adapter(spec, "cpu", spare=Host("cpu")) is adapter  # open already: no other host used
+    finally:
+        remote.close_adapter(spec, "cpu")
+    assert not spare.alive()

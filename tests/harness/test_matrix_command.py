@@ -57,9 +57,10 @@ def test_worker_warnings_go_to_a_log_and_the_end_says_how_long_it_took(tmp_path:
     assert "RuntimeWarning: planted overflow in a kernel" in log.read_text()
     assert re.search(r"^\d+ warning\(s\) from the worker processes \(Python, Triton\): .*-warnings\.log$",
                      done.stderr, re.MULTILINE), done.stderr
-    assert re.search(r"^judged \d+ cases in \d+s \(\d+s judging, ", done.stdout.splitlines()[-1]), done.stdout
+    assert re.search(r"^judged \d+ cases in \d+s \([\d.]+s planning and judging, [\d.]+s listing the adapters, "
+                     r"[\d.]+s rendering, ", done.stdout.splitlines()[-1]), done.stdout
     # where the judging time went, a kernel host's start included (the worker waited for one before its first case)
-    assert re.search(r"^time summed over the workers: .*kernel runs .*, kernel host starts [1-9]", done.stderr,
+    assert re.search(r"^time summed over the workers: .*kernel runs .*, kernel host starts \d+s \([1-9]", done.stderr,
                      re.MULTILINE), done.stderr[-2000:]
 
 
@@ -135,3 +136,32 @@ def test_the_adapters_are_listed_and_planned_in_one_host(tmp_path: Path, monkeyp
                  str(tmp_path / "r"), "--out", "", "--jobs", "1"])
     assert code == 0
     assert started == ["cpu"]  # the sweep's workers start their kernel hosts in their own processes
+
+
+def test_the_whole_matrix_starts_its_workers_before_it_lists_the_adapters(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --adapter (every adapter: the main job), the workers start first, so that their start (torch, a CUDA
+    context, a kernel host each) overlaps the listing and the planning; every case still gets its verdict."""
+    from harness.cli import main
+    from harness.engine import remote
+    from harness.sweep import plan, workers
+
+    events: list[str] = []
+    real_start, real_expand = workers.WorkerPool.start, remote.expand
+
+    def start(self: workers.WorkerPool, slot: workers._Slot) -> None:
+        events.append("worker")
+        real_start(self, slot)
+
+    def expand(specs: list[str], **kw: object) -> remote.Catalog:
+        events.append("list")
+        return real_expand(specs or ["tests.harness.test_matrix_command:WARNS"], **kw)  # one adapter stands for all
+
+    monkeypatch.setattr(workers.WorkerPool, "start", start)
+    monkeypatch.setattr(remote, "expand", expand)
+    code = main(["matrix", "--device", "cpu", "--results-dir", str(tmp_path / "r"), "--out", "", "--jobs", "2"])
+    assert code == 0
+    assert events == ["worker", "worker", "list"], events
+    results = [json.loads(line) for f in (tmp_path / "r").glob("*.jsonl") for line in f.read_text().splitlines()]
+    planned = plan(registry.resolve("tests.harness.test_matrix_command:WARNS"), "quick").cases
+    assert sorted(r["case"]["seed"] for r in results if r.get("kind") is None) == sorted(c.seed for c in planned)
