@@ -226,8 +226,9 @@ def moe_align_block_size(
             (their entries are left out); only read with an expert map.
         sorted_token_ids, expert_ids, num_tokens_post_padded: optional int32 outputs to write into
             (shapes [capacity], [ceil(capacity / block_size)], [1]); allocated when None.
-        chunk: entries per program (a power of two, 16..4096); default `default_chunk(numel)`. fuse_scan: sum the earlier
-            chunks in the scatter kernel instead of launching the scan kernel; default when there are <= 32 chunks.
+        chunk: entries per program (a power of two, 16..4096); default `default_chunk(numel)`.
+        fuse_scan: sum the earlier chunks in the scatter kernel instead of launching the scan kernel; default when
+            there are <= 32 chunks.
 
     Returns:
         (sorted_token_ids, expert_ids, num_tokens_post_padded), see the module docstring.

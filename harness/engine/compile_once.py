@@ -10,8 +10,8 @@ go once the compiled files are in:
 - the first process to miss compiles, as it would have;
 - the others wait for the lock, then find the variant in the cache (or, if the compile failed or its process died,
   compile it themselves);
-- a wait never lasts longer than `WAIT_S`: a process whose compile raised keeps the lock until its next lookup, and
-  a waiter that outlasts it compiles on its own.
+- a compile that raises lets go when Triton drops its cache manager (one per compile), or at the process's next
+  lookup; a wait never lasts longer than `WAIT_S` (a waiter that outlasts it compiles on its own).
 
 `compile_once_env.install()` names this class in the environment (Triton imports it on its first compile), unless
 the user named a cache manager of their own or turned it off (`MOE_HARNESS_COMPILE_ONCE=0`).
@@ -37,14 +37,20 @@ LOCK_NAME = "compile.lock"
 WAIT_S = 120.0
 _POLL_S = 0.02
 
-#: the lock each thread holds for the variant it is compiling: thread id -> (cache folder, lock file descriptor)
-_held: dict[int, tuple[str, int]] = {}
+#: the lock each thread holds for the variant it is compiling: thread id -> (its manager's token, lock file descriptor)
+_held: dict[int, tuple[object, int]] = {}
+_guard = threading.Lock()
 #: what this process did on its cache misses: compiled itself, or waited and found another process's compile
 STATS = {"compiled": 0, "waited": 0, "wait_s": 0.0, "gave_up": 0}
 
 
-def _release(ident: int) -> None:
-    held = _held.pop(ident, None)
+def _release(ident: int, token: object = None) -> None:
+    """Let go of the lock thread `ident` holds (only if it was taken by the manager holding `token`, when given)."""
+    with _guard:
+        held = _held.get(ident)
+        if held is None or (token is not None and held[0] is not token):
+            return
+        del _held[ident]
     if held is not None:
         with contextlib.suppress(OSError):
             fcntl.flock(held[1], fcntl.LOCK_UN)
@@ -85,13 +91,23 @@ class CompileOnceCacheManager(FileCacheManager):
             os.close(fd)
             return found
         STATS["compiled"] += 1
-        _held[me] = (self.cache_dir, fd)  # Triton compiles now and calls put_group when the files are in
+        # Triton compiles now and calls put_group when the files are in; a compile that raises drops this manager
+        # (one per compile), whose __del__ lets go
+        self._token, self._holder = object(), me
+        with _guard:
+            _held[me] = (self._token, fd)
         return None
 
     def put_group(self, filename: str, group: dict[str, str]) -> Any:
         try:
             return super().put_group(filename, group)
         finally:
-            held = _held.get(threading.get_ident())
-            if held is not None and held[0] == self.cache_dir:
-                _release(threading.get_ident())
+            self._let_go()
+
+    def _let_go(self) -> None:
+        if getattr(self, "_token", None) is not None:
+            _release(self._holder, self._token)
+            self._token = None
+
+    def __del__(self) -> None:
+        self._let_go()

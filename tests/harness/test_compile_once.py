@@ -70,14 +70,30 @@ def test_a_compile_that_raised_lets_its_waiter_compile_at_the_holders_next_looku
     assert compile_once.STATS["compiled"] == 3
 
 
+def test_a_compile_that_raised_lets_go_when_triton_drops_its_manager() -> None:
+    """Triton makes one cache manager per compile; a compile that raises drops it without put_group, and the
+    waiters go on at once (not at the holder's next lookup, which may come minutes later, or never)."""
+    first = compile_once.CompileOnceCacheManager(KEY)
+    assert first.get_group(GROUP) is None
+    found: list = []
+    waiter = _lookup_in_thread(found)
+    time.sleep(0.2)
+    assert waiter.is_alive()
+    del first  # the compile raised: its frame, and the manager with it, are gone
+    waiter.join(5)
+    assert not waiter.is_alive() and found == [None], "the waiter should compile the variant itself, now"
+
+
 def test_a_wait_never_outlasts_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compile_once, "WAIT_S", 0.5)
-    assert compile_once.CompileOnceCacheManager(KEY).get_group(GROUP) is None  # held, never finished
+    holder = compile_once.CompileOnceCacheManager(KEY)
+    assert holder.get_group(GROUP) is None  # held, still compiling
     found: list = []
     t0 = time.monotonic()
     _lookup_in_thread(found).join(10)
     assert found == [None] and time.monotonic() - t0 < 5
     assert compile_once.STATS["gave_up"] == 1
+    holder.put_group(GROUP, {})
 
 
 def test_a_hit_takes_no_lock(tmp_path: Path) -> None:

@@ -235,6 +235,21 @@ def test_tile_heuristic_invariants(gpu_branch: bool, monkeypatch: pytest.MonkeyP
                     fk.gemm_configs((c1, c2), rows, 512, 7168, dt, act=1, experts=experts, quant=None)
 
 
+def test_a_short_reduction_gets_a_block_k_that_fits_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K shorter than the tile's BLOCK_K: the block shrinks to K's next power of two (at least 32) and, covering K in
+    one block, has one stage; a model-size K keeps the tuned tile (the benchmark rows' configs are unchanged)."""
+    monkeypatch.setattr(fk, "interpreting", lambda: False)
+    for gated, fp8, rows in ((True, "", 1.0), (False, "", 1.0), (True, "G128", 64.0), (False, "A", 300.0)):
+        for k, block_k in ((16, 32), (32, 32), (48, 64), (65, 128), (257, 256)):
+            cfg = fk.choose_config(rows, 64, k, torch.bfloat16, gated=gated, experts=8, fp8=fp8,
+                                   max_block_k=128 if fp8 == "G128" else 0)
+            assert cfg.block_k == min(block_k, 128 if fp8 else 256), (gated, fp8, k, cfg)
+            assert (cfg.num_stages == 1) == (k <= cfg.block_k), (gated, fp8, k, cfg)
+        tuned = fk.choose_config(rows, 512, 7168, torch.bfloat16, gated=gated, experts=8, fp8=fp8,
+                                 max_block_k=128 if fp8 == "G128" else 0)
+        assert tuned.num_stages > 1 and tuned.block_k >= 64
+
+
 # The grouped-GEMM adapter's own code (sorting, offsets, padding to 16 bytes, masking of non-local slots,
 # weight on input, reduce) run through torch's fallback where the CUTLASS kernel is not available.
 _GMM_HERE = dataclasses.replace(ea.GROUPED_MM_ADAPTER, name="torch-grouped-mm-experts-fallback", requires=None,
