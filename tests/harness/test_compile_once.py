@@ -150,12 +150,18 @@ def test_processes_compiling_one_new_variant_at_once_compile_it_once(tmp_path: P
     import random
 
     token = random.randrange(1, 2**30)  # a variant no cache has seen
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_CACHE_MANAGER": compile_once_env.SPEC}
-    go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT, str(token), str(go)], env=env,
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_CACHE_MANAGER": compile_once_env.SPEC,
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    go, script = tmp_path / "go", tmp_path / "compile_one.py"
+    script.write_text(_CONCURRENT)  # a file: triton.jit reads the kernel's source
+    procs = [subprocess.Popen([sys.executable, str(script), str(token), str(go)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     for p in procs:
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != "ready":
+            go.touch()
+            raise AssertionError(p.communicate(timeout=60)[1][-3000:])
     go.touch()
     stats = []
     for p in procs:
