@@ -524,6 +524,19 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     return _charged(result, changed) if changed else result
 
 
+def gated_verdict(case: Case, adapter: Adapter, device: DeviceInfo) -> Result | None:
+    """`judge`'s verdict for a case the gate turns away (None for one it would judge), without `judge`'s snapshot
+    and restore of the process state: nothing of the adapter runs (a sweep's planning gives the verdicts of
+    adapters turned away whole this way, a thousand cases in a second less)."""
+    judging = _Judging(case, adapter, device, None)
+    result = judging.gate()
+    if result is None:
+        return None
+    if host_notes := [*getattr(adapter, "notes", ()), *judging.notes]:
+        result = dataclasses.replace(result, metrics={**result.metrics, "kernel_host": host_notes})
+    return result
+
+
 #: why this process's CUDA context is unusable (a sticky error: illegal address, device assert), or "" while it is
 CONTEXT_LOST = ""
 

@@ -155,7 +155,8 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
         run.main.append_meta("adapter", adapter_record(adapter, p, run.device, profile))
         planned.append((adapter, spec_name, p))
         if runner.gated_whole(adapter, run.device):  # not this generation, not installed: no kernel host needed
-            run.gated.update({c.case_id: judge_safely(c, adapter, run.device, None) for c in p.cases})
+            run.gated.update({c.case_id: runner.gated_verdict(c, adapter, run.device)
+                              or judge_safely(c, adapter, run.device, None) for c in p.cases})
         run.totals[adapter.name] = Counter()
         if on_plan is not None:
             on_plan(adapter.name, p)

@@ -416,13 +416,16 @@ def test_adapters_turned_away_whole_get_their_verdicts_without_a_worker(tmp_path
     """A library that is not installed, a generation this machine is not: every case's verdict is known before any
     kernel host starts (each took a host start per worker that met it, seconds of a GPU sweep). They are written
     by the planning, with the same verdicts a worker gives, and no worker starts when nothing is left."""
+    from harness.engine import runner
     from harness.sweep import workers
 
     def no_worker(self: object, slot: object) -> None:
         raise AssertionError("a worker started for cases whose verdicts were known")
 
     monkeypatch.setattr(workers.WorkerPool, "start", no_worker)
-    specs = [f"tests.harness.fixtures.fake_adapters:{name}" for name in ("NOT_INSTALLED", "OTHER_GENERATION")]
+    adapters = {registry.resolve(spec).name: spec for spec in (f"tests.harness.fixtures.fake_adapters:{name}"
+                                                               for name in ("NOT_INSTALLED", "OTHER_GENERATION"))}
+    specs = list(adapters.values())
     planned = [c for s in specs for c in sweep.plan(registry.resolve(s), "quick").cases]
     totals = sweep.run_sweep(specs, detect("cpu"), str(tmp_path), profile="quick", run_id="g", jobs=2, out=None)
     results = load_results([tmp_path])
@@ -431,3 +434,7 @@ def test_adapters_turned_away_whole_get_their_verdicts_without_a_worker(tmp_path
     assert all("pip install moe-harness-absent-library" in r.reason for r in results if r.verdict == "not-installed")
     assert {r.verdict for r in results if r.adapter == "fake-other-generation"} == {"unsupported"}
     assert sum(sum(c.values()) for c in totals.values()) == len(planned), totals
+    for r in results:  # the verdicts the judge gives
+        judged = runner.judge(r.case, registry.resolve(adapters[r.adapter]), detect("cpu"))
+        assert (judged.verdict, judged.reason, judged.declared, judged.generation) == (
+            r.verdict, r.reason, r.declared, r.generation)
