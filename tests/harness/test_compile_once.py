@@ -113,6 +113,13 @@ def test_the_environment_names_it_unless_the_user_chose() -> None:
     assert not compile_once_env.install(off) and "TRITON_CACHE_MANAGER" not in off
 
 
+def test_without_flock_triton_keeps_its_own_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where there is no fcntl (Windows), naming the manager would break every compile: it is not named."""
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # its import fails, as on Windows
+    env: dict[str, str] = {}
+    assert not compile_once_env.install(env) and "TRITON_CACHE_MANAGER" not in env
+
+
 def test_triton_takes_the_named_class() -> None:
     """Triton resolves the environment's name to this class (its knob, or its older environment lookup)."""
     code = textwrap.dedent(f"""
