@@ -293,10 +293,15 @@ def test_an_adapter_opens_in_a_spare_host_started_ahead() -> None:
     remote.close_adapter(spec, "cpu")
     spare = Host("cpu")
     spare.start()
+    unused = Host("cpu")
     try:
         adapter = remote.open_adapter(spec, "cpu", spare=spare)
         assert adapter.host is spare
-        assert remote.open_adapter(spec, "cpu", spare=Host("cpu")) is adapter  # open already: no other host used
+        assert remote.open_adapter(spec, "cpu", spare=unused) is adapter  # open already: no other host used
+        assert not unused.alive()
     finally:
         remote.close_adapter(spec, "cpu")
-    assert not spare.alive()
+        closed = not spare.alive()
+        spare.close()  # a failed check must not leave it running (pytest would wait for it at exit)
+        unused.close()
+    assert closed
