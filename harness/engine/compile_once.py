@@ -28,9 +28,7 @@ from typing import Any
 
 from triton.runtime.cache import FileCacheManager
 
-from harness.engine.compile_once_env import SPEC, install
-
-__all__ = ["SPEC", "CompileOnceCacheManager", "install"]
+__all__ = ["CompileOnceCacheManager"]
 
 LOCK_NAME = "compile.lock"
 #: the longest a process waits for another's compile of the same variant before compiling it itself
@@ -51,11 +49,10 @@ def _release(ident: int, token: object = None) -> None:
         if held is None or (token is not None and held[0] is not token):
             return
         del _held[ident]
-    if held is not None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(held[1], fcntl.LOCK_UN)
-        with contextlib.suppress(OSError):
-            os.close(held[1])
+    with contextlib.suppress(OSError):
+        fcntl.flock(held[1], fcntl.LOCK_UN)
+    with contextlib.suppress(OSError):
+        os.close(held[1])
 
 
 class CompileOnceCacheManager(FileCacheManager):

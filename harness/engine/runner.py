@@ -437,11 +437,15 @@ def rejects_cleanly(e: BaseException, features: Mapping[str, str]) -> bool:
                for w in [*features, *features.values()] if len(w) > 1)
 
 
-def gated_whole(adapter: Adapter, device: DeviceInfo) -> bool:
-    """Whether the gate turns away every case of `adapter` on `device` before anything of the adapter's runs: it
-    does not run on this generation, or its library is not installed (the gate's first two rules)."""
+def turned_away_whole(adapter: Adapter, device: DeviceInfo) -> tuple[str, str] | None:
+    """(verdict, reason) when the gate turns away every case of `adapter` on `device` before anything of the
+    adapter's runs: it does not run on this generation, or its library is not installed (the gate's first rules)."""
     device = adapter.device_for(device)
-    return device.generation not in adapter.generations or adapter.not_installed() is not None
+    if device.generation not in adapter.generations:
+        return "unsupported", f"{adapter.name} does not run on {device.generation}"
+    if (missing := adapter.not_installed()) is not None:
+        return "not-installed", missing
+    return None
 
 
 class CaseTimeout(BaseException):
@@ -632,10 +636,8 @@ class _Judging:
     def gate(self) -> Result | None:
         """The verdict when the case is not judged at all (not this device, a broken rule, outside its limits)."""
         adapter, device = self.adapter, self.device
-        if device.generation not in adapter.generations:
-            return self.result("unsupported", f"{adapter.name} does not run on {device.generation}")
-        if (missing := adapter.not_installed()) is not None:
-            return self.result("not-installed", missing)
+        if (whole := turned_away_whole(adapter, device)) is not None:
+            return self.result(*whole)
         if adapter.library is not None and (broken := adapter.library_error()):
             return self.result("error", broken)
         if self.broken_rule:

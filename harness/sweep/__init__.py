@@ -154,9 +154,11 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
             p = shard.of(p)
         run.main.append_meta("adapter", adapter_record(adapter, p, run.device, profile))
         planned.append((adapter, spec_name, p))
-        if runner.gated_whole(adapter, run.device):  # not this generation, not installed: no kernel host needed
-            run.gated.update({c.case_id: runner.gated_verdict(c, adapter, run.device)
-                              or judge_safely(c, adapter, run.device, None) for c in p.cases})
+        if runner.turned_away_whole(adapter, run.device):  # not this generation, not installed: no kernel host
+            for c in p.cases:
+                verdict = runner.gated_verdict(c, adapter, run.device)
+                assert verdict is not None  # the gate's first rules turn every case away
+                run.gated[c.case_id] = verdict
         run.totals[adapter.name] = Counter()
         if on_plan is not None:
             on_plan(adapter.name, p)
@@ -170,7 +172,7 @@ CHUNKS_PER_WORKER = 2
 
 
 def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str, Result],
-                 chunk_size: int) -> tuple[ChunkQueue, list[tuple[int, Result]]]:
+                 chunk_size: int) -> tuple[ChunkQueue, list[tuple[int, Result, bool]]]:
     """Number every case, and cut the cases still to judge into chunks of one adapter (biggest adapters first, so
     the long tail is short); the cases judged before a resume come back apart, and so do the cases judged in
     planning (`run.gated`), paired with True (to be written)."""
