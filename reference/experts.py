@@ -37,7 +37,8 @@ per-tensor over all tokens, per-token, per-token-group, MX or NVFP4 blocks) and 
 after its rounding to x.dtype, is re-quantized by `quant.intermediate` over the local slots (per-tensor: one scale
 for every local slot) when the scheme does. With `apply_router_weight_on_input` the weight multiplies the
 dequantized x (a kernel applies it to GEMM1's accumulator: equal in exact arithmetic). The products are then exact
-in compute_dtype: what an ideal kernel with the same quantized operands computes.
+in compute_dtype: what an ideal kernel with the same quantized operands computes. An `eps_dtype` of `input` in
+either activation recipe means x's dtype (`ExpertsQuant.for_input`).
 
 Vectorized per expert: one host synchronization per call (the per-expert counts), then a loop over local
 experts with gathers and two matmuls each; no loop over tokens.
@@ -48,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -62,7 +63,7 @@ from reference.activations import (
     apply_activation,
     is_gated,
 )
-from reference.quant import QuantizedTensor, QuantRecipe, dequantize, quantize
+from reference.quant import QuantizedTensor, QuantRecipe, dequantize, quantize, resolve_eps
 
 __all__ = [
     "Accumulation",
@@ -185,6 +186,17 @@ class ExpertsQuant:
             self._dequantized[key] = found
         return self._dequantized[key]
 
+    def for_input(self, dtype: torch.dtype) -> ExpertsQuant:
+        """This scheme for activations of `dtype` (x's): an `eps_dtype` of `input` in act and intermediate resolved
+        to it (reference.quant.resolve_eps). The intermediate is quantized from float rows, so its dtype is known
+        only here. Shares the dequantized weights; self when nothing changes."""
+        act, inter = (None if r is None else resolve_eps(r, dtype) for r in (self.act, self.intermediate))
+        if act == self.act and inter == self.intermediate:
+            return self
+        found = replace(self, act=act, intermediate=inter)
+        object.__setattr__(found, "_dequantized", self._dequantized)
+        return found
+
     def quantize_input(self, rows: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """x rows [R, K] quantized and dequantized (exactly, float64) by `act`; rows outside `valid` are zeroed
         first. Without a recipe the rows are returned unchanged (in float32 if they were lower precision)."""
@@ -203,6 +215,8 @@ def _fake_quant(rows: torch.Tensor, valid: torch.Tensor | None, recipe: QuantRec
     if recipe is None or r.shape[0] == 0:
         return r
     # Quantization reads fp32 (rows rounded to x.dtype are exact in it); the dequantized products are exact.
+    # An eps in the `input` dtype: that of rows of x (float rows: see ExpertsQuant.for_input).
+    recipe = resolve_eps(recipe, torch.float32 if rows.dtype == torch.float64 else rows.dtype)
     return dequantize(quantize(r.to(torch.float32), recipe, global_scale=global_scale), torch.float64)
 
 
@@ -403,6 +417,7 @@ def expert_intermediates(
     m, k = topk_ids.shape
     kd = x.shape[1]
     cd = compute_dtype
+    quant = None if quant is None else quant.for_input(x.dtype)
     xc = x.to(cd) if quant is None else quant.quantize_input(x).to(cd)
     if apply_router_weight_on_input:
         xc = xc * topk_weights.to(cd)  # [M, 1] broadcast over K
@@ -552,6 +567,7 @@ def batched_experts(
     if quant is None:
         xc = x.to(cd)
     else:  # rows beyond the counts hold no token: they must not move a per-tensor scale
+        quant = quant.for_input(x.dtype)
         xc = quant.quantize_input(x.reshape(e * max_tokens, kd), valid.reshape(-1)).reshape(x.shape).to(cd)
     n = w2.shape[2]
     a = torch.zeros(e, max_tokens, n, dtype=cd, device=x.device)

@@ -22,10 +22,12 @@ range first; a result whose magnitude exceeds the format's max has *overflowed*.
 `saturate=True` gives +-max (also for +-inf inputs, like PTX `cvt.satfinite`); with `saturate=False`:
 e4m3fn -> NaN with the input's sign (S.1111.111), e4m3fnuz -> 0x80 (its only NaN), e5m2 -> +-inf, e2m1 ->
 ValueError (it has no inf or NaN code), e8m0 -> 0xFF. NaN inputs give the format's NaN code (sign kept where
-the format has a signed NaN: e4m3fn 0x7F/0xFF, e5m2 0x7F/0xFF); e2m1 has none and rejects NaN with ValueError.
-Values that round to zero keep their sign (-0 is 0x80 in e4m3fn and e5m2, 0x8 in e2m1), except in e4m3fnuz
-where every zero is 0x00. e8m0 encodes positive values only: zero, negatives and NaN give 0xFF, values below
-2^-127 give code 0 (the smallest), and its rounding direction is an argument (see `E8M0Rounding`).
+the format has a signed NaN: e4m3fn 0x7F/0xFF, e5m2 0x7F/0xFF by default; e5m2 has three NaN mantissas and
+`nan_code` picks one, e.g. 0x7E/0xFE, the IEEE quiet NaN that ml_dtypes gives); e2m1 has none and rejects NaN with
+ValueError. Values that round to zero keep their sign (-0 is 0x80 in e4m3fn and e5m2, 0x8 in e2m1) unless
+`negative_zero="never"` (quantizers whose zero code carries no sign), except in e4m3fnuz where every zero is 0x00.
+e8m0 encodes positive values only: zero, negatives and NaN give 0xFF, values below 2^-127 give code 0 (the
+smallest), and its rounding direction is an argument (see `E8M0Rounding`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ import torch
 from reference._checks import check_choice, check_tensor
 
 __all__ = [
+    "NAN_CODES",
     "E8M0Rounding",
     "FloatFormat",
     "FormatSpec",
+    "NegativeZero",
     "Ties",
     "code_table",
     "decode",
@@ -88,6 +92,19 @@ class Ties(str, enum.Enum):
 
     EVEN = "even"
     TOWARD_ZERO = "toward_zero"
+
+
+class NegativeZero(str, enum.Enum):
+    """The code `encode` gives a negative value that rounds to zero (and -0 itself), in a signed format.
+
+    `kept`: the negative zero code, sign bit set (IEEE, PTX `cvt`, torch's casts; the default).
+    `never`: the positive zero code (a quantizer that forms the sign from `x < 0` after rounding, or looks the
+    magnitude up and adds the sign only to non-zero codes: the values are equal, the bits are not).
+    e4m3fnuz has no negative zero: its zeros are 0x00 either way.
+    """
+
+    KEPT = "kept"
+    NEVER = "never"
 
 
 @dataclass(frozen=True)
@@ -145,13 +162,18 @@ def _pow2(e: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(e, dtype=torch.float64), e.to(torch.int64))
 
 
-def _nan_code(sp: FormatSpec, sign: torch.Tensor) -> torch.Tensor:
+#: the positive NaN codes of each 8-bit signed format (the first is the default: all mantissa bits set)
+NAN_CODES = {FloatFormat.E4M3FN: (0x7F,), FloatFormat.E4M3FNUZ: (0x80,), FloatFormat.E5M2: (0x7F, 0x7E, 0x7D)}
+
+
+def _nan_code(sp: FormatSpec, sign: torch.Tensor, positive: int | None = None) -> torch.Tensor:
     if sp.fmt == FloatFormat.E4M3FNUZ:
         return torch.full_like(sign, 0x80)
-    return (sign << 7) | 0x7F  # e4m3fn S.1111.111, e5m2 S.11111.11
+    return (sign << 7) | (0x7F if positive is None else positive)  # default: e4m3fn S.1111.111, e5m2 S.11111.11
 
 
-def _encode_signed(x: torch.Tensor, sp: FormatSpec, saturate: bool, ties: Ties = Ties.EVEN) -> torch.Tensor:
+def _encode_signed(x: torch.Tensor, sp: FormatSpec, saturate: bool, ties: Ties = Ties.EVEN,
+                   negative_zero: NegativeZero = NegativeZero.KEPT, nan_code: int | None = None) -> torch.Tensor:
     x = x.to(torch.float64)
     sign = torch.signbit(x).to(torch.int64)
     finite = torch.isfinite(x)
@@ -177,7 +199,7 @@ def _encode_signed(x: torch.Tensor, sp: FormatSpec, saturate: bool, ties: Ties =
     sign_shift = sp.bits - 1
     code = (sign << sign_shift) | (exp_field << sp.man_bits) | man_field
 
-    if sp.fmt == FloatFormat.E4M3FNUZ:  # no negative zero: every zero is 0x00
+    if sp.fmt == FloatFormat.E4M3FNUZ or negative_zero == NegativeZero.NEVER:  # every zero is the +0 code
         code = torch.where(v == 0, torch.zeros_like(code), code)
 
     # The largest finite code: e4m3fn's top binade stops at mantissa 6 (mantissa 7 is NaN).
@@ -202,7 +224,7 @@ def _encode_signed(x: torch.Tensor, sp: FormatSpec, saturate: bool, ties: Ties =
         if bool(nan.any()):
             raise ValueError("x contains NaN, which e2m1 cannot encode")
     else:
-        code = torch.where(nan, _nan_code(sp, sign), code)
+        code = torch.where(nan, _nan_code(sp, sign, nan_code), code)
     return code.to(torch.uint8)
 
 
@@ -238,6 +260,8 @@ def encode(
     saturate: bool = True,
     e8m0_rounding: E8M0Rounding | str = E8M0Rounding.NEAREST_EVEN,
     ties: Ties | str = Ties.EVEN,
+    negative_zero: NegativeZero | str = NegativeZero.KEPT,
+    nan_code: int | None = None,
 ) -> torch.Tensor:
     """Encode floats to codes of `fmt`, exactly (round to nearest, ties by `ties`), one uint8 code per element.
 
@@ -247,6 +271,10 @@ def encode(
         (module docstring: e4m3fn NaN, e4m3fnuz 0x80, e5m2 inf, e2m1 ValueError, e8m0 0xFF).
     e8m0_rounding: only for e8m0 (default nearest_even); see `E8M0Rounding`.
     ties: signed formats only (default even); see `Ties`.
+    negative_zero: signed formats only (default kept); see `NegativeZero`.
+    nan_code: the code of a positive NaN input (in e4m3fn and e5m2 a negative NaN gets the sign bit too), one of
+        `NAN_CODES[fmt]`;
+        None: the format's default (e4m3fn and e5m2 0x7F, e4m3fnuz 0x80). Only e5m2 has a choice (0x7D, 0x7E, 0x7F).
     Returns a uint8 tensor of x's shape.
     """
     check_tensor("x", x, dtypes=_INPUT_DTYPES)
@@ -259,9 +287,16 @@ def encode(
         check_choice("ties", ties, [t.value for t in Ties])
         ties = Ties(ties)
     check_choice("ties", ties, list(Ties))
+    if isinstance(negative_zero, str) and not isinstance(negative_zero, NegativeZero):
+        check_choice("negative_zero", negative_zero, [n.value for n in NegativeZero])
+        negative_zero = NegativeZero(negative_zero)
+    check_choice("negative_zero", negative_zero, list(NegativeZero))
+    if nan_code is not None and nan_code not in NAN_CODES.get(fmt, ()):
+        valid = ", ".join(f"0x{c:02X}" for c in NAN_CODES.get(fmt, ())) or "none (it has no NaN code to choose)"
+        raise ValueError(f"nan_code of {fmt.value} must be one of {valid}, got {nan_code!r}")
     if fmt == FloatFormat.E8M0:
         return _encode_e8m0(x, saturate, e8m0_rounding)  # type: ignore[arg-type]
-    return _encode_signed(x, _SPECS[fmt], saturate, ties)  # type: ignore[arg-type]
+    return _encode_signed(x, _SPECS[fmt], saturate, ties, negative_zero, nan_code)  # type: ignore[arg-type]
 
 
 def decode(codes: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:

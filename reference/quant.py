@@ -44,7 +44,7 @@ import torch
 
 from reference import formats
 from reference._checks import check_choice, check_int, check_tensor
-from reference.formats import FloatFormat, Ties
+from reference.formats import FloatFormat, NegativeZero, Ties
 from reference.scales import (
     EpsPlacement,
     ScaleApplication,
@@ -70,6 +70,7 @@ __all__ = [
     "dequantize",
     "logical_scales",
     "quantize",
+    "resolve_eps",
     "round_int8",
     "scale_from_amax",
     "unit_amax",
@@ -126,11 +127,15 @@ class GlobalScaleConvention(str, enum.Enum):
 
 
 class EpsDtype(str, enum.Enum):
-    """In which dtype eps guards amax: `float32` (the default: fp32(eps)) or `input`: eps rounded to x's dtype
-    first, as torch code `x.abs().amax(-1).clamp(min=eps)` on a bf16/fp16 x computes (vLLM's torch reference of
-    per-token-group quantization); bf16(1e-10) is 1.0004e-10."""
+    """In which dtype eps guards amax: `float32` (the default: fp32(eps)), `bfloat16` or `float16` (eps rounded to
+    that dtype first), or `input`: rounded to the dtype of the tensor quantized (x's; the quantized schemes of the
+    experts op: the activations' dtype), as torch code `x.abs().amax(-1).clamp(min=eps)` on a bf16/fp16 x computes
+    (vLLM's torch reference of per-token-group quantization); bf16(1e-10) is 1.0004e-10. eps is converted as
+    torch converts a Python scalar for a tensor of that dtype: to float32, then to the dtype (`resolve_eps`)."""
 
     FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
     INPUT = "input"
 
 
@@ -164,6 +169,9 @@ _WEIGHT_ONLY = {QuantDtype.W4A16: 4, QuantDtype.W8A16: 8}
 _NVFP4_GLOBAL = 448.0 * 6.0
 #: applications whose factor comes from amax, not from the stored scale
 _FROM_AMAX = (ScaleApplication.QMAX_OVER_AMAX, ScaleApplication.QMAX_OVER_AMAX_RN)
+#: scale formulas that store the reciprocal of a factor qmax / max(amax, eps)
+_OF_FACTOR = (ScaleFormula.RECIPROCAL_OF_FACTOR, ScaleFormula.RECIPROCAL_OF_QMAX_OVER_AMAX)
+_EPS_DTYPES = {EpsDtype.FLOAT32: torch.float32, EpsDtype.BFLOAT16: torch.bfloat16, EpsDtype.FLOAT16: torch.float16}
 
 
 def _coerce(name: str, v: object, cls: type[enum.Enum]) -> enum.Enum:
@@ -187,6 +195,7 @@ _ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "eps_dtype": EpsDtype,
     "nvfp4_scale_form": Nvfp4ScaleForm,
     "e2m1_ties": Ties,
+    "e2m1_negative_zero": NegativeZero,
 }
 
 
@@ -205,10 +214,12 @@ class QuantRecipe:
     int8_rounding: `half_even` (default). layout: scale layout, `row_major` (default); the others need a 2-D x
     and unit `group`/`row`. global_scale: NVFP4's convention (`quant_side`).
     zero_point: w4a16/w8a16 asymmetric quantization with explicit zero points (default symmetric, implicit zp).
-    Library-exact details: ue8m0_form (`exponent_bits` or `ceil_log2`, see reference.scales), eps_dtype (`float32`
-    or `input`, see EpsDtype), nvfp4_scale_form (see Nvfp4ScaleForm), nvfp4_block_floor (NVFP4 block scales
-    clamped below at 2^-6 before their e4m3 encoding, as torchao does; default False: e4m3 subnormals and 0),
-    e2m1_ties (`even` or `toward_zero`, the tie rule of mxfp4/nvfp4 element codes).
+    Library-exact details: ue8m0_form (`exponent_bits` or `ceil_log2`, see reference.scales), eps_dtype (`float32`,
+    `bfloat16`, `float16` or `input`, see EpsDtype), nvfp4_scale_form (see Nvfp4ScaleForm), nvfp4_block_floor
+    (NVFP4 block scales clamped below at 2^-6 before their e4m3 encoding, as torchao does; default False: e4m3
+    subnormals and 0),
+    e2m1_ties (`even` or `toward_zero`, the tie rule of mxfp4/nvfp4 element codes), e2m1_negative_zero (`kept` or
+    `never`: whether a negative mxfp4/nvfp4 element that rounds to zero gets code 0x8 or 0x0, see NegativeZero).
     Use `QuantRecipe.mx(...)`/`nvfp4()` for the schemes' canonical settings.
     """
 
@@ -232,6 +243,7 @@ class QuantRecipe:
     nvfp4_scale_form: Nvfp4ScaleForm = Nvfp4ScaleForm.ELEMENT_SCALE
     nvfp4_block_floor: bool = False
     e2m1_ties: Ties = Ties.EVEN
+    e2m1_negative_zero: NegativeZero = NegativeZero.KEPT
 
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():
@@ -272,10 +284,8 @@ class QuantRecipe:
         ):
             raise ValueError(f"application {self.application.value!r} needs scale_rule 'float' with eps_placement "
                              "'amax' and an fp8 or int8 dtype")
-        if self.scale_formula == ScaleFormula.RECIPROCAL_OF_FACTOR and (
-            d == QuantDtype.NVFP4 or self.eps_placement != EpsPlacement.AMAX
-        ):
-            raise ValueError("scale_formula 'reciprocal_of_factor' needs eps_placement 'amax' (the factor is "
+        if self.scale_formula in _OF_FACTOR and (d == QuantDtype.NVFP4 or self.eps_placement != EpsPlacement.AMAX):
+            raise ValueError(f"scale_formula {self.scale_formula.value!r} needs eps_placement 'amax' (the factor is "
                              "qmax / max(amax, eps)) and is not an nvfp4 block scale formula")
         if self.layout != ScaleLayout.ROW_MAJOR and self.unit not in (QuantUnit.GROUP, QuantUnit.ROW):
             raise ValueError(f"layout {self.layout.value} needs unit 'group' or 'row', got {self.unit.value}")
@@ -490,7 +500,7 @@ def quantize(
         raise ValueError(f"scales cannot be given for {d.value}" + (" with zero points" if recipe.zero_point else ""))
     if global_scale is not None and d != QuantDtype.NVFP4:
         raise ValueError("global_scale is only used by nvfp4")
-    given, recipe = recipe, _with_input_eps(recipe, x.dtype)
+    given, recipe = recipe, resolve_eps(recipe, x.dtype)
     if d == QuantDtype.NVFP4:
         return dataclasses.replace(_quantize_nvfp4(x32, recipe, global_scale), recipe=given)
     if d in _WEIGHT_ONLY:
@@ -517,7 +527,7 @@ def quantize(
     else:
         fmt = _FP8[d] if d in _FP8 else _MX[d]
         qmax = _qmax(d)
-        codes = formats.encode(y.clamp(-qmax, qmax), fmt, saturate=True, ties=_ties(recipe, fmt))
+        codes = formats.encode(y.clamp(-qmax, qmax), fmt, saturate=True, **_element_rounding(recipe, fmt))
         if fmt == FloatFormat.E2M1:
             codes = formats.pack_nibbles(codes)
         stored = formats.encode(s, FloatFormat.E8M0) if d in _MX else s
@@ -537,24 +547,30 @@ def scale_from_amax(amax: torch.Tensor, recipe: QuantRecipe,
     and MX dtypes: every scale rule and recipe detail applied). Where the scale is stored as an e8m0 byte (MX,
     the packed_ue8m0 layout) it is the value that byte holds: the codes are computed with it."""
     check_tensor("amax", amax, dtypes=(torch.float32,))
-    r = _with_input_eps(recipe, input_dtype)
+    r = resolve_eps(recipe, input_dtype)
     in_e8m0 = r.dtype in _MX or r.layout == ScaleLayout.PACKED_UE8M0
     return compute_scale(amax, _qmax(r.dtype), r.scale_rule, eps=r.eps, eps_placement=r.eps_placement,
                          formula=r.scale_formula, ue8m0_clamp=r.ue8m0_clamp, emax_elem=_emax_elem(r.dtype),
                          ue8m0_form=r.ue8m0_form, e8m0_range=in_e8m0)
 
 
-def _with_input_eps(recipe: QuantRecipe, dtype: torch.dtype) -> QuantRecipe:
-    """The recipe with eps as the input dtype holds it (EpsDtype.INPUT), as a torch Scalar is converted: the
-    Python float to float32, then to the tensor's dtype."""
-    if recipe.eps_dtype != EpsDtype.INPUT or dtype == torch.float32:
+def resolve_eps(recipe: QuantRecipe, input_dtype: torch.dtype) -> QuantRecipe:
+    """The recipe with eps as its `eps_dtype` holds it (`input`: input_dtype, the dtype of the tensor quantized),
+    converted as torch converts a Python scalar for a tensor of that dtype: to float32, then to the dtype. The
+    result's eps_dtype is float32 (eps is then a value of that dtype, compared in fp32 exactly)."""
+    if recipe.eps_dtype == EpsDtype.FLOAT32:
         return recipe
+    check_choice("input_dtype", input_dtype, _X_DTYPES)
+    dtype = input_dtype if recipe.eps_dtype == EpsDtype.INPUT else _EPS_DTYPES[recipe.eps_dtype]
     eps = float(torch.tensor(float(recipe.eps), dtype=torch.float32).to(dtype))
     return dataclasses.replace(recipe, eps=eps, eps_dtype=EpsDtype.FLOAT32)
 
 
-def _ties(recipe: QuantRecipe, fmt: FloatFormat) -> Ties:
-    return recipe.e2m1_ties if fmt == FloatFormat.E2M1 else Ties.EVEN
+def _element_rounding(recipe: QuantRecipe, fmt: FloatFormat) -> dict[str, Any]:
+    """formats.encode's tie and zero-sign arguments for the recipe's element format (e2m1's are declared)."""
+    if fmt != FloatFormat.E2M1:
+        return {}
+    return {"ties": recipe.e2m1_ties, "negative_zero": recipe.e2m1_negative_zero}
 
 
 def _qmax_over_amax(amax: torch.Tensor, qmax: float, eps: float) -> torch.Tensor:
@@ -623,7 +639,7 @@ def _quantize_nvfp4(x32: torch.Tensor, recipe: QuantRecipe, global_scale: torch.
     block_codes = formats.encode(sb, FloatFormat.E4M3FN, saturate=True)
     y = _nvfp4_scaled(x32, block_codes, gs, recipe, shape)
     codes = formats.pack_nibbles(formats.encode(y.clamp(-6.0, 6.0), FloatFormat.E2M1, saturate=True,
-                                                ties=recipe.e2m1_ties))
+                                                **_element_rounding(recipe, FloatFormat.E2M1)))
     stored = block_codes
     if recipe.layout != ScaleLayout.ROW_MAJOR:
         stored = to_layout(block_codes, recipe.layout)

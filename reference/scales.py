@@ -8,8 +8,12 @@ Scale rules (`ScaleRule`), all computed in float32 from amax = max |x| over a qu
   default: biased exponent + 1 when any mantissa bit is set, as hardware `cvt.rp` does; a zero scale gets code 0,
   2^-127) or in floating point as 2^ceil(fp32(log2 s)) (`ceil_log2`: vLLM's CUDA and Triton quantizers, torchao's
   RCEIL eager path; a zero scale stays 0, except where the scale is stored as an e8m0 byte: there the exponent is
-  clamped to [-127, 127] first, so a zero or tiny scale is 2^-127, byte 0). The two differ only for scales 1-2 ulp
-  above a power of two 2^k with |k| >= 2, where fp32 log2 rounds to k itself. Optionally clamped to codes
+  clamped to [-127, 127] first, so a zero or tiny scale is 2^-127, byte 0). The two differ (exponent_bits 2^(k+1),
+  ceil_log2 2^k) for the first n ulps above a power of two 2^k, where fp32 log2 rounds to k itself: n = 1 for
+  4 <= k <= 7, 2 for 8 <= k <= 15, 5 up to 31, 11 up to 63 and 22 for 64 <= k <= 127 (a negative k as k' = |k| - 1:
+  1 for -8 <= k <= -5, ..., 22 for k <= -65); never for |k| <= 3, k = -4, or below a power of two. They differ
+  also for the subnormal scales up to 2^-127 + 11 ulps (2^22 + 11 of the 2^23 - 1 subnormals), where exponent_bits
+  gives 2^-126 and ceil_log2 2^ceil(log2 s) <= 2^-127, and for 0 (2^-127 and 0). Optionally clamped to codes
   [1, 254] as DeepGEMM does. torch's cast to float8_e8m0fnu rounds to nearest and cannot produce these.
 - `ocp_floor`: OCP Microscaling: 2^(floor(log2 amax) - emax_elem), clamped to the e8m0 range [2^-127, 2^127];
   amax == 0 gives 2^-127. Elements that then exceed qmax are clamped by the quantizer.
@@ -92,11 +96,17 @@ class ScaleFormula(str, enum.Enum):
     """`divide`: amax / qmax (correctly rounded); `multiply_reciprocal`: amax * fp32(1 / qmax);
     `reciprocal_of_factor`: fp32(1 / fp32(qmax / amax)), the reciprocal of the correctly rounded factor the kernel
     multiplies by (torchao's fp8 blockwise quantizers: the factor in float64 rounded once to fp32, its reciprocal
-    stored; an amax of 0 gives the factor inf and the scale 0)."""
+    stored; an amax of 0 gives the factor inf and the scale 0);
+    `reciprocal_of_qmax_over_amax`: fp32(1 / f) with f = fp32(fp32(1 / amax) * qmax), the factor as PyTorch code
+    `qmax / amax` on an fp32 tensor computes it (a Python scalar divided by a tensor is `reciprocal() * scalar`:
+    two roundings; the factor application `qmax_over_amax` multiplies by); torch code storing `1 / (448 / amax)`.
+    An amax of 185 gives 0.41294640302658081 here, 0.41294643282890320 by the three forms above. amax here is
+    max(amax, eps)."""
 
     DIVIDE = "divide"
     MULTIPLY_RECIPROCAL = "multiply_reciprocal"
     RECIPROCAL_OF_FACTOR = "reciprocal_of_factor"
+    RECIPROCAL_OF_QMAX_OVER_AMAX = "reciprocal_of_qmax_over_amax"
 
 
 class ScaleApplication(str, enum.Enum):
@@ -171,6 +181,11 @@ def float_scale(
         # fp32(qmax / a) correctly rounded: float64 holds more than 2 * 24 + 2 bits, so its quotient rounded to
         # float32 is (double rounding of a division is innocuous there); then fp32 1 / factor (0 where a is 0)
         factor = (q.to(torch.float64) / a.to(torch.float64)).to(torch.float32)
+        s = 1.0 / factor
+    elif formula == ScaleFormula.RECIPROCAL_OF_QMAX_OVER_AMAX:
+        # fp32(1 / a) (correctly rounded from float64, as above; inf where a is 0), then the product rounded once
+        recip = (1.0 / a.to(torch.float64)).to(torch.float32)
+        factor = (recip.to(torch.float64) * q.to(torch.float64)).to(torch.float32)
         s = 1.0 / factor
     else:
         s = a / q if formula == ScaleFormula.DIVIDE else a * (1.0 / q)

@@ -82,19 +82,30 @@ RECIPE_FIELDS: dict[str, Convention] = {c.key: c for c in (
         "amax": "max(amax, eps) / qmax (vLLM, SGLang)", "scale": "max(amax / qmax, eps)",
         "rounded_scale": "max(ue8m0(amax / qmax), eps): after the power-of-two rounding (vLLM's QuantFP8 native "
         "path)"}), default="amax"),
-    Convention("eps_dtype", "the dtype eps is compared in", values=_choices(q_ref.EpsDtype, {
-        "float32": "fp32(eps)", "input": "eps rounded to x's dtype first (torch `x.abs().amax().clamp(min=eps)` "
-        "on bf16/fp16: vLLM's torch reference of group quantization)"}), default="float32"),
+    Convention("eps_dtype", "the dtype eps is rounded to before it guards amax (as torch converts a Python "
+               "scalar: to fp32, then to that dtype)", values=_choices(q_ref.EpsDtype, {
+                   "float32": "fp32(eps)", "bfloat16": "bf16(eps), whatever the input dtype",
+                   "float16": "fp16(eps), whatever the input dtype",
+                   "input": "eps rounded to the dtype of the tensor quantized: x's (group_quant, act_quant); the "
+                   "activations' for the experts op's recipes, weights included (torch "
+                   "`x.abs().amax().clamp(min=eps)` on bf16/fp16: vLLM's torch reference of group quantization)"}),
+               default="float32"),
     Convention("scale_formula", "how the float scale is computed", values=_choices(sc_ref.ScaleFormula, {
         "divide": "amax / qmax, correctly rounded", "multiply_reciprocal": "amax * fp32(1 / qmax)",
         "reciprocal_of_factor": "fp32(1 / fp32(qmax / amax)): the reciprocal of the factor x is multiplied by "
-        "(torchao's fp8 blockwise quantizers)"}),
+        "(torchao's fp8 blockwise quantizers)",
+        "reciprocal_of_qmax_over_amax": "fp32(1 / f), f = fp32(fp32(1 / amax) * qmax): the reciprocal of the factor "
+        "torch code `qmax / amax` computes (a scalar over a tensor is reciprocal() * scalar), e.g. a per-tensor "
+        "scale stored as `1 / (448 / amax)`: amax 185 gives 0.41294640302658081, the other forms "
+        "0.41294643282890320"}),
         default="divide"),
     Convention("ue8m0_clamp", "clamp the ue8m0 exponent to [1, 254] (DeepGEMM)", kind="bool", default=False),
     Convention("ue8m0_form", "how the ue8m0 rule rounds up to a power of two", values=_choices(sc_ref.Ue8m0Form, {
         "exponent_bits": "exponent + 1 when any mantissa bit is set (hardware cvt.rp, DeepGEMM, torchao's "
         "Triton)", "ceil_log2": "2^ceil(fp32 log2 s) (vLLM's CUDA and Triton quantizers, torchao RCEIL eager): "
-        "differs for s 1-2 ulp above a power of two"}), default="exponent_bits"),
+        "2^k, not 2^(k+1), for s up to 22 ulps above a power of two 2^k (1 ulp for 4 <= k <= 7, rising to 22 "
+        "for 64 <= k <= 127 and k <= -65: reference.scales), and at most 2^-127 for the subnormal s up to "
+        "2^-127 + 11 ulps, where exponent_bits gives 2^-126"}), default="exponent_bits"),
     Convention("application", "how elements are scaled before rounding", values=_choices(sc_ref.ScaleApplication, {
         "divide": "x / s, correctly rounded (vLLM's CUDA quantizers, Triton's div_rn)",
         "multiply_reciprocal": "x * fp32(1 / s) (DeepGEMM's current helpers: x * (1 / sf))",
@@ -120,10 +131,17 @@ RECIPE_FIELDS: dict[str, Convention] = {c.key: c for c in (
     Convention("e2m1_ties", "tie rule of fp4 (e2m1) element codes", values=_choices(fmt_ref.Ties, {
         "even": "round half to even (PTX cvt.rn, torchao, vLLM)", "toward_zero": "halves round down in magnitude "
         "(DeepGEMM's fp4 cast)"}), default="even"),
+    Convention("e2m1_negative_zero", "the code of a negative fp4 (e2m1) element that rounds to zero",
+               values=_choices(fmt_ref.NegativeZero, {
+                   "kept": "0x8, the negative zero (PTX cvt, torchao, ml_dtypes)",
+                   "never": "0x0: the sign only on non-zero codes (quantizers that add the sign after a magnitude "
+                   "lookup); the values are equal, the codes compared exactly are not"}), default="kept"),
     Convention("ragged_k", "the last group along K may be shorter", kind="bool", default=False),
 )}
-_ACT_QUANT_FIELDS = ("eps", "eps_placement", "scale_formula", "application", "ue8m0_clamp", "ue8m0_form")
-_EXPERT_QUANT_FIELDS = ("scale_rule", "eps", "eps_placement", "scale_formula", "ue8m0_clamp", "ue8m0_form",
+_ACT_QUANT_FIELDS = ("eps", "eps_placement", "eps_dtype", "scale_formula", "application", "ue8m0_clamp",
+                     "ue8m0_form")
+_EXPERT_QUANT_FIELDS = ("scale_rule", "eps", "eps_placement", "eps_dtype", "scale_formula", "ue8m0_clamp",
+                        "ue8m0_form",
                         "application", "int8_rounding", "global_scale", "nvfp4_scale_form", "nvfp4_block_floor",
                         "e2m1_ties")
 
@@ -194,7 +212,8 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
     "group_quant": (
         *(RECIPE_FIELDS[k] for k in ("eps", "eps_placement", "eps_dtype", "scale_formula", "application",
                                      "int8_rounding", "ue8m0_clamp", "ue8m0_form", "global_scale",
-                                     "nvfp4_scale_form", "nvfp4_block_floor", "e2m1_ties")),
+                                     "nvfp4_scale_form", "nvfp4_block_floor", "e2m1_ties",
+                                     "e2m1_negative_zero")),
         Convention("division", "how the kernel's fp32 divisions round", values={
             "correctly_rounded": "IEEE division (CUDA's `/`, Triton's tl.div_rn, PyTorch)",
             "approximate": "Triton's fp32 `/` on NVIDIA GPUs (div.full.f32, within 2 ulp): codes next to a "
@@ -230,7 +249,10 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
         Convention("router_weight_dtype", "the dtype the kernel rounds the router weights (topk_weights) to before "
                    "it multiplies by them", values={
                        "float32": "as given (fp32)",
-                       "bfloat16": "rounded to bf16 first (vLLM's make_routing_data for OpenAI's triton_kernels)"},
+                       "bfloat16": "rounded to bf16 first (vLLM's make_routing_data for OpenAI's triton_kernels)",
+                       "float16": "rounded to fp16 first",
+                       "input": "rounded to the case's activation dtype (x's) first, whatever it is: one "
+                       "declaration for a kernel serving several dtypes (fp32 x: as given)"},
                    default="float32"),
         Convention("accumulation", "how a token's weighted slots are summed", values=_choices(exp_ref.Accumulation, {
             "fp32": "fp32, one final rounding (SGLang, DeepGEMM, FlashInfer)",

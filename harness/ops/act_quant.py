@@ -61,7 +61,7 @@ from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import custom, lim, row_subset
 from harness.registry import Adapter
 from reference import activations as ref
-from reference.quant import QuantRecipe, logical_scales, quantize, scale_from_amax
+from reference.quant import QuantRecipe, logical_scales, quantize, resolve_eps, scale_from_amax
 from reference.scales import ScaleLayout, to_layout, unpack_ue8m0
 
 GATED = tuple(a.value for a in ref.Activation if ref.is_gated(a))
@@ -77,7 +77,8 @@ AXES = (
 )
 QMAX = 448.0
 #: QuantRecipe fields an adapter may fix through its `quant` convention
-QUANT_CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "ue8m0_clamp", "ue8m0_form")
+QUANT_CONVENTION_KEYS = ("eps", "eps_placement", "eps_dtype", "scale_formula", "application", "ue8m0_clamp",
+                         "ue8m0_form")
 #: clamp limits drawn for clamp_limit=Y cells (inputs are N(0, 9): each one clamps a real share of them)
 CLAMP_LIMITS = (0.5, 2.5, 7.0)
 #: groups per row drawn: partial packed words (G % 4 != 0) and more groups than one program's chunk
@@ -99,14 +100,16 @@ def num_groups(n: int, group_size: int) -> int:
 
 
 def recipe_of(case: Case, conventions: Mapping[str, Any]) -> QuantRecipe:
-    """The QuantRecipe of a case: the cell's group size, rule and layout plus the adapter's `quant` convention."""
+    """The QuantRecipe of a case: the cell's group size, rule and layout plus the adapter's `quant` convention,
+    its eps resolved by `eps_dtype` (`input`: x's dtype, also when the activation output stays fp32)."""
     q = dict(conventions.get("quant") or {})
     unknown = sorted(set(q) - set(QUANT_CONVENTION_KEYS))
     if unknown:
         raise ValueError(f"quant convention has unknown keys {unknown}; known: {QUANT_CONVENTION_KEYS}")
     f = case.features
-    return QuantRecipe(dtype="fp8_e4m3fn", unit="group", group_size=int(f["group_size"]),
-                       scale_rule=f["scale_rule"], layout=f["scale_layout"], **q)
+    r = QuantRecipe(dtype="fp8_e4m3fn", unit="group", group_size=int(f["group_size"]),
+                    scale_rule=f["scale_rule"], layout=f["scale_layout"], **q)
+    return resolve_eps(r, case.dtype("x"))
 
 
 def clamp_limit_of(case: Case) -> float | None:

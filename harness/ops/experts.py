@@ -357,14 +357,20 @@ def _batched_checks(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Ma
     return [Check("out", "bounded", expected=want, bound=bound, mask=mask, untouched=untouched)]
 
 
+def router_weights(w: torch.Tensor, x_dtype: torch.dtype, conventions: Mapping[str, Any]) -> torch.Tensor:
+    """The router weights the kernel multiplies by: `w` rounded to the `router_weight_dtype` convention's dtype
+    (`input`: x's), kept in w's dtype."""
+    name = conventions.get("router_weight_dtype", "float32")
+    dt = x_dtype if name == "input" else getattr(torch, name)
+    return w.to(dt).to(w.dtype)
+
+
 def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
     # The oracle runs where the inputs are (fp64 on a GPU is fast; real shapes on a CPU are not).
     cpu = {n: t.detach() for n, t in inputs.items()}
     dev = cpu["x"].device
-    if "topk_weights" in cpu and conventions.get("router_weight_dtype", "float32") != "float32":
-        # the weights the kernel multiplies by: the inputs rounded to that dtype
-        rounded = cpu["topk_weights"].to(getattr(torch, conventions["router_weight_dtype"]))
-        cpu["topk_weights"] = rounded.to(cpu["topk_weights"].dtype)
+    if "topk_weights" in cpu:
+        cpu["topk_weights"] = router_weights(cpu["topk_weights"], cpu["x"].dtype, conventions)
     kw = _oracle_kwargs(case, conventions)
     dt = cpu["x"].dtype
     u_out = unit_roundoff(dt)

@@ -45,6 +45,7 @@ from reference.quant import (
     QuantUnit,
     dequantize,
     quantize,
+    resolve_eps,
     scale_from_amax,
 )
 
@@ -84,7 +85,16 @@ def inapplicable(cell: Mapping[str, str]) -> str | None:
 
 
 def scheme(case: Case, conventions: Mapping[str, Any]) -> Scheme | None:
-    """The recipes of the case's cell with the adapter's conventions applied (None: unquantized)."""
+    """The recipes of the case's cell with the adapter's conventions applied (None: unquantized), each eps resolved
+    by its `eps_dtype` (`input`: x's dtype, the weights' too: they are drawn in it)."""
+    sch = _scheme(case, conventions)
+    if sch is None or all(r is None or r.eps_dtype.value == "float32" for r in (sch.weight, sch.act)):
+        return sch
+    dt = case.dtype("x")
+    return replace(sch, weight=resolve_eps(sch.weight, dt), act=None if sch.act is None else resolve_eps(sch.act, dt))
+
+
+def _scheme(case: Case, conventions: Mapping[str, Any]) -> Scheme | None:
     qt, qf = case.features.get("quant_type", "none"), case.features.get("quant_format", "-")
     if qt == "none":
         return None

@@ -90,7 +90,8 @@ AXES = (
 )
 #: adapter conventions mapped onto QuantRecipe fields (the rest of the recipe comes from the cell)
 CONVENTION_KEYS = ("eps", "eps_placement", "scale_formula", "application", "int8_rounding", "ue8m0_clamp",
-                   "ue8m0_form", "eps_dtype", "global_scale", "nvfp4_scale_form", "nvfp4_block_floor", "e2m1_ties")
+                   "ue8m0_form", "eps_dtype", "global_scale", "nvfp4_scale_form", "nvfp4_block_floor", "e2m1_ties",
+                   "e2m1_negative_zero")
 _CODE_DTYPES = {"fp8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8, "mxfp8": torch.float8_e4m3fn,
                 "mxfp4": torch.uint8, "nvfp4": torch.uint8}
 _QMAX = {"fp8_e4m3fn": 448.0, "int8": 127.0, "mxfp8": 448.0, "mxfp4": 6.0, "nvfp4": 6.0}
