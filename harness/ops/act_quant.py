@@ -13,8 +13,9 @@ clamp_limit=Y:
    first, as kernels that store the activation and re-read it do);
 4. per row, per group of `group_size` contiguous columns: `reference.quant.quantize` with
    QuantRecipe(fp8_e4m3fn, unit group, group_size, scale_rule, layout) and the adapter's `quant` convention
-   (eps, eps_placement, scale_formula, application, ue8m0_clamp; QuantRecipe's defaults otherwise: eps 1e-10 on
-   amax, scale = max(amax, eps) / 448 by true division, x / scale, clamp to +-448, round to nearest even).
+   (eps, eps_placement, eps_dtype (`input`: x's dtype), scale_formula, application, ue8m0_clamp, ue8m0_form;
+   QuantRecipe's defaults otherwise: eps 1e-10 on amax, scale = max(amax, eps) / 448 by true division, x / scale,
+   clamp to +-448, round to nearest even).
 Scale layouts (reference.scales): row_major fp32 [T, G]; column_major (strides (1, T)); column_major_tma
 (strides (1, T rounded up to 4)); packed_ue8m0 int32 [T, ceil(G/4)] with strides (1, T rounded up to 4), byte j of
 word p the e8m0 exponent of group 4p+j, missing groups 0 (only with scale_rule ue8m0: not a cell with float).

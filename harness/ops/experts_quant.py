@@ -5,7 +5,8 @@ per expert), the activations' (quantized dynamically by the kernel before GEMM1)
 (re-quantization of the activation output before GEMM2), the last two None for weight-only (a16) schemes.
 An adapter adjusts the activation convention with `conventions["act_quant"]` (QuantRecipe fields, e.g.
 {"scale_rule": "ue8m0", "eps": 1e-4, "application": "multiply_reciprocal"}) and the weights' with
-`conventions["weight_quant"]` (copied into the case's params when it is drawn: weights are inputs);
+`conventions["weight_quant"]` (copied into the case's params when it is drawn: weights are inputs); an `eps_dtype` of
+`input` in either means x's dtype (the weights are drawn in it);
 `conventions["weight_dequant_dtype"]` ("bfloat16"/"float16") says a weight-only kernel rounds dequantized weights
 to that dtype before its MMA.
 

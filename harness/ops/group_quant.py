@@ -33,7 +33,7 @@ groups past G *are* part of the contract and must be 0 (compared exactly with th
 M = 0 is a valid call: nothing is written except the per-tensor scale, which is the scale of amax = 0.
 
 Judging (the oracle is reference.quant.quantize with a QuantRecipe built from the cell and the adapter's
-`conventions`: eps, eps_placement, scale_formula, application, int8_rounding, ue8m0_clamp):
+`conventions`: CONVENTION_KEYS, e.g. eps, eps_dtype, scale_formula, application, e2m1_negative_zero):
 - codes: `exact` (bitwise; fp8 codes as bytes - the oracle never produces NaN codes from finite inputs, so any
   NaN code, whatever its pattern, is a mismatch).
 - scales: `exact` (bitwise) for power-of-two (ue8m0) scales, packed words, and float scales whenever the adapter
