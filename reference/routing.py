@@ -10,8 +10,9 @@ Ties. The oracle breaks ties deterministically toward the lower expert index, an
 descending order of selection score (ties: ascending id). Neither is part of the contract: production kernels
 break ties differently (vLLM's CUDA kernel prefers the lower index, `torch.topk` is unspecified). The contract
 is set semantics, so every routing function has a companion `*_selection_scores` returning the `[M, E]` scores
-the selection was made on (biased scores; experts excluded by group masking at -inf). A kernel's id set is
-valid iff `valid_topk_selection(selection_scores, ids)` holds: it is a top-k of the row under some tie-break.
+the selection was made on (biased scores; experts of unkept groups at -inf, or 0 when zero-filled). A kernel's
+id set is valid iff `valid_topk_selection(selection_scores, ids)` holds: it is a top-k of the row under some
+tie-break.
 Grouped routing chooses twice, groups then experts, and ties may occur at either level, so its ids are judged by
 `valid_grouped_topk_selection`, which accepts any admissible choice of groups. Both take an `atol`: the ids are
 then a top-k of the scores after moving each by at most atol / 2 (a kernel that rounds its scores differently).
@@ -134,7 +135,8 @@ class NonFinitePolicy(str, enum.Enum):
     - `PROPAGATE` (torch code without guards, e.g. vLLM's torch routers): IEEE arithmetic throughout. NaN
       ranks above every number in each selection, groups included (the order of torch.topk and torch.sort), so
       NaN experts are selected first; a softmax row with a NaN, a +Inf or only -Inf logits is NaN throughout
-      (NaN weights); a renormalization divides by the plain sum (0 / 0 is NaN).
+      (NaN weights); a renormalization divides by the plain sum (0 / 0 is NaN), or by sum + renormalize_eps
+      where that is given (0 / eps is 0).
     - `RAISE`: a non-finite row (a NaN or +Inf logit, or only -Inf ones) raises ValueError, for callers that must
       never see such rows; masked experts (-Inf beside finite logits) are ordinary.
 

@@ -9,7 +9,8 @@ gets (4 + k) roundings u of that dtype more on each weight (`input_every_step`: 
 an exponent logit - logsumexp rounded there), and selections may swap experts (and groups) whose selection scores
 are within 4 u of the row's largest one. Rows with masked experts (-Inf logits beside finite ones) are judged like
 finite rows; non-finite rows (NaN, +Inf, only -Inf) follow the adapter's `nonfinite` rule, or only their ids'
-form is judged when it declares none.
+form is judged when it declares none. The declared `renormalize_eps` (sum + eps), and for grouped routing
+`group_scoring` and `unkept_groups`, enter both the id check and the expected weights.
 """
 
 from __future__ import annotations
