@@ -678,8 +678,7 @@ def _admissible_groups(
     t = the lowest chosen score works if any does, and that is a chosen expert's biased score or the fill, so those
     are the candidates. For a candidate t and a candidate lowest group score lo, a group may be in S when its
     experts meet t (`fits_in`) and it scores >= lo, may be out when the fill meets t (`fits_out`), and must be in
-    when it scores above lo + group_atol. With fill = -Inf a group holding a chosen expert never fits out. NaN
-    counts as +Inf: no score of grouped routing is +Inf.
+    when it scores above lo + group_atol. NaN counts as +Inf: no score of grouped routing is +Inf.
     """
     m, num_groups = group_scores.shape
     per_group = biased.shape[1] // num_groups
@@ -693,7 +692,8 @@ def _admissible_groups(
     in_high = torch.where(ch, -inf, by_group).amax(dim=2)[:, None, :]  # best unchosen score if kept
     out_low = torch.where(ch.any(dim=2), fill, inf)[:, None, :]
     out_high = torch.where((~ch).any(dim=2), fill, -inf)[:, None, :]
-    t = torch.cat([key.gather(1, ids), torch.full((m, 1), fill, dtype=key.dtype)], dim=1)[:, :, None]  # [M, T, 1]
+    # candidate thresholds [M, k + 1, 1]: the chosen experts' scores and the fill
+    t = torch.cat([key.gather(1, ids), key.new_full((m, 1), fill)], dim=1)[:, :, None]
     fits_in = (in_low >= t) & (in_high <= t + atol)  # [M, T, G]
     fits_out = (out_low >= t) & (out_high <= t + atol)
     lo = gkey[:, None, :, None]  # [M, 1, candidate, 1]
