@@ -692,8 +692,11 @@ def _admissible_groups(
     in_high = torch.where(ch, -inf, by_group).amax(dim=2)[:, None, :]  # best unchosen score if kept
     out_low = torch.where(ch.any(dim=2), fill, inf)[:, None, :]
     out_high = torch.where((~ch).any(dim=2), fill, -inf)[:, None, :]
-    # candidate thresholds [M, k + 1, 1]: the chosen experts' scores and the fill
-    t = torch.cat([key.gather(1, ids), key.new_full((m, 1), fill)], dim=1)[:, :, None]
+    # candidate thresholds [M, T, 1]: the chosen experts' scores and the fill; with fill -Inf every chosen expert
+    # must be kept, so the lowest chosen score is the one candidate
+    t = key.gather(1, ids)
+    t = t.amin(dim=1, keepdim=True) if fill == -inf else torch.cat([t, key.new_full((m, 1), fill)], dim=1)
+    t = t[:, :, None]
     fits_in = (in_low >= t) & (in_high <= t + atol)  # [M, T, G]
     fits_out = (out_low >= t) & (out_high <= t + atol)
     lo = gkey[:, None, :, None]  # [M, 1, candidate, 1]
@@ -757,8 +760,9 @@ def valid_grouped_topk_selection(
     two_scores = g.group_scoring is GroupScoring.TOP2_SUM and num_experts // g.group_scores.shape[1] > 1
     group_atol = atol * (2 if two_scores else 1)
     rest = (well_formed & ~ok).nonzero().flatten()
-    # the search holds [rows, k + 1, G, G] booleans: a few million at a time
-    step = max(1, (1 << 22) // max(1, (t.shape[1] + 1) * g.group_scores.shape[1] ** 2))
+    # the search holds [rows, T, G, G] booleans (T = 1, or k + 1 zero-filled): a few million at a time
+    thresholds = 1 if g.fill == -math.inf else t.shape[1] + 1
+    step = max(1, (1 << 22) // max(1, thresholds * g.group_scores.shape[1] ** 2))
     for start in range(0, rest.numel(), step):
         rows = rest[start:start + step]
         ok[rows] = _admissible_groups(g.biased[rows], g.group_scores[rows], chosen[rows], t[rows], topk_group,
