@@ -10,8 +10,9 @@ Ties. The oracle breaks ties deterministically toward the lower expert index, an
 descending order of selection score (ties: ascending id). Neither is part of the contract: production kernels
 break ties differently (vLLM's CUDA kernel prefers the lower index, `torch.topk` is unspecified). The contract
 is set semantics, so every routing function has a companion `*_selection_scores` returning the `[M, E]` scores
-the selection was made on (biased scores; experts excluded by group masking at -inf). A kernel's id set is
-valid iff `valid_topk_selection(selection_scores, ids)` holds: it is a top-k of the row under some tie-break.
+the selection was made on (biased scores; experts of unkept groups at -inf, or 0 when zero-filled). A kernel's
+id set is valid iff `valid_topk_selection(selection_scores, ids)` holds: it is a top-k of the row under some
+tie-break.
 Grouped routing chooses twice, groups then experts, and ties may occur at either level, so its ids are judged by
 `valid_grouped_topk_selection`, which accepts any admissible choice of groups. Both take an `atol`: the ids are
 then a top-k of the scores after moving each by at most atol / 2 (a kernel that rounds its scores differently).
@@ -33,16 +34,19 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import NamedTuple
 
 import torch
 
 from reference._checks import FLOAT_DTYPES, INT_INDEX_DTYPES, check_choice, check_int, check_tensor
 
 __all__ = [
+    "GroupScoring",
     "NonFinitePolicy",
     "ScalingPlacement",
     "Scoring",
     "SoftmaxOrder",
+    "UnkeptGroups",
     "finite_or_masked_rows",
     "grouped_topk_route",
     "grouped_topk_selection_scores",
@@ -89,6 +93,35 @@ class ScalingPlacement(str, enum.Enum):
     REDUCE = "reduce"
 
 
+class GroupScoring(str, enum.Enum):
+    """How grouped routing scores a group to choose the `topk_group` kept ones, on the *selection* scores (the
+    biased scores when a correction bias is given, else the scores).
+
+    - `MAX`: the group's largest selection score.
+    - `TOP2_SUM`: the sum of the group's two largest selection scores (one rounded add); a group of one expert
+      scores its one selection score.
+
+    Not given (None): TOP2_SUM with a correction bias, MAX without (DeepSeek-V3 and V2 as vLLM and SGLang compute
+    them); that rule needs at least 2 experts per group with a bias.
+    """
+
+    MAX = "max"
+    TOP2_SUM = "top2_sum"
+
+
+class UnkeptGroups(str, enum.Enum):
+    """What grouped routing does with the experts of the groups it does not keep.
+
+    - `EXCLUDED`: their selection score is -Inf: they are chosen never (the kept groups always hold k experts).
+    - `ZERO_FILLED`: their selection score is 0 (routers that mask with `masked_fill(..., 0.0)`): they tie with the
+      kept experts whose selection score is 0 (masked or underflowed ones), and beat the negative biased ones. The
+      weight of an expert chosen so is still its unbiased score.
+    """
+
+    EXCLUDED = "excluded"
+    ZERO_FILLED = "zero_filled"
+
+
 class NonFinitePolicy(str, enum.Enum):
     """What the oracle does with NaN / +-Inf logits.
 
@@ -102,7 +135,8 @@ class NonFinitePolicy(str, enum.Enum):
     - `PROPAGATE` (torch code without guards, e.g. vLLM's torch routers): IEEE arithmetic throughout. NaN
       ranks above every number in each selection, groups included (the order of torch.topk and torch.sort), so
       NaN experts are selected first; a softmax row with a NaN, a +Inf or only -Inf logits is NaN throughout
-      (NaN weights); a renormalization divides by the plain sum (0 / 0 is NaN).
+      (NaN weights); a renormalization divides by the plain sum (0 / 0 is NaN), or by sum + renormalize_eps
+      where that is given (0 / eps is 0).
     - `RAISE`: a non-finite row (a NaN or +Inf logit, or only -Inf ones) raises ValueError, for callers that must
       never see such rows; masked experts (-Inf beside finite logits) are ordinary.
 
@@ -189,11 +223,22 @@ def _topk_lower_index(values: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(values, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def _renormalize(w: torch.Tensor, policy: NonFinitePolicy) -> torch.Tensor:
+def _eps(renormalize_eps: object) -> float:
+    e = renormalize_eps
+    if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e < 0:
+        raise ValueError(f"renormalize_eps must be a finite number >= 0, got {e!r}")
+    return float(e)
+
+
+def _renormalize(w: torch.Tensor, policy: NonFinitePolicy, eps: float) -> torch.Tensor:
     """Divide each row by its sum (the sum formed in float64 in a fixed order and rounded once to w's dtype, then
-    one division). A zero sum (all k weights 0, e.g. a NaN row under ZERO) returns the row unchanged, i.e. zeros,
-    instead of 0/0; under PROPAGATE the division is plain (0/0 and NaN sums give NaN)."""
+    one division). With eps > 0 the divisor is that sum + eps (the add rounded in w's dtype): a zero sum gives
+    zeros, a NaN sum NaN, under every policy. With eps = 0 a zero sum (all k weights 0, e.g. a NaN row under ZERO)
+    returns the row unchanged, i.e. zeros, instead of 0/0; under PROPAGATE the division is plain (0/0 and NaN sums
+    give NaN)."""
     s = _row_sum(w.to(torch.float64)).to(w.dtype)
+    if eps > 0:
+        return w / (s + eps)
     if policy is NonFinitePolicy.PROPAGATE:
         return w / s
     return w / torch.where(s > 0, s, torch.ones_like(s))
@@ -214,8 +259,10 @@ def _topk(
     correction_bias: object,
     order: object,
     nonfinite: object,
+    renormalize_eps: object,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x, policy = _logits(router_logits, nonfinite)
+    eps = _eps(renormalize_eps)
     num_experts = x.shape[1]
     k = _k(k, num_experts)
     scoring = Scoring(check_choice("scoring", scoring, list(Scoring)))
@@ -246,7 +293,7 @@ def _topk(
     ids = _topk_lower_index(selection, k)
     weights = scores.gather(1, ids)  # the unbiased scores: the bias only selects
     if renormalize:
-        weights = _renormalize(weights, policy)
+        weights = _renormalize(weights, policy, eps)
     return (*_finalize(weights, ids), selection)
 
 
@@ -259,6 +306,7 @@ def topk_route(
     correction_bias: torch.Tensor | None = None,
     order: SoftmaxOrder = SoftmaxOrder.SOFTMAX_THEN_TOPK,
     nonfinite: NonFinitePolicy = NonFinitePolicy.ZERO,
+    renormalize_eps: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain top-k routing (Mixtral, Qwen-MoE, ...).
 
@@ -273,12 +321,15 @@ def topk_route(
             Not allowed with TOPK_THEN_SOFTMAX.
         order: SOFTMAX_THEN_TOPK (default) or TOPK_THEN_SOFTMAX (softmax scoring only), see `SoftmaxOrder`.
         nonfinite: rule for NaN/Inf logits, see `NonFinitePolicy` (default ZERO).
+        renormalize_eps: finite, >= 0 (default 0). When > 0 the renormalization divides by sum + renormalize_eps
+            instead (a zero sum gives zeros and a NaN sum NaN under every `nonfinite` rule; torch routers that
+            write `w / (w.sum() + 1e-20)`). Unused without renormalize and with TOPK_THEN_SOFTMAX.
 
     Returns:
         (topk_weights [M, k] fp32, topk_ids [M, k] int32), both contiguous, each row in descending order of
         selection score, ties toward the lower expert index (the contract is set semantics, see module doc).
     """
-    w, ids, _ = _topk(router_logits, k, scoring, renormalize, correction_bias, order, nonfinite)
+    w, ids, _ = _topk(router_logits, k, scoring, renormalize, correction_bias, order, nonfinite, renormalize_eps)
     return w, ids
 
 
@@ -291,16 +342,71 @@ def topk_selection_scores(
     correction_bias: torch.Tensor | None = None,
     order: SoftmaxOrder = SoftmaxOrder.SOFTMAX_THEN_TOPK,
     nonfinite: NonFinitePolicy = NonFinitePolicy.ZERO,
+    renormalize_eps: float = 0.0,
 ) -> torch.Tensor:
     """The [M, E] scores `topk_route` (same arguments) selects on, in the compute dtype (fp32, or fp64).
 
     SOFTMAX_THEN_TOPK / SIGMOID: the scores (non-finite ones zeroed under ZERO) plus the correction bias.
     TOPK_THEN_SOFTMAX: the logits themselves (a NaN as -Inf under ZERO). Feed to `valid_topk_selection`.
     """
-    return _topk(router_logits, k, scoring, renormalize, correction_bias, order, nonfinite)[2]
+    return _topk(router_logits, k, scoring, renormalize, correction_bias, order, nonfinite, renormalize_eps)[2]
 
 
 # ------------------------------------------------------------------------------------------- grouped top-k
+
+
+class _Grouped(NamedTuple):
+    weights: torch.Tensor  # [M, k] fp32
+    ids: torch.Tensor  # [M, k] int32
+    selection: torch.Tensor  # [M, E]: biased scores in the kept groups, `fill` elsewhere
+    biased: torch.Tensor  # [M, E]: biased scores before the group mask
+    group_scores: torch.Tensor  # [M, G]
+    group_scoring: GroupScoring  # the rule in force (None resolved)
+    fill: float  # the unkept groups' selection score: -inf or 0
+
+
+def _group_shape(num_experts: int, k: int, num_groups: object, topk_group: object) -> tuple[int, int, int]:
+    """(num_groups, experts per group, topk_group), validated."""
+    num_groups = check_int("num_groups", num_groups, min_value=1)
+    if num_experts % num_groups != 0:
+        raise ValueError(f"num_groups must divide the number of experts E={num_experts}, got {num_groups}")
+    per_group = num_experts // num_groups
+    topk_group = check_int("topk_group", topk_group, min_value=1, max_value=num_groups)
+    if k > topk_group * per_group:
+        raise ValueError(
+            f"k must be <= topk_group * experts per group = {topk_group} * {per_group}, got {k}"
+        )
+    return num_groups, per_group, topk_group
+
+
+def _group_scoring(group_scoring: object, biased: bool, num_groups: int, per_group: int) -> GroupScoring:
+    """The group rule in force: the declared one, or (None) top-2 sum with a bias and max without."""
+    if group_scoring is not None:
+        return GroupScoring(check_choice("group_scoring", group_scoring, list(GroupScoring)))
+    if biased and per_group < 2:
+        raise ValueError(
+            f"num_groups={num_groups} leaves {per_group} expert per group; the correction_bias path needs "
+            "at least 2 experts per group (group score = sum of the top-2 biased scores), unless group_scoring "
+            "is given"
+        )
+    return GroupScoring.TOP2_SUM if biased else GroupScoring.MAX
+
+
+def _scaling(routed_scaling_factor: object, scaling_placement: object) -> tuple[float, ScalingPlacement]:
+    f = routed_scaling_factor
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
+        raise ValueError(f"routed_scaling_factor must be a finite number > 0, got {f!r}")
+    return f, ScalingPlacement(check_choice("scaling_placement", scaling_placement, list(ScalingPlacement)))
+
+
+def _group_scores(biased: torch.Tensor, num_groups: int, rule: GroupScoring) -> torch.Tensor:
+    """[M, G]: each group's largest selection score, or the sum of its two largest (its one, in a group of one).
+    NaN ranks first in both (torch's max and descending sort), so a group holding a NaN scores NaN."""
+    by_group = biased.reshape(biased.shape[0], num_groups, biased.shape[1] // num_groups)
+    if rule is GroupScoring.MAX:
+        return by_group.max(dim=-1).values
+    top = torch.sort(by_group, dim=-1, descending=True).values
+    return top[..., 0] + top[..., 1] if top.shape[-1] > 1 else top[..., 0]
 
 
 def _grouped(
@@ -314,62 +420,43 @@ def _grouped(
     routed_scaling_factor: object,
     scaling_placement: object,
     nonfinite: object,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weights, ids, selection scores, biased scores before the group mask [M, E], group scores [M, G])."""
+    group_scoring: object,
+    unkept_groups: object,
+    renormalize_eps: object,
+) -> _Grouped:
     x, policy = _logits(router_logits, nonfinite)
     m, num_experts = x.shape
     k = _k(k, num_experts)
-    num_groups = check_int("num_groups", num_groups, min_value=1)
-    if num_experts % num_groups != 0:
-        raise ValueError(f"num_groups must divide the number of experts E={num_experts}, got {num_groups}")
-    per_group = num_experts // num_groups
-    topk_group = check_int("topk_group", topk_group, min_value=1, max_value=num_groups)
-    if k > topk_group * per_group:
-        raise ValueError(
-            f"k must be <= topk_group * experts per group = {topk_group} * {per_group}, got {k}"
-        )
+    num_groups, per_group, topk_group = _group_shape(num_experts, k, num_groups, topk_group)
     scoring = Scoring(check_choice("scoring", scoring, list(Scoring)))
     bias = _bias(correction_bias, num_experts, x.dtype)
-    if bias is not None and per_group < 2:
-        raise ValueError(
-            f"num_groups={num_groups} leaves {per_group} expert per group; the correction_bias path needs "
-            "at least 2 experts per group (group score = sum of the top-2 biased scores)"
-        )
+    rule = _group_scoring(group_scoring, bias is not None, num_groups, per_group)
+    unkept = UnkeptGroups(check_choice("unkept_groups", unkept_groups, list(UnkeptGroups)))
     if not isinstance(renormalize, bool):
         raise ValueError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    if (
-        isinstance(routed_scaling_factor, bool)
-        or not isinstance(routed_scaling_factor, (int, float))
-        or not math.isfinite(routed_scaling_factor)
-        or routed_scaling_factor <= 0
-    ):
-        raise ValueError(f"routed_scaling_factor must be a finite number > 0, got {routed_scaling_factor!r}")
-    placement = ScalingPlacement(check_choice("scaling_placement", scaling_placement, list(ScalingPlacement)))
+    factor, placement = _scaling(routed_scaling_factor, scaling_placement)
+    eps = _eps(renormalize_eps)
 
     scores = _scores(x, scoring)
     if policy is NonFinitePolicy.ZERO:
         scores = _zero_nonfinite(scores)
     biased = scores if bias is None else scores + bias
 
-    by_group = biased.reshape(m, num_groups, per_group)
-    if bias is None:
-        group_scores = by_group.max(dim=-1).values
-    else:
-        top2 = torch.sort(by_group, dim=-1, descending=True).values
-        group_scores = top2[..., 0] + top2[..., 1]
+    group_scores = _group_scores(biased, num_groups, rule)
     kept_groups = _topk_lower_index(group_scores, topk_group)
     group_kept = torch.zeros(m, num_groups, dtype=torch.bool, device=x.device).scatter(1, kept_groups, True)
     expert_kept = group_kept.repeat_interleave(per_group, dim=1)
-    # -inf, not 0: biased scores may be negative, and a 0 could then beat an allowed expert.
-    selection = biased.masked_fill(~expert_kept, -math.inf)
+    # EXCLUDED fills with -inf, not 0: biased scores may be negative, and a 0 would then beat a kept expert
+    fill = -math.inf if unkept is UnkeptGroups.EXCLUDED else 0.0
+    selection = biased.masked_fill(~expert_kept, fill)
 
     ids = _topk_lower_index(selection, k)
     weights = scores.gather(1, ids)  # unbiased
     if renormalize:
-        weights = _renormalize(weights, policy)
+        weights = _renormalize(weights, policy, eps)
     if placement is ScalingPlacement.WEIGHTS:
-        weights = weights * routed_scaling_factor
-    return (*_finalize(weights, ids), selection, biased, group_scores)
+        weights = weights * factor
+    return _Grouped(*_finalize(weights, ids), selection, biased, group_scores, rule, fill)
 
 
 def grouped_topk_route(
@@ -384,39 +471,48 @@ def grouped_topk_route(
     routed_scaling_factor: float = 1.0,
     scaling_placement: ScalingPlacement = ScalingPlacement.WEIGHTS,
     nonfinite: NonFinitePolicy = NonFinitePolicy.ZERO,
+    group_scoring: GroupScoring | None = None,
+    unkept_groups: UnkeptGroups = UnkeptGroups.EXCLUDED,
+    renormalize_eps: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Grouped top-k routing (DeepSeek-V2: softmax, no bias; DeepSeek-V3: sigmoid with correction bias).
 
     Steps, in the compute dtype (fp32, or fp64 for fp64 logits):
       1. scores = softmax over all E, or sigmoid; biased = scores + correction_bias (or scores).
-      2. The E experts form `num_groups` contiguous groups of E // num_groups. Group score = max of the group's
-         unbiased scores without a bias; with a bias, the sum of the group's two largest biased scores.
+      2. The E experts form `num_groups` contiguous groups of E // num_groups, each scored by `group_scoring` on
+         its biased scores: MAX, its largest; TOP2_SUM, the sum of its two largest (its one score in a group of
+         one). Not given: TOP2_SUM with a correction bias, MAX without.
       3. Keep the `topk_group` best groups (ties toward the lower group index); every expert of another group
-         gets selection score -Inf (not 0: biased scores can be negative).
+         gets selection score -Inf (`unkept_groups=EXCLUDED`; not 0: biased scores can be negative), or 0
+         (ZERO_FILLED).
       4. Pick the k largest selection scores (ties toward the lower expert index).
       5. weights = the unbiased scores of the picked experts; if `renormalize`, divided by their sum (a zero
-         sum returns zeros); then, with scaling_placement=WEIGHTS, multiplied by `routed_scaling_factor`
-         (division first, then the multiplication, each rounded). With REDUCE the weights stay unscaled and
-         the reduce applies the factor.
+         sum returns zeros), or by sum + renormalize_eps when that is > 0; then, with scaling_placement=WEIGHTS,
+         multiplied by `routed_scaling_factor` (division first, then the multiplication, each rounded). With
+         REDUCE the weights stay unscaled and the reduce applies the factor.
 
     Args:
         router_logits: [M, E], fp16/bf16/fp32/fp64.
         k: 1 <= k <= topk_group * (E // num_groups).
         num_groups: divides E. topk_group: 1 <= topk_group <= num_groups.
         scoring: SOFTMAX or SIGMOID (required: the DeepSeek generations differ).
-        correction_bias: optional [E] fp32 (fp64 allowed for fp64 logits), finite; needs >= 2 experts/group.
+        correction_bias: optional [E] fp32 (fp64 allowed for fp64 logits), finite; needs >= 2 experts/group
+            when group_scoring is not given.
         renormalize: default True. routed_scaling_factor: finite, > 0, default 1.0.
         scaling_placement: WEIGHTS (default) or REDUCE, see `ScalingPlacement`.
         nonfinite: see `NonFinitePolicy` (default ZERO).
+        group_scoring: see `GroupScoring`; None (default) for the rule of step 2.
+        unkept_groups: EXCLUDED (default) or ZERO_FILLED, see `UnkeptGroups`.
+        renormalize_eps: finite, >= 0 (default 0), see `topk_route`.
 
     Returns:
         (topk_weights [M, k] fp32, topk_ids [M, k] int32), rows in descending selection-score order.
     """
-    w, ids, *_ = _grouped(
+    g = _grouped(
         router_logits, k, num_groups, topk_group, scoring, correction_bias, renormalize,
-        routed_scaling_factor, scaling_placement, nonfinite,
+        routed_scaling_factor, scaling_placement, nonfinite, group_scoring, unkept_groups, renormalize_eps,
     )
-    return w, ids
+    return g.weights, g.ids
 
 
 def grouped_topk_selection_scores(
@@ -431,17 +527,20 @@ def grouped_topk_selection_scores(
     routed_scaling_factor: float = 1.0,
     scaling_placement: ScalingPlacement = ScalingPlacement.WEIGHTS,
     nonfinite: NonFinitePolicy = NonFinitePolicy.ZERO,
+    group_scoring: GroupScoring | None = None,
+    unkept_groups: UnkeptGroups = UnkeptGroups.EXCLUDED,
+    renormalize_eps: float = 0.0,
 ) -> torch.Tensor:
     """The [M, E] selection scores of `grouped_topk_route` (same arguments), in the compute dtype: biased
-    scores for experts in kept groups, -Inf for the masked ones. Feed to `valid_topk_selection`.
+    scores for experts in kept groups, -Inf (or 0, ZERO_FILLED) for the others. Feed to `valid_topk_selection`.
 
     Note: under ties between *group* scores the kept groups themselves are a choice; these scores encode the
     oracle's choice (lower group index). Judge a kernel's ids with `valid_grouped_topk_selection`, which accepts
     every admissible group choice."""
     return _grouped(
         router_logits, k, num_groups, topk_group, scoring, correction_bias, renormalize,
-        routed_scaling_factor, scaling_placement, nonfinite,
-    )[2]
+        routed_scaling_factor, scaling_placement, nonfinite, group_scoring, unkept_groups, renormalize_eps,
+    ).selection
 
 
 # ------------------------------------------------------------------------------------------------ Llama 4
@@ -568,15 +667,18 @@ def valid_topk_selection(
 
 
 def _admissible_groups(
-    biased: torch.Tensor, group_scores: torch.Tensor, chosen: torch.Tensor, topk_group: int, atol: float,
-    group_atol: float,
+    biased: torch.Tensor, group_scores: torch.Tensor, chosen: torch.Tensor, ids: torch.Tensor, topk_group: int,
+    atol: float, group_atol: float, fill: float,
 ) -> torch.Tensor:
-    """Per row: is there a set S of topk_group groups, admissible at group level, holding every chosen expert, such
-    that no unchosen expert of S's groups scores more than atol above the lowest chosen one?
+    """Per row: is there a set S of topk_group groups, admissible at group level, under which the chosen experts
+    are a top-k within atol of the selection scores S gives (biased scores in S's groups, `fill` elsewhere)?
 
-    S is admissible iff every group outside S scores at most group_atol above S's lowest group. Searching over
-    that lowest score `lo` (one of the group scores): the groups above lo + group_atol are forced into S, groups
-    below lo are barred, the rest may fill it. NaN counts as +Inf here: no score of grouped routing is +Inf.
+    S is admissible iff every group outside S scores at most group_atol above S's lowest group. The chosen experts
+    are a top-k within atol iff for some threshold t every chosen score is >= t and every unchosen one <= t + atol;
+    t = the lowest chosen score works if any does, and that is a chosen expert's biased score or the fill, so those
+    are the candidates. For a candidate t and a candidate lowest group score lo, a group may be in S when its
+    experts meet t (`fits_in`) and it scores >= lo, may be out when the fill meets t (`fits_out`), and must be in
+    when it scores above lo + group_atol. NaN counts as +Inf: no score of grouped routing is +Inf.
     """
     m, num_groups = group_scores.shape
     per_group = biased.shape[1] // num_groups
@@ -584,18 +686,27 @@ def _admissible_groups(
     # float64, so that an atol below the scores' ulp does not round away
     key = torch.where(biased.isnan(), inf, biased).to(torch.float64)
     gkey = torch.where(group_scores.isnan(), inf, group_scores).to(torch.float64)
-    lowest_chosen = torch.where(chosen, key, inf).amin(dim=1, keepdim=True)
-    best_left = torch.where(chosen, -inf, key).reshape(m, num_groups, per_group).amax(dim=2)
-    harmless = best_left <= lowest_chosen + atol  # adding this group's experts keeps the ids a top-k
-    holds = chosen.reshape(m, num_groups, per_group).any(dim=2)
-    lo = gkey[:, :, None]  # [M, candidate, 1]
-    forced = gkey[:, None, :] > lo + group_atol  # [M, candidate, group]
-    usable = (gkey[:, None, :] >= lo) & harmless[:, None, :]
-    need = holds[:, None, :] | forced
-    n_need = need.sum(dim=2)
-    fits = (~need | usable).all(dim=2) & (n_need <= topk_group)
-    spare = (usable & ~need).sum(dim=2)
-    return (fits & (n_need + spare >= topk_group)).any(dim=1)
+    ch = chosen.reshape(m, num_groups, per_group)
+    by_group = key.reshape(m, num_groups, per_group)
+    in_low = torch.where(ch, by_group, inf).amin(dim=2)[:, None, :]  # [M, 1, G]: lowest chosen score if kept
+    in_high = torch.where(ch, -inf, by_group).amax(dim=2)[:, None, :]  # best unchosen score if kept
+    out_low = torch.where(ch.any(dim=2), fill, inf)[:, None, :]
+    out_high = torch.where((~ch).any(dim=2), fill, -inf)[:, None, :]
+    # candidate thresholds [M, T, 1]: the chosen experts' scores and the fill; with fill -Inf every chosen expert
+    # must be kept, so the lowest chosen score is the one candidate
+    t = key.gather(1, ids)
+    t = t.amin(dim=1, keepdim=True) if fill == -inf else torch.cat([t, key.new_full((m, 1), fill)], dim=1)
+    t = t[:, :, None]
+    fits_in = (in_low >= t) & (in_high <= t + atol)  # [M, T, G]
+    fits_out = (out_low >= t) & (out_high <= t + atol)
+    lo = gkey[:, None, :, None]  # [M, 1, candidate, 1]
+    forced = gkey[:, None, None, :] > lo + group_atol  # [M, 1, candidate, group]
+    usable = (gkey[:, None, None, :] >= lo) & fits_in[:, :, None, :]  # [M, T, candidate, group]
+    need = forced | ~fits_out[:, :, None, :]
+    n_need = need.sum(dim=3)
+    fits = (~need | usable).all(dim=3) & (n_need <= topk_group)
+    spare = (usable & ~need).sum(dim=3)
+    return (fits & (n_need + spare >= topk_group)).flatten(1).any(dim=1)
 
 
 def valid_grouped_topk_selection(
@@ -610,6 +721,9 @@ def valid_grouped_topk_selection(
     routed_scaling_factor: float = 1.0,
     scaling_placement: ScalingPlacement = ScalingPlacement.WEIGHTS,
     nonfinite: NonFinitePolicy = NonFinitePolicy.ZERO,
+    group_scoring: GroupScoring | None = None,
+    unkept_groups: UnkeptGroups = UnkeptGroups.EXCLUDED,
+    renormalize_eps: float = 0.0,
     atol: float = 0.0,
 ) -> torch.Tensor:
     """Per row: is `ids [M, k]` a valid grouped top-k of `router_logits` (the other arguments as for
@@ -617,36 +731,40 @@ def valid_grouped_topk_selection(
 
     Contract. Group scores and biased scores are those of `grouped_topk_route` (steps 1-2). A set S of
     `topk_group` groups is an admissible group choice iff no group outside S scores more than `group_atol` above
-    the lowest group score in S, where group_atol = atol for the max group score (no bias) and 2 * atol for the
-    sum of two biased scores (with a bias): S is a top-topk_group of the group scores after moving each by at
-    most group_atol / 2. The ids are valid iff they are distinct, in [0, E), and for some admissible S they all
-    lie in S's groups and are a top-k there within atol (`valid_topk_selection` on the biased scores of S's
-    experts). With atol = 0 only exact ties are free, at both levels: a group may be kept in place of a tied one,
-    never in place of one that scores more. NaN ranks above every number (under PROPAGATE NaN experts
-    and groups come first). The oracle's own ids are always valid.
+    the lowest group score in S, where group_atol = atol for the MAX group score (and for TOP2_SUM over groups of
+    one expert) and 2 * atol for a TOP2_SUM of two scores: S is a top-topk_group of the group scores after moving
+    each by at most group_atol / 2. The ids are valid iff they are distinct, in [0, E), and for some admissible S
+    they are a top-k within atol (`valid_topk_selection`) of S's selection scores: the biased scores of S's
+    experts, and -Inf (EXCLUDED: so the ids all lie in S's groups) or 0 (ZERO_FILLED: an unkept expert ties with
+    the kept ones of selection score 0) for the others. With atol = 0 only exact ties are free, at both levels:
+    a group may be kept in place of a tied one, never in place of one that scores more. NaN ranks above every
+    number (under PROPAGATE NaN experts and groups come first). The oracle's own ids are always valid.
 
     Returns:
         bool [M].
     """
     t = _ids(ids)
     atol = _atol(atol)
-    _, _, selection, biased, group_scores = _grouped(
+    g = _grouped(
         router_logits, t.shape[1], num_groups, topk_group, scoring, correction_bias, renormalize,
-        routed_scaling_factor, scaling_placement, nonfinite,
+        routed_scaling_factor, scaling_placement, nonfinite, group_scoring, unkept_groups, renormalize_eps,
     )
-    m, num_experts = biased.shape
+    m, num_experts = g.biased.shape
     if t.shape[0] != m:
         raise ValueError(f"ids must have {m} rows (one per token), got shape {list(t.shape)}")
-    t = t.to(biased.device)
+    t = t.to(g.biased.device)
     well_formed = _rows_well_formed(t, num_experts)
     chosen = _chosen(t, num_experts)
     # the oracle's own group choice is admissible: rows valid under it need no search
-    ok = well_formed & _is_topk(selection, chosen, atol)
-    group_atol = atol * (1 if correction_bias is None else 2)
+    ok = well_formed & _is_topk(g.selection, chosen, atol)
+    two_scores = g.group_scoring is GroupScoring.TOP2_SUM and num_experts // g.group_scores.shape[1] > 1
+    group_atol = atol * (2 if two_scores else 1)
     rest = (well_formed & ~ok).nonzero().flatten()
-    # the search holds [rows, G, G] booleans: a few million at a time
-    step = max(1, (1 << 22) // max(1, group_scores.shape[1] ** 2))
+    # the search holds [rows, T, G, G] booleans (T = 1, or k + 1 zero-filled): a few million at a time
+    thresholds = 1 if g.fill == -math.inf else t.shape[1] + 1
+    step = max(1, (1 << 22) // max(1, thresholds * g.group_scores.shape[1] ** 2))
     for start in range(0, rest.numel(), step):
         rows = rest[start:start + step]
-        ok[rows] = _admissible_groups(biased[rows], group_scores[rows], chosen[rows], topk_group, atol, group_atol)
+        ok[rows] = _admissible_groups(g.biased[rows], g.group_scores[rows], chosen[rows], t[rows], topk_group,
+                                      atol, group_atol, g.fill)
     return ok

@@ -164,6 +164,23 @@ _ACTIVATION = (
                kind="number"),
 )
 
+_ROUTING_GROUPS = (
+    Convention("group_scoring", "how a group is scored to choose the topk_group kept ones, on its selection scores "
+               "(biased where a correction bias is given; undeclared: top2_sum with a correction bias, max without)",
+               values=_choices(rt_ref.GroupScoring, {
+                   "max": "the group's largest selection score",
+                   "top2_sum": "the sum of the group's two largest selection scores (a group of one expert: its "
+                   "one score)"})),
+    Convention("unkept_groups", "the selection score of the experts in groups not kept",
+               values=_choices(rt_ref.UnkeptGroups, {
+                   "excluded": "-inf: never chosen (vLLM, SGLang)",
+                   "zero_filled": "0 (routers masking with masked_fill(..., 0.0)): tied with the kept experts of "
+                   "selection score 0 (masked, underflowed) and above the negative biased ones, so where the kept "
+                   "groups hold fewer than k positive selection scores the rest may come from any group; such an "
+                   "expert's weight is still its unbiased score"}),
+               default="excluded"),
+)
+
 BY_OP: dict[str, tuple[Convention, ...]] = {
     "routing": (
         Convention("nonfinite", "what happens to rows with a NaN or +Inf logit or only -Inf ones (undeclared: only "
@@ -180,6 +197,10 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
             "input_every_step": "as `input`, and the exponent too (exp(logit - logsumexp) in the logits' dtype, "
             "vLLM's CPURouter softmax top-k): weights off by u * (|logit| + 2 |logsumexp|) more"},
             default="float32"),
+        Convention("renormalize_eps", "the renormalization's guard: weights divided by their sum + this (finite, "
+                   ">= 0; 0: the plain sum, a zero sum giving zeros under nonfinite=zero and 0/0 = NaN under "
+                   "propagate); > 0, e.g. 1e-20: a zero sum gives zeros and a NaN sum NaN under every nonfinite "
+                   "rule", kind="number", default=0.0),
     ),
     "align": (
         Convention("tail", "which part of sorted_token_ids and expert_ids the kernel writes (the used part: the first "
@@ -283,7 +304,7 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
                    fields=_EXPERT_QUANT_FIELDS),
     ),
 }
-BY_OP["grouped_routing"] = BY_OP["routing"]
+BY_OP["grouped_routing"] = (*BY_OP["routing"], *_ROUTING_GROUPS)
 
 
 def for_op(op: str) -> dict[str, Convention]:

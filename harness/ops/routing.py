@@ -9,7 +9,8 @@ gets (4 + k) roundings u of that dtype more on each weight (`input_every_step`: 
 an exponent logit - logsumexp rounded there), and selections may swap experts (and groups) whose selection scores
 are within 4 u of the row's largest one. Rows with masked experts (-Inf logits beside finite ones) are judged like
 finite rows; non-finite rows (NaN, +Inf, only -Inf) follow the adapter's `nonfinite` rule, or only their ids'
-form is judged when it declares none.
+form is judged when it declares none. The declared `renormalize_eps` (sum + eps), and for grouped routing
+`group_scoring` and `unkept_groups`, enter both the id check and the expected weights.
 """
 
 from __future__ import annotations
@@ -74,23 +75,28 @@ def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputS
     return {"topk_weights": OutputSpec((m, k), torch.float32), "topk_ids": OutputSpec((m, k), torch.int32)}
 
 
-def _route_kwargs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    f, p = case.features, case.params
-    kw: dict[str, Any] = {"correction_bias": inputs.get("correction_bias")}
+def _route_kwargs(case: Case, inputs: Mapping[str, torch.Tensor],
+                  conventions: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The oracle's arguments for the case, with the adapter's routing rules (`conventions`) where declared."""
+    f, p, c = case.features, case.params, conventions or {}
+    kw: dict[str, Any] = {"correction_bias": inputs.get("correction_bias"),
+                          "renormalize_eps": c.get("renormalize_eps") or 0.0}
     if case.op == "grouped_routing":
         kw.update(num_groups=p["num_groups"], topk_group=p["topk_group"], scoring=ref.Scoring(f["scoring"]),
                   renormalize=yes(f["renormalize"]), routed_scaling_factor=p.get("routed_scaling_factor", 1.0),
-                  scaling_placement=ref.ScalingPlacement(f["scaling_placement"]))
+                  scaling_placement=ref.ScalingPlacement(f["scaling_placement"]),
+                  group_scoring=c.get("group_scoring"), unkept_groups=c.get("unkept_groups", "excluded"))
     else:
         kw.update(scoring=ref.Scoring(f["scoring"]), renormalize=yes(f["renormalize"]))
     return kw
 
 
-def selection_scores(case: Case, inputs: Mapping[str, torch.Tensor], nonfinite: str = "zero") -> torch.Tensor:
+def selection_scores(case: Case, inputs: Mapping[str, torch.Tensor], nonfinite: str = "zero",
+                     conventions: Mapping[str, Any] | None = None) -> torch.Tensor:
     logits, k = inputs["router_logits"], case.shape("k")
     if case.features["scoring"] == "llama4_top1":
         return ref.llama4_top1_selection_scores(logits, nonfinite=ref.NonFinitePolicy(nonfinite))
-    kw = _route_kwargs(case, inputs)
+    kw = _route_kwargs(case, inputs, conventions)
     kw["nonfinite"] = ref.NonFinitePolicy(nonfinite)
     if case.op == "grouped_routing":
         return ref.grouped_topk_selection_scores(logits, k, **kw)
@@ -113,7 +119,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     declared = conventions.get("nonfinite")
     policy = declared if declared in JUDGED_NONFINITE else "zero"
     judged_rows = ref.finite_or_masked_rows(logits) | torch.tensor(declared in JUDGED_NONFINITE)
-    sel = selection_scores(case, cpu_inputs, policy)
+    sel = selection_scores(case, cpu_inputs, policy, conventions)  # also checks the declared rules' values
     scores = unbiased_scores(case, cpu_inputs, policy).to(torch.float64)
     # score_dtype="input": scores, sums and quotients rounded to the logits' dtype (u each); selections may swap
     # experts whose scores are within that rounding, weights carry a few such roundings
@@ -133,7 +139,7 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
             return custom("topk_ids", False, f"topk_ids: {int((~ok).sum())} rows hold duplicate or out-of-range ids "
                           f"(E={e}); first row {bad[0]}: {ids[bad[0]].tolist()}", bad_rows=int((~ok).sum()))
         if case.op == "grouped_routing":
-            valid = ref.valid_grouped_topk_selection(logits, ids, **_route_kwargs(case, cpu_inputs),
+            valid = ref.valid_grouped_topk_selection(logits, ids, **_route_kwargs(case, cpu_inputs, conventions),
                                                      nonfinite=ref.NonFinitePolicy(policy), atol=sel_atol)
         else:
             valid = ref.valid_topk_selection(sel, ids, atol=sel_atol)
@@ -149,11 +155,8 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     def judge_weights(w: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Any:
         ids = outs["topk_ids"].detach().cpu().to(torch.int64).clamp(0, max(e - 1, 0))
         want = scores.gather(1, ids) if m else torch.zeros((0, k), dtype=torch.float64)
-        if renorm and policy == "propagate":
-            want = want / want.sum(dim=1, keepdim=True)  # NaN and 0/0 propagate, as the declared rule says
-        elif renorm:
-            total = want.sum(dim=1, keepdim=True)
-            want = torch.where(total > 0, want / torch.where(total > 0, total, 1.0), torch.zeros_like(want))
+        if renorm:
+            want = _renormalized(want, policy, conventions.get("renormalize_eps") or 0.0)
         want = want * scale
         # exp/sigmoid in a few fp32 ulps, softmax sums E terms, renormalize sums k: a random-walk bound.
         ulps = 16 + 4 * math.sqrt(e) + 4 * math.sqrt(k)
@@ -169,6 +172,16 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         return compare_bounded("topk_weights", w, want, bound, mask=judged_rows[:, None].expand(m, k))
 
     return [Check("topk_ids", "custom", judge=judge_ids), Check("topk_weights", "custom", judge=judge_weights)]
+
+
+def _renormalized(want: torch.Tensor, policy: str, eps: float) -> torch.Tensor:
+    """The k weights of each row divided by their sum as the declared rules say (docs/SEMANTICS.md §1)."""
+    total = want.sum(dim=1, keepdim=True)
+    if eps > 0:  # sum + eps: a zero sum gives zeros, NaN propagates
+        return want / (total + eps)
+    if policy == "propagate":
+        return want / total  # NaN and 0/0 propagate, as the declared rule says
+    return torch.where(total > 0, want / torch.where(total > 0, total, 1.0), torch.zeros_like(want))
 
 
 def _grouping(draw: st.DrawFn, e: int, biased: bool) -> tuple[int, int]:
