@@ -3,6 +3,7 @@
 Commands (one module each in `harness.commands`):
   matrix   run the deterministic sweep on this device and record every verdict
   replay   re-run one case file and print its verdict (exit 0 pass, 1 fail, 125 cannot test here)
+  explain  which declared conventions would make a failing case pass (its kernel run once, re-judged)
   diff     the cells whose verdict differs between two result sets
   bisect   git-bisect the first commit where a case fails (this repository or an external kernel's)
   bench    time the kernels (or the oracle) on this device
@@ -15,9 +16,9 @@ from __future__ import annotations
 import argparse
 
 from harness import __version__
-from harness.commands import bench, bisect, conventions, diff, golden, matrix, replay
+from harness.commands import bench, bisect, conventions, diff, explain, golden, matrix, replay
 
-COMMANDS = (matrix, replay, diff, bisect, bench, golden, conventions)
+COMMANDS = (matrix, replay, explain, diff, bisect, bench, golden, conventions)
 
 
 def build_parser() -> argparse.ArgumentParser:

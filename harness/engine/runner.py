@@ -607,6 +607,7 @@ class _Judging:
         self.spent: dict[str, float] = {}
         self.where = device.device  # where the judge's own tensors live (inputs, oracle, copies of the outputs)
         self.used_device = False  # whether this process used the case's device (a GPU context to probe after)
+        self.second: dict[str, torch.Tensor] | None = None  # `run_once`'s second run's outputs, where it ran one
         try:
             self.declared, self.why_not = adapter.declares(case.features, device)
             self.broken_rule = ""
@@ -831,13 +832,7 @@ class _Judging:
                                      self.bands.get("second run", {}).get(name), None if chk is None else chk.mask))
             if chk is not None and chk.untouched is not None:
                 checks.append(_touched(name, first[name], self.bands["first run"][name], chk.untouched))
-        for name, chk in expected.items():
-            if name not in first:
-                checks.append(_check(f"output:{name}", False, f"the oracle expects output {name!r}; kernel gave none"))
-                continue
-            if (fin := _finite(chk, first[name])) is not None:
-                checks.append(fin)
-            checks.append(_compare(chk, first[name], first))
+        checks += oracle_checks(expected, first)
         if second is not None and "deterministic" in self.adapter.properties:
             checks += _determinism_checks(specs, first, second, expected)
         return checks
@@ -879,6 +874,99 @@ class _Judging:
             found.append(_check(f"batch_invariant:{name}", same,
                                 "" if same else f"{name}: rows change when the other tokens of the batch change"))
         return found
+
+
+def oracle_checks(expected: Mapping[str, Check], outputs: Mapping[str, torch.Tensor]) -> list[Comparison]:
+    """The oracle's comparisons of a run's outputs: per expected output, no NaN/Inf where the oracle is finite, then
+    its comparison mode."""
+    checks = []
+    for name, chk in expected.items():
+        if name not in outputs:
+            checks.append(_check(f"output:{name}", False, f"the oracle expects output {name!r}; kernel gave none"))
+            continue
+        if (fin := _finite(chk, outputs[name])) is not None:
+            checks.append(fin)
+        checks.append(_compare(chk, outputs[name], outputs))
+    return checks
+
+
+def summarize(checks: list[Comparison]) -> tuple[str, dict[str, Any]]:
+    """A verdict's reason (the failed checks' reasons, "" when all pass) and metrics (margin, max_error,
+    failed_checks), as `judge` sums its checks up."""
+    return _summary(checks)
+
+
+class OneRun:
+    """A case whose kernel ran once (`run_once`): its inputs, the kernel's outputs, the conventions it was judged
+    under and that verdict; `judge(conventions)` judges the same outputs again under other conventions, through the
+    comparisons of a normal verdict (`_Judging.compare`), without running the kernel again."""
+
+    def __init__(self, judging: _Judging, result: Result, spec: ops.OpSpec | None = None,
+                 conventions: Mapping[str, Any] | None = None, inputs: Mapping[str, torch.Tensor] | None = None,
+                 outputs: Mapping[str, torch.Tensor] | None = None, expected: Mapping[str, Check] | None = None):
+        self.judging, self.result, self.spec = judging, result, spec
+        self.conventions = dict(conventions or {})
+        self.inputs, self.outputs, self.expected = inputs, outputs, expected
+
+    @property
+    def case(self) -> Case:
+        return self.judging.case
+
+    def judge(self, conventions: Mapping[str, Any]) -> tuple[list[Comparison], dict[str, Check]]:
+        """The checks of the kernel's outputs against the oracle under `conventions`, and the oracle's Checks."""
+        assert self.spec is not None and self.inputs is not None and self.outputs is not None
+        with isolation.pristine():
+            expected = {c.name: c for c in self.spec.expected(self.case, self.inputs, conventions)}
+        specs = self.spec.outputs(self.case, self.inputs)
+        return self.judging.compare(self.spec, specs, expected, self.outputs, self.judging.second), expected
+
+
+def run_once(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None,
+             timeout: float | None = None) -> OneRun:
+    """Judge `case` on one kernel run (no second run, batch-invariance or fresh-inputs run): what `explain` needs.
+    `result` is the verdict of the oracle's comparisons under the adapter's conventions; where the case stopped
+    before the kernel gave outputs (gated, the kernel raised, an integrity check failed) only `result` (and what
+    was built by then) is set."""
+    before = isolation.take()
+    judging = _Judging(case, adapter, device, unverifiable)
+    try:
+        with _deadline(_timeout_s(timeout)):
+            return _run_once(judging)
+    except CaseTimeout as e:
+        return OneRun(judging, judging.result("error", f"hang: {e}", timeout=True))
+    finally:
+        isolation.restore(before)
+
+
+def _run_once(judging: _Judging) -> OneRun:
+    if (gated := judging.gate()) is not None:
+        return OneRun(judging, gated)
+    case = judging.case
+    try:
+        conventions = judging.adapter.conventions_of(case, judging.device)
+    except Exception as e:
+        return OneRun(judging, judging.result("error", f"adapter conventions error: {type(e).__name__}: {e}"))
+    try:
+        spec = ops.get(case.op)
+        inputs = judging.inputs(spec, case)
+        specs = spec.outputs(case, inputs)
+        with isolation.pristine():
+            expected = {c.name: c for c in spec.expected(case, inputs, conventions)}
+    except Exception as e:
+        return OneRun(judging, judging.result("error", f"harness could not build the case: {type(e).__name__}: {e}"))
+    try:
+        first = judging.kernel(inputs, specs, 0, "first run")
+        # an element still holding its fill may have been written with that very value: a second run, on other
+        # fills, tells (as `judge` does); its outputs only serve that check
+        if any(judging.bands["first run"][n].untouched(first[n]).any() for n in specs):
+            judging.second = judging.kernel(inputs, specs, 1, "second run")
+        checks = judging.compare(spec, specs, expected, first, judging.second)
+        judging.late_writes(settle=True)
+    except _KernelFailed as failed:
+        return OneRun(judging, failed.result, spec, conventions, inputs, None, expected)
+    reason, metrics = _summary(checks)
+    result = judging.result("fail" if reason else "pass", reason, checks, **metrics)
+    return OneRun(judging, result, spec, conventions, inputs, first, expected)
 
 
 def exercised(checks: Iterable[Check]) -> dict[str, Any]:

@@ -256,6 +256,11 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
                   judge=_scales_judge(layout, t, g, s_lo, s_hi, s_oracle, pow2_rule))]
 
 
+def stages(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The activation's output before quantization (float32, after `act_rounding`)."""
+    return {"activation_out": activation_values(case, inputs["x"].detach().cpu(), conventions)}
+
+
 Judge = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Comparison]
 
 
@@ -359,7 +364,7 @@ ZERO_GROUPS = ValueClass("zero_groups", lambda a, c: True, ("scale_rule",), _zer
 SPECS = {"act_quant": OpSpec(name="act_quant", title="Fused activation + per-token-group fp8 quant", axes=AXES,
                              make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                              boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                             inapplicable=inapplicable, value_classes=(ZERO_GROUPS,))}
+                             inapplicable=inapplicable, value_classes=(ZERO_GROUPS,), stages=stages)}
 
 
 # ---------------------------------------------------------------------------------------------------------------

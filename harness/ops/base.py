@@ -110,6 +110,9 @@ class OpSpec:
     #: about how many elements a case's inputs hold, known before they are built (None: the product of its shape
     #: sizes, an upper bound for ops whose largest input spans every dimension)
     input_elements: Callable[[Case], int] | None = None
+    #: the oracle's intermediate values of a case under conventions, by name (GEMM1 output per slot, ...), for a
+    #: reader (`python -m harness explain` saves them); None: the expected outputs are all there is
+    stages: Callable[[Case, Mapping[str, torch.Tensor], Mapping[str, Any]], dict[str, torch.Tensor]] | None = None
 
     def estimated_input_elements(self, case: Case) -> int:
         if self.input_elements is not None:

@@ -365,20 +365,48 @@ def router_weights(w: torch.Tensor, x_dtype: torch.dtype, conventions: Mapping[s
     return w.to(dt).to(w.dtype)
 
 
-def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
+def _oracle_inputs(inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The inputs as the oracle takes them: the router weights rounded as the kernel rounds them."""
     # The oracle runs where the inputs are (fp64 on a GPU is fast; real shapes on a CPU are not).
     cpu = {n: t.detach() for n, t in inputs.items()}
-    dev = cpu["x"].device
     if "topk_weights" in cpu:
         cpu["topk_weights"] = router_weights(cpu["topk_weights"], cpu["x"].dtype, conventions)
+    return cpu
+
+
+def _quant_of(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> ref.ExpertsQuant | None:
+    sch = xq.scheme(case, conventions)
+    requantize = conventions.get("intermediate_quant", "requantized") == "requantized"
+    return None if sch is None else xq.to_experts_quant(cpu, sch, requantize=requantize)
+
+
+def stages(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The standard format's per-(token, slot) intermediates in float64 (reference.experts.ExpertIntermediates):
+    GEMM1 output, activation output, GEMM2 output before the router weight, and which slots are local. The batched
+    format has none (its oracle computes each expert's batch whole)."""
+    if _batched(case):
+        return {}
+    cpu = _oracle_inputs(inputs, conventions)
+    quant = _quant_of(case, cpu, conventions)
+    w13, w2, _, _ = _weights64(cpu, quant, cpu["x"].device)
+    inter = ref.expert_intermediates(cpu["x"], w13, w2, cpu["topk_weights"], cpu["topk_ids"],
+                                     **_oracle_kwargs(case, conventions),
+                                     **{b: cpu[b] for b in ("w13_bias", "w2_bias") if b in cpu},
+                                     expert_map=cpu.get("expert_map"),
+                                     apply_router_weight_on_input=yes(case.features["apply_weight_on_input"]),
+                                     compute_dtype=torch.float64, quant=quant)
+    return {"gemm1_out": inter.h, "activation_out": inter.a, "gemm2_out": inter.y, "slot_is_local": inter.local}
+
+
+def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> list[Check]:
+    cpu = _oracle_inputs(inputs, conventions)
+    dev = cpu["x"].device
     kw = _oracle_kwargs(case, conventions)
     dt = cpu["x"].dtype
     u_out = unit_roundoff(dt)
     biases = {b: cpu[b] for b in ("w13_bias", "w2_bias") if b in cpu}
     tiny = float(torch.finfo(dt).smallest_normal)
-    sch = xq.scheme(case, conventions)
-    requantize = conventions.get("intermediate_quant", "requantized") == "requantized"
-    quant = None if sch is None else xq.to_experts_quant(cpu, sch, requantize=requantize)
+    quant = _quant_of(case, cpu, conventions)
     if _batched(case):
         return _batched_checks(case, cpu, conventions, kw, quant)
     w13, w2, w13_64, w2_64 = _weights64(cpu, quant, dev)
@@ -665,4 +693,4 @@ def input_elements(case: Case) -> int:
 SPECS = {"experts": OpSpec(name="experts", title="Fused experts", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                            expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable,
                            value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER),
-                           input_elements=input_elements)}
+                           input_elements=input_elements, stages=stages)}

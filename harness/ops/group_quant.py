@@ -451,6 +451,13 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     return [Check("codes", "custom", judge=judge_codes), Check("scales", "custom", judge=judge_scales)]
 
 
+def stages(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The oracle's own codes and scales of x (what the kernel's are judged against where the codes are judged
+    with the kernel's own scales)."""
+    codes, scales = oracle(inputs["x"], case.features, conventions, global_scale=inputs.get("global_scale"))
+    return {"oracle_codes": codes, "oracle_scales": scales}
+
+
 # ------------------------------------------------------------------------------------------------- strategies
 
 
@@ -516,7 +523,7 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 SPECS = {"group_quant": OpSpec(name="group_quant", title="Dynamic quantization (group / token / tensor)", axes=AXES,
                                make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                                boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                               inapplicable=inapplicable, value_classes=(ZERO_UNITS,))}
+                               inapplicable=inapplicable, value_classes=(ZERO_UNITS,), stages=stages)}
 
 
 # --------------------------------------------------------------------------------------------- reference adapter

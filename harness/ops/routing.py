@@ -184,6 +184,14 @@ def _renormalized(want: torch.Tensor, policy: str, eps: float) -> torch.Tensor:
     return torch.where(total > 0, want / torch.where(total > 0, total, 1.0), torch.zeros_like(want))
 
 
+def stages(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The scores the oracle selects by (bias and grouping applied) and the unbiased scores the weights come from."""
+    cpu = {n: t.detach().cpu() for n, t in inputs.items()}
+    policy = conventions.get("nonfinite") if conventions.get("nonfinite") in JUDGED_NONFINITE else "zero"
+    return {"selection_scores": selection_scores(case, cpu, policy, conventions),
+            "scores": unbiased_scores(case, cpu, policy)}
+
+
 def _grouping(draw: st.DrawFn, e: int, biased: bool) -> tuple[int, int]:
     divisors = [g for g in range(1, e + 1) if e % g == 0 and (not biased or e // g >= 2)]
     g = draw(st.sampled_from(divisors))
@@ -271,7 +279,7 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 def _spec(name: str, title: str, axes: tuple[Axis, ...]) -> OpSpec:
     return OpSpec(name=name, title=title, axes=axes, make_inputs=make_inputs, outputs=outputs, expected=expected,
                   draw=draw, boundary=boundary, token_subset=token_subset, token_outputs=("topk_weights", "topk_ids"),
-                  value_classes=(NONFINITE_ROWS,))
+                  value_classes=(NONFINITE_ROWS,), stages=stages)
 
 
 SPECS = {
