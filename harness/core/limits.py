@@ -46,44 +46,45 @@ class Key:
 #: the shapes of an expert map (global expert id -> local id or -1) an adapter can declare, narrowest first: each
 #: includes the ones before it, so a kernel that handles one handles those before it too
 MAP_SHAPES: dict[str, str] = {
-    "identity": "every expert local, in order (local id = global id)",
-    "contiguous": "the local experts are one contiguous range of global ids, in order (an EP rank's share); an "
-                  "identity map and a map with no local expert are such ranges",
-    "random": "any subset of the global ids local (drawn maps: a random subset, and contiguous ranges)",
+    "identity": "every expert local, local id = global id",
+    "contiguous": "the local experts are one contiguous range of global ids, in order, as an EP rank's share; "
+                  "identity maps and maps with no local expert are such ranges",
+    "random": "any subset of the global ids local; the draws take random subsets and contiguous ranges",
 }
 
 _TOKENS = (40, 600)
 _ROW_TILE = (16, 64)
-_M = Dim("M", "tokens (rows)", _TOKENS, _ROW_TILE)
+_M = Dim("M", "tokens, one row each", _TOKENS, _ROW_TILE)
 _E = Dim("E", "global experts", (64, 300))
-_K_TOP = Dim("k", "experts per token (top-k)", (8, 10))
-_HIDDEN = Dim("K", "hidden size (columns)", (160, 2304))
-_EXPERT_MAPS = Key("expert_maps", "maps", "the expert-map shapes the kernel handles, among "
-                   + ", ".join(f"`{s}` ({m})" for s, m in MAP_SHAPES.items())
-                   + "; draws, boundary cases and value classes take only those, a case with another is reported "
-                     "unsupported", (("random",), ("random",)))
+_K_TOP = Dim("k", "experts per token, the top-k", (8, 10))
+_HIDDEN = Dim("K", "hidden size", (160, 2304))
+_EXPERT_MAPS = Key("expert_maps", "maps", "the expert-map shapes the kernel handles, a tuple of "
+                   + "; ".join(f"`{s}`: {m}" for s, m in MAP_SHAPES.items())
+                   + ". Draws, boundary cases and value classes take only those (a kernel that handles one handles "
+                     "those listed before it); a case with another is reported unsupported",
+                   (("random",), ("random",)))
 
 #: op -> its dims
 DIMS: dict[str, tuple[Dim, ...]] = {
     "routing": (_M, _E, _K_TOP),
     "grouped_routing": (_M, _E, _K_TOP),
-    "align": (Dim("M", "tokens (rows)", (160, 2400),
+    "align": (Dim("M", "tokens, one row each", (160, 2400),
                   note="draws favour the edges of the cell's block_size"), _E, _K_TOP),
-    "activation": (Dim("T", "tokens (rows)", _TOKENS, _ROW_TILE),
-                   Dim("N", "output columns (the input holds 2N)", (96, 1024), (64, 64))),
+    "activation": (Dim("T", "tokens, one row each", _TOKENS, _ROW_TILE),
+                   Dim("N", "output columns; the input holds 2N", (96, 1024), (64, 64))),
     "reduce": (_M, _E, _K_TOP, _HIDDEN),
     "group_quant": (_M, Dim("K", "columns", (160, 2304),
                             note="in group cells at least 9 groups are drawn past max_K where it allows fewer")),
-    "act_quant": (Dim("T", "tokens (rows)", _TOKENS, _ROW_TILE),
-                  Dim("N", "output columns (group_size times the groups, see max_groups)")),
-    "experts": (Dim("M", "tokens (rows)", _TOKENS, _ROW_TILE, note="block_M also sets the per-expert counts of the "
-                    "block_counts value class (at and around multiples of block_M and its half)"),
+    "act_quant": (Dim("T", "tokens, one row each", _TOKENS, _ROW_TILE),
+                  Dim("N", "output columns, group_size times the groups of max_groups")),
+    "experts": (_M,
                 Dim("E", "global experts", (64, 300), note="draws take at most 64 (cost); boundary cases up to max_E"),
                 _K_TOP,
                 Dim("K", "hidden size", (160, 2304), (32, 32),
                     note="in cells quantized in groups, three groups are drawn past max_K where it allows fewer"),
-                Dim("N", "intermediate size", (96, 1024), (32, 32), note="as K"),
-                Dim("max_tokens", "rows per expert (batched format)", _TOKENS)),
+                Dim("N", "intermediate size", (96, 1024), (32, 32),
+                    note="in cells quantized in groups, three groups are drawn past max_N where it allows fewer"),
+                Dim("max_tokens", "rows per expert in the batched format", _TOKENS)),
     "permute": (),
 }
 
@@ -97,9 +98,10 @@ EXTRA: dict[str, tuple[Key, ...]] = {
 
 
 def _dim_keys(d: Dim) -> list[Key]:
-    found = [Key(f"max_{d.name}", "int", f"the largest {d.name} ({d.meaning}) drawn" + (f"; {d.note}" if d.note
-                                                                                          else ""), d.max),
-             Key(f"min_{d.name}", "int", f"the smallest {d.name} drawn (default: 1; 0 only in boundary cases)"),
+    note = f"; {d.note}" if d.note else ""
+    found = [Key(f"max_{d.name}", "int", f"the largest {d.name} drawn ({d.name}: {d.meaning}); a budget, which sizes a "
+                 f"multiple or per-expert counts need may pass{note}", d.max),
+             Key(f"min_{d.name}", "int", f"the smallest {d.name} drawn (boundary cases may go below it)", (1, 1)),
              Key(f"{d.name}_multiple", "int", f"{d.name} must be a multiple of it: draws take only multiples, a case "
                  "that breaks it is reported unsupported without running", (1, 1)),
              Key(f"cross_{d.name}", "cross", f"sizes of {d.name} just past an internal threshold of the kernel, "

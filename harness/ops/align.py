@@ -112,8 +112,8 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     m = draw(edge_sizes(span(adapter, "M"), int(cell["block_size"])))  # 0: a boundary case
     params: dict[str, Any] = {}
     if draw(st.booleans()):  # a few experts' counts at and around multiples of the block, the rest filler
-        bs = int(cell["block_size"])
-        near = gen.near_multiples((bs,))
+        bs, cap = int(cell["block_size"]), adapter.limits.get("max_M")
+        near = [v for v in gen.near_multiples((bs,)) if cap is None or v <= cap]  # a count needs as many rows
         m, counts = rows_for_counts(adapter, "M", [draw(st.sampled_from(near)) for _ in range(min(e, 4))], k)
         e = experts_fitted(adapter, max(e, len(counts)))
         params["counts"] = counts + [0] * (e - len(counts))

@@ -513,6 +513,8 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     k = 1 if yes(cell["apply_weight_on_input"]) else draw_top_k(draw, adapter, e)
     m = draw(_tokens(adapter, block, k))
     if counts is not None:  # a few experts' slot counts at and around multiples of the block, the rest filler
+        while len(counts) > 1 and -(-sum(counts) // k) > adapter.limits.get("max_M", sum(counts)):
+            counts.pop()  # no more slots than the rows of a declared max_M hold
         m, counts = rows_for_counts(adapter, "M", counts, k)
         e = experts_fitted(adapter, max(e, len(counts)))
         params["counts"] = counts + [0] * (e - len(counts))

@@ -347,7 +347,7 @@ class Adapter:
             dim = key.removesuffix("_multiple")
             if dim != key and dim in shapes and int(shapes[dim]) % int(mult):
                 return f"{self.name} needs {dim} to be a multiple of {mult}, got {dim}={shapes[dim]}"
-        declared = self.limits.get("expert_maps")
+        declared = self.limits.get("expert_maps") if "expert_maps" in limit_table.keys(self.op) else None
         shape = None if declared is None else limit_table.map_shape(params or {}, int(shapes.get("E", 0)))
         if shape is not None and not limit_table.map_allowed(declared, shape):
             return f"{self.name} handles expert maps of shape {', '.join(declared)} only, got a {shape} map"
