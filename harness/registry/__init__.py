@@ -229,10 +229,11 @@ class Adapter:
     type is an error when the adapter is made. `max_<dim>` / `min_<dim>` bound the drawn sizes. A `<dim>_multiple`
     limit is also a support rule: draws take only multiples, and the runner reports a case whose shape `<dim>`
     breaks it as unsupported (never a failure), see `shape_unsupported`; so does `expert_maps` (the expert-map
-    shapes the kernel handles: ("contiguous",) for one contiguous range of local experts). A `cross_<dim>` entry names sizes of `<dim>` just past one of the kernel's
-    internal thresholds (a tile width, a scan or split limit): an int, a tuple of ints, {"at": sizes, "where":
-    {axis: values}} (the cells whose code path it splits), or a list of those; every run of the generic test (and
-    on the GPU scale the matrix) judges one case at each (harness.engine.strategies.threshold_cases).
+    shapes the kernel handles: ("contiguous",) for one contiguous range of local experts). A `cross_<dim>` entry
+    names sizes of `<dim>` just past one of the kernel's internal thresholds (a tile width, a scan or split
+    limit): an int, a tuple of ints, {"at": sizes, "where": {axis: values}} (the cells whose code path it
+    splits), or a list of those; every run of the generic test (and on the GPU scale the matrix) judges one case
+    at each (harness.engine.strategies.threshold_cases).
     interp_features: names of interpreter-fidelity features the kernel depends on (harness.engine.interpreter); on
     `interp`, a cell depending on an unfixed one is reported not-verifiable, never pass.
     library: the third-party library the kernel belongs to (`Library`): imported lazily, its cases reported
