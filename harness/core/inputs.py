@@ -229,11 +229,12 @@ def near_multiples(blocks: tuple[int, ...]) -> list[int]:
     return sorted(set(found))
 
 
-def counts_to_rows(counts: list[int], k: int) -> tuple[int, list[int]]:
+def counts_to_rows(counts: list[int], k: int, rows: int = 0) -> tuple[int, list[int]]:
     """(M, counts) such that M * k slots hold exactly these counts, every count at most M (k distinct experts per
-    token): the slots they leave over go to filler experts appended after them, so every count stays as asked."""
+    token), M at least `rows`: the slots they leave over go to filler experts appended after them, so every count
+    stays as asked."""
     counts = list(counts)
-    m = max(max(counts, default=0), -(-sum(counts) // max(k, 1)), 1)
+    m = max(max(counts, default=0), -(-sum(counts) // max(k, 1)), 1, rows)
     spare = m * k - sum(counts)
     while spare > 0:
         counts.append(min(spare, m))

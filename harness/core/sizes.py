@@ -8,13 +8,17 @@ device.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
-SCALES = ("small", "large")
+from harness.core import limits as limit_table
+from harness.core.limits import Span
+
+SCALES = limit_table.SCALE_NAMES
 
 
 def scale() -> str:
@@ -27,9 +31,28 @@ def scale() -> str:
     return "large" if torch.cuda.is_available() else "small"
 
 
-def limit(adapter: Any, name: str, default: Any) -> Any:
-    """An adapter's shape limit, else the scale's default."""
-    return adapter.limits.get(name, default)
+def limit(adapter: Any, name: str) -> Any:
+    """An adapter's limit `name`, else its op's default at this scale (`harness.core.limits`; ValueError for a key
+    its op does not list: an op reads only the keys the table documents)."""
+    fallback = limit_table.default(adapter.op, name, scale())
+    return adapter.limits.get(name, fallback)
+
+
+def span(adapter: Any, dim: str, *, lo: int = 1, hi: int | None = None, multiple: int = 1,
+         usual: int | None = None) -> Span:
+    """The sizes of `dim` a draw for `adapter` may take: the op's bounds [lo, hi] and `multiple`, narrowed by the
+    adapter's `min_<dim>`, `max_<dim>` (else `usual`, else the op's default) and `<dim>_multiple`."""
+    most = adapter.limits.get(f"max_{dim}", usual if usual is not None else limit(adapter, f"max_{dim}"))
+    high = most if hi is None else (hi if most is None else min(hi, most))
+    low = max(lo, int(limit(adapter, f"min_{dim}") or lo))
+    return Span(lo=lo, hi=hi, multiple=math.lcm(multiple, int(limit(adapter, f"{dim}_multiple"))), low=low,
+                high=high)
+
+
+def edge_sizes(sp: Span, block: int) -> st.SearchStrategy[int]:
+    """`boundary_sizes` of `block` within the span `sp`, each moved to an allowed size (`Span.fit`)."""
+    return boundary_sizes(block, sp.high if sp.high is not None else max(sp.low, 2 * block),
+                          minimum=sp.low).map(sp.fit)
 
 
 def boundary_sizes(block: int, large: int, *, minimum: int = 0) -> st.SearchStrategy[int]:

@@ -643,7 +643,7 @@ class _Judging:
             return self.result("error", broken)
         if self.broken_rule:
             return self.result("error", f"support rule error: {self.broken_rule}")
-        if (why_shape := adapter.shape_unsupported(self.case.shapes)) is not None:
+        if (why_shape := adapter.shape_unsupported(self.case.shapes, self.case.params)) is not None:
             return self.result("unsupported", f"shape outside the adapter's limits: {why_shape}")
         if self.declared:
             try:

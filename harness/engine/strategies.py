@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from harness import ops
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
-from harness.registry import Adapter
+from harness.registry import Adapter, SupportRuleError
 
 
 def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
@@ -30,15 +30,45 @@ def undeclared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list
     return [c for c in spec.all_cells() if not adapter.declares(c, device)[0]]
 
 
+#: how many candidate cases one drawn example may take, the first that the adapter's declarations accept (its
+#: `<dim>_multiple` and `expert_maps` limits, its support rule for shapes); the last is kept when none does (judged
+#: unsupported). The op's draws honour the limits themselves, so this is for arbitrary `requires` rules
+REDRAWS = 32
+
+
 @st.composite
-def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> Case:
-    """A case of `adapter` for one of `cells` (sizes and parameters drawn by the op's spec)."""
+def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]],
+          device: DeviceInfo | None = None) -> Case:
+    """A case of `adapter` for one of `cells` (sizes and parameters drawn by the op's spec) that its declarations
+    accept on `device` (None: any device), drawn again up to `REDRAWS` times (`accepted`): no hypothesis filter,
+    so a rule that excludes most shapes costs draws, not rejected examples."""
     if not cells:
         raise ValueError(f"adapter {adapter.name} has no cell to draw from")
-    cell = dict(draw(st.sampled_from(list(cells))))
-    fields = ops.get(adapter.op).draw(draw, adapter, cell)
+    spec = ops.get(adapter.op)
+    last: Any = None
+    for _ in range(REDRAWS):
+        cell = dict(draw(st.sampled_from(list(cells))))
+        fields = spec.draw(draw, adapter, cell)
+        # the same candidate again: hypothesis is feeding its simplest choices, which draw it every time
+        if (cell, fields) == last or accepted(adapter, device, cell, fields):
+            break
+        last = (cell, fields)
     seed = draw(st.integers(min_value=0, max_value=2**31 - 1))
     return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
+
+
+def accepted(adapter: Adapter, device: DeviceInfo | None, cell: Mapping[str, str], fields: Mapping[str, Any]) -> bool:
+    """Whether the runner would judge a case of `cell` with these fields rather than turn it away by the adapter's
+    declarations (its shape limits, expert maps, the support rule for the shapes of a declared cell). A rule that
+    raises accepts: the runner reports its error."""
+    shapes = fields["shapes"]
+    if adapter.shape_unsupported(shapes, fields.get("params")) is not None:
+        return False
+    try:  # device None: the rule answers for no device in particular, as when cells are planned
+        return not (adapter.declares(cell, device)[0]
+                    and adapter.case_unsupported(device, cell, shapes))  # type: ignore[arg-type]
+    except SupportRuleError:
+        return True
 
 
 def thresholds(adapter: Adapter) -> list[tuple[str, tuple[int, ...], Mapping[str, tuple[str, ...]]]]:

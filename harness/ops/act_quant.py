@@ -56,7 +56,7 @@ from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.compare import Comparison, bits
 from harness.core.errors import elementwise_bound
-from harness.core.sizes import boundary_sizes, scale
+from harness.core.sizes import edge_sizes, span
 from harness.ops import activation as act_op
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import custom, lim, row_subset
@@ -82,8 +82,6 @@ QUANT_CONVENTION_KEYS = ("eps", "eps_placement", "eps_dtype", "scale_formula", "
                          "ue8m0_form")
 #: clamp limits drawn for clamp_limit=Y cells (inputs are N(0, 9): each one clamps a real share of them)
 CLAMP_LIMITS = (0.5, 2.5, 7.0)
-#: groups per row drawn: partial packed words (G % 4 != 0) and more groups than one program's chunk
-_MAX_GROUPS = {"small": 9, "large": 24}
 
 
 def inapplicable(cell: Mapping[str, str]) -> str | None:
@@ -331,10 +329,12 @@ def _codes_judge(layout: str, t: int, g: int, lo: torch.Tensor, v: torch.Tensor,
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # T = 0: a boundary case
-    max_g = adapter.limits.get("max_groups", _MAX_GROUPS[scale()])
+    t = draw(edge_sizes(span(adapter, "T"), lim(adapter, "block_T")))  # T = 0: a boundary case
+    gs = int(cell["group_size"])
+    max_g = lim(adapter, "max_groups")
+    n = span(adapter, "N", multiple=gs, usual=max_g * gs)
     g = draw(st.one_of(st.sampled_from([v for v in (1, 3, 4, 5, 9) if v <= max_g]),
-                       st.integers(min_value=1, max_value=max_g)))
+                       st.integers(min_value=1, max_value=max_g)).map(lambda v: n.fit(v * gs) // gs))
     params = {"clamp_limit": draw(st.sampled_from(CLAMP_LIMITS))} if cell["clamp_limit"] == "Y" else {}
     params["values"] = draw(st.sampled_from(["random", "edges"]))
     return {"shapes": {"T": t, "N": g * int(cell["group_size"])}, "dtypes": {"x": cell["dtype"]}, "params": params}

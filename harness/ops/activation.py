@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.errors import UNIT_ROUNDOFF, elementwise_bound, rounding_bracket, unit_roundoff
-from harness.core.sizes import boundary_sizes
+from harness.core.sizes import edge_sizes, span
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec
 from harness.ops.common import lim
 from harness.registry import Adapter
@@ -224,16 +224,14 @@ def operand_magnitude(x: torch.Tensor, act: str, conventions: Mapping[str, Any])
 
 
 def _fit_n(adapter: Adapter, n: int) -> int:
-    """N rounded up to the adapter's `N_multiple` limit (a kernel that needs N % 8 == 0 is judged at such N)."""
-    mult = int(adapter.limits.get("N_multiple", 1))
-    return -(-n // mult) * mult
+    """N moved up to a size the adapter's N limits allow (a kernel that needs N % 8 == 0 is judged at such N)."""
+    return span(adapter, "N").fit_up(n)
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # T = 0: a boundary case
-    n = draw(boundary_sizes(lim(adapter, "block_N") if "block_N" in adapter.limits else 64, lim(adapter, "max_N"),
-                            minimum=1))
-    return {"shapes": {"T": t, "N": _fit_n(adapter, n)}, "dtypes": {"x": cell["dtype"]}}
+    t = draw(edge_sizes(span(adapter, "T"), lim(adapter, "block_T")))  # T = 0: a boundary case
+    n = draw(edge_sizes(span(adapter, "N"), lim(adapter, "block_N")))
+    return {"shapes": {"T": t, "N": n}, "dtypes": {"x": cell["dtype"]}}
 
 
 def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:

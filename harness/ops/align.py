@@ -27,9 +27,20 @@ from hypothesis import strategies as st
 
 from harness.core import inputs as gen
 from harness.core.case import Case
-from harness.core.sizes import boundary_sizes, local_experts, num_experts, top_k
+from harness.core.sizes import edge_sizes, span
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
-from harness.ops.common import custom, ends_routed, lim, near_multiple_counts
+from harness.ops.common import (
+    custom,
+    draw_experts,
+    draw_map,
+    draw_top_k,
+    ends_routed,
+    experts_fitted,
+    lim,
+    map_fields,
+    near_multiple_counts,
+    rows_for_counts,
+)
 from harness.registry import Adapter
 from reference import permute as ref
 
@@ -96,19 +107,18 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    e = draw(num_experts(lim(adapter, "max_E")))
-    k = draw(top_k(e, lim(adapter, "max_k")))
-    m = draw(boundary_sizes(int(cell["block_size"]), lim(adapter, "max_M") * 4, minimum=1))  # 0: a boundary case
+    e = draw_experts(draw, adapter)
+    k = draw_top_k(draw, adapter, e)
+    m = draw(edge_sizes(span(adapter, "M"), int(cell["block_size"])))  # 0: a boundary case
     params: dict[str, Any] = {}
     if draw(st.booleans()):  # a few experts' counts at and around multiples of the block, the rest filler
-        bs = int(cell["block_size"])
-        near = gen.near_multiples((bs,))
-        m, counts = gen.counts_to_rows([draw(st.sampled_from(near)) for _ in range(min(e, 4))], k)
-        e = max(e, len(counts))
+        bs, cap = int(cell["block_size"]), adapter.limits.get("max_M")
+        near = [v for v in gen.near_multiples((bs,)) if cap is None or v <= cap]  # a count needs as many rows
+        m, counts = rows_for_counts(adapter, "M", [draw(st.sampled_from(near)) for _ in range(min(e, 4))], k)
+        e = experts_fitted(adapter, max(e, len(counts)))
         params["counts"] = counts + [0] * (e - len(counts))
     if cell["expert_map"] != "none":
-        params["local_experts"] = draw(local_experts(e))
-        params["map"] = draw(st.sampled_from(["random", "contiguous"]))
+        params.update(draw_map(draw, adapter, e))
     routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
     return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"topk_ids": cell["ids_dtype"]}, "routing": routing,
             "params": params}
@@ -121,7 +131,8 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
                           (bs + 1, 257, 8, "skewed"), (3 * bs, 33, 33, "random"), (50, 64, 6, "one_expert")):
         if e > lim(adapter, "max_E"):
             continue
-        params = {"local_experts": e // 3 if m != 1 else 0} if cell["expert_map"] != "none" else {}  # 1: none local
+        # M = 1: none local
+        params = map_fields(adapter, e, e // 3 if m != 1 else 0) if cell["expert_map"] != "none" else {}
         found.append({"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"topk_ids": cell["ids_dtype"]},
                       "routing": rout, "params": params})
     return found
@@ -131,15 +142,13 @@ def _counts_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     """Experts with counts b - 1, b, b + 1, 2b and 0 for the cell's block b; under an expert map a contiguous range
     of four local experts among eight: local 0 at b, local 1 empty, local 3 (the last) at 2b."""
     bs = int(cell["block_size"])
-    params: dict[str, Any] = {}
-    if cell["expert_map"] == "none":
-        counts = [bs, 0, bs - 1, bs + 1, 2 * bs]
-    else:
-        counts = [bs + 1, 1, bs, 0, bs - 1, 2 * bs, 3, bs]
-        params = {"local_experts": 4, "map": "contiguous"}
-    m, counts = gen.counts_to_rows(counts, 2)
-    return {"shapes": {"M": m, "E": len(counts), "k": 2}, "dtypes": {"topk_ids": cell["ids_dtype"]},
-            "params": {**params, "counts": counts}}
+    mapped = cell["expert_map"] != "none"
+    counts = [bs + 1, 1, bs, 0, bs - 1, 2 * bs, 3, bs] if mapped else [bs, 0, bs - 1, bs + 1, 2 * bs]
+    m, counts = rows_for_counts(adapter, "M", counts, 2)
+    e = experts_fitted(adapter, len(counts))
+    params = map_fields(adapter, e, 4, "contiguous") if mapped else {}
+    return {"shapes": {"M": m, "E": e, "k": 2}, "dtypes": {"topk_ids": cell["ids_dtype"]},
+            "params": {**params, "counts": counts + [0] * (e - len(counts))}}
 
 
 def _counts_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:

@@ -5,20 +5,68 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from hypothesis import strategies as st
 
+from harness.core import inputs as gen
+from harness.core import limits as limit_table
 from harness.core.compare import Comparison
-from harness.core.sizes import limit, scale
+from harness.core.sizes import limit, local_experts, num_experts, span, top_k
 from harness.registry import Adapter
-
-#: Default size limits per scale (an adapter's `limits` override them).
-DEFAULT_LIMITS: dict[str, dict[str, int]] = {
-    "small": {"max_M": 40, "max_E": 64, "max_K": 160, "max_N": 96, "max_k": 8, "block_M": 16},
-    "large": {"max_M": 600, "max_E": 300, "max_K": 2304, "max_N": 1024, "max_k": 10, "block_M": 64},
-}
 
 
 def lim(adapter: Adapter, name: str) -> Any:
-    return limit(adapter, name, DEFAULT_LIMITS[scale()][name])
+    """The adapter's limit `name`, else its op's default at this scale (the table: `harness.core.limits`)."""
+    return limit(adapter, name)
+
+
+def draw_experts(draw: st.DrawFn, adapter: Adapter, *, cap: int | None = None, multiple: int = 1) -> int:
+    """E within the adapter's E limits (at most `cap`), and at least the smallest k they allow."""
+    sp = span(adapter, "E", lo=span(adapter, "k").fit(1), multiple=multiple)
+    most = sp.high if cap is None else min(cap, sp.high or cap)
+    return draw(num_experts(most, multiple=sp.multiple).map(sp.fit))
+
+
+def draw_top_k(draw: st.DrawFn, adapter: Adapter, n: int) -> int:
+    """k of `n` experts (at most n) within the adapter's k limits."""
+    sp = span(adapter, "k", hi=n)
+    return draw(top_k(n, sp.high or n).map(sp.fit))
+
+
+def rows_for_counts(adapter: Adapter, dim: str, counts: list[int], k: int) -> tuple[int, list[int]]:
+    """`inputs.counts_to_rows` with the rows moved up to a size the adapter's `dim` limits allow."""
+    m, _ = gen.counts_to_rows(counts, k)
+    return gen.counts_to_rows(counts, k, rows=span(adapter, dim).fit_up(m))
+
+
+def experts_fitted(adapter: Adapter, e: int) -> int:
+    """E grown to at least `e` (experts that per-expert counts need), at a size the E limits allow."""
+    return span(adapter, "E").fit_up(e)
+
+
+def expert_maps(adapter: Adapter) -> str:
+    """The widest expert-map shape the adapter declares (`expert_maps`: random, contiguous or identity)."""
+    return limit_table.widest_map(lim(adapter, "expert_maps"))
+
+
+def draw_map(draw: st.DrawFn, adapter: Adapter, e: int) -> dict[str, Any]:
+    """`local_experts` and `map` of a drawn case, of a map shape the adapter declares."""
+    widest = expert_maps(adapter)
+    if widest == "identity":
+        return {"local_experts": e, "map": "contiguous"}
+    n_local = draw(local_experts(e))
+    kinds = ["random", "contiguous"] if widest == "random" else ["contiguous"]
+    return {"local_experts": n_local, "map": draw(st.sampled_from(kinds))}
+
+
+def map_fields(adapter: Adapter, e: int, n_local: int, kind: str = "random") -> dict[str, Any]:
+    """`local_experts` (and `map`) of a deliberate case with `n_local` of `e` experts local by a `kind` map
+    (`random`: no `map` parameter), moved to a map shape the adapter declares: a range, else all experts local."""
+    widest = expert_maps(adapter)
+    if widest == "identity":
+        return {"local_experts": e, "map": "contiguous"}
+    if widest == "contiguous" or kind == "contiguous":
+        return {"local_experts": n_local, "map": "contiguous"}
+    return {"local_experts": n_local}
 
 
 def yes(value: str) -> bool:

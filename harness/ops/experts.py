@@ -28,11 +28,22 @@ from hypothesis import strategies as st
 from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.errors import C_DOT, C_OUT, FP8_MMA_REL, UNIT_ROUNDOFF, rounding_bracket, unit_roundoff
-from harness.core.sizes import boundary_sizes, limit, local_experts, num_experts, top_k
+from harness.core.sizes import edge_sizes, span
 from harness.ops import experts_quant as xq
 from harness.ops.activation import operand_magnitude, oracle_kwargs, rounded_activation
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
-from harness.ops.common import ends_routed, lim, near_multiple_counts, yes
+from harness.ops.common import (
+    draw_experts,
+    draw_map,
+    draw_top_k,
+    ends_routed,
+    experts_fitted,
+    lim,
+    map_fields,
+    near_multiple_counts,
+    rows_for_counts,
+    yes,
+)
 from harness.ops.experts_quant import ACTIVATIONS
 from harness.registry import Adapter
 from reference import activations as acts
@@ -504,49 +515,57 @@ def _fit(v: int, mult: int) -> int:
     return max(mult, -(-v // mult) * mult) if mult > 1 else v
 
 
-def _sizes(block: int, large: int, mult: int) -> st.SearchStrategy[int]:
-    """K or N: tile edges for unquantized cells; for a cell quantized in groups of `mult` (G128, G32...) one to
-    several groups, at least three possible even where `large` allows fewer, so that the scale of group g > 0
-    (along K and along N) is indexed at every scale: a scale read one group off is invisible with one group."""
-    if mult <= 2:
-        return boundary_sizes(block, large, minimum=1).map(lambda v: _fit(v, mult))
-    most = max(3, -(-large // mult))
-    return st.one_of(st.sampled_from(sorted({1, 2, 3})), st.integers(1, most)).map(lambda q: q * mult)
+def _sizes(adapter: Adapter, dim: str, cell_mult: int) -> st.SearchStrategy[int]:
+    """K or N within the adapter's <dim> limits: tile edges where no multiple above 2 applies; for a cell quantized
+    in groups of `mult` (G128, G32...) or an adapter's `<dim>_multiple`, one to several multiples, at least three
+    possible even where the default max_<dim> allows fewer, so that the scale of group g > 0 (along K and along N)
+    is indexed at every scale: a scale read one group off is invisible with one group."""
+    sp = span(adapter, dim, multiple=cell_mult)
+    if sp.multiple <= 2:
+        return edge_sizes(sp, lim(adapter, f"block_{dim}"))
+    sp = span(adapter, dim, multiple=cell_mult, usual=max(3 * sp.multiple, lim(adapter, f"max_{dim}")))
+    most = max(1, (sp.high or sp.low) // sp.multiple)
+    return st.one_of(st.sampled_from(sorted({1, 2, 3})), st.integers(1, most)).map(lambda q: sp.fit(q * sp.multiple))
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    k_mult, n_mult = _multiples(adapter, cell)
-    e = draw(num_experts(min(lim(adapter, "max_E"), 64)))
-    hidden = draw(_sizes(limit(adapter, "block_K", 32), lim(adapter, "max_K"), k_mult))
-    n = draw(_sizes(limit(adapter, "block_N", 32), lim(adapter, "max_N"), n_mult))
+    e = draw_experts(draw, adapter, cap=64)
+    hidden = draw(_sizes(adapter, "K", _multiple(cell)))
+    n = draw(_sizes(adapter, "N", _multiple(cell)))
     params: dict[str, Any] = {**_quant_params(adapter, cell), "values": draw(st.sampled_from(["random", "edges"]))}
     block = lim(adapter, "block_M")
     near = [v for v in gen.near_multiples((max(block // 2, 1), block)) if v <= block + 1]  # cheap: one block
     counts = [draw(st.sampled_from(near)) for _ in range(min(e, 4))] if draw(st.booleans()) else None
     if cell["format"] == "batched":
-        t = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))
+        t = draw(edge_sizes(span(adapter, "max_tokens"), block))
         if counts is not None:  # a few experts at and around multiples of the block and of its half
-            e, t, params["counts"] = len(counts), max(counts) + 1, counts
+            e = experts_fitted(adapter, len(counts))
+            counts += [0] * (e - len(counts))
+            t, params["counts"] = span(adapter, "max_tokens").fit_up(max(counts) + 1), counts
         return {"shapes": {"E": e, "K": hidden, "N": n, "max_tokens": t}, "dtypes": {"x": cell["dtype"]},
                 "params": params}
-    k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
-    # edges of the block and of its half (a kernel may run half-height tiles for an expert's last block), and decode
-    # batches of at most 16 routed slots (kernels switch to a per-slot path there: ours, vLLM's)
-    block = lim(adapter, "block_M")
-    # M = 0 and no local expert are boundary cases (their output is all zeros), never drawn
-    m = draw(st.one_of(boundary_sizes(max(block // 2, 1), lim(adapter, "max_M"), minimum=1),
-                       boundary_sizes(block, lim(adapter, "max_M"), minimum=1),
-                       st.integers(min_value=1, max_value=max(1, min(16 // k, lim(adapter, "max_M"))))))
+    k = 1 if yes(cell["apply_weight_on_input"]) else draw_top_k(draw, adapter, e)
+    m = draw(_tokens(adapter, block, k))
     if counts is not None:  # a few experts' slot counts at and around multiples of the block, the rest filler
-        m, counts = gen.counts_to_rows(counts, k)
-        e = max(e, len(counts))
+        while len(counts) > 1 and -(-sum(counts) // k) > adapter.limits.get("max_M", sum(counts)):
+            counts.pop()  # no more slots than the rows of a declared max_M hold
+        m, counts = rows_for_counts(adapter, "M", counts, k)
+        e = experts_fitted(adapter, max(e, len(counts)))
         params["counts"] = counts + [0] * (e - len(counts))
     if yes(cell["expert_map"]):
-        params["local_experts"] = draw(local_experts(e))
-        params["map"] = draw(st.sampled_from(["random", "contiguous"]))
+        params.update(draw_map(draw, adapter, e))
     routing = draw(st.sampled_from(["random", "skewed", "one_expert", "some_empty"]))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
             "routing": routing, "params": params}
+
+
+def _tokens(adapter: Adapter, block: int, k: int) -> st.SearchStrategy[int]:
+    """M: edges of the block and of its half (a kernel may run half-height tiles for an expert's last block), and
+    decode batches of at most 16 routed slots (kernels switch to a per-slot path there: ours, vLLM's). M = 0 and no
+    local expert are boundary cases (their output is all zeros), never drawn."""
+    sp = span(adapter, "M")
+    return st.one_of(edge_sizes(sp, max(block // 2, 1)), edge_sizes(sp, block),
+                     st.integers(min_value=1, max_value=max(1, min(16 // k, sp.high or 16))).map(sp.fit))
 
 
 def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -571,7 +590,7 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
                           "dtypes": {"x": cell["dtype"]}, "params": dict(qparams)})
             continue
         k = 1 if yes(cell["apply_weight_on_input"]) else k
-        params = {"local_experts": e // 2 if m != 3 else 0} if yes(cell["expert_map"]) else {}
+        params = map_fields(adapter, e, e // 2 if m != 3 else 0) if yes(cell["expert_map"]) else {}
         found.append({"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
                       "routing": rout, "params": {**params, **qparams}})
     return found
@@ -593,14 +612,16 @@ def _tokens_fields(adapter: Adapter, cell: Mapping[str, str], counts: list[int],
     hidden, n = _small_dims(adapter, cell)
     params = {**_quant_params(adapter, cell), **params}
     if cell["format"] == "batched":
-        return {"shapes": {"E": len(counts), "K": hidden, "N": n, "max_tokens": max(counts) + 1},
-                "dtypes": {"x": cell["dtype"]}, "params": {**params, "counts": counts}}
+        e = experts_fitted(adapter, len(counts))
+        return {"shapes": {"E": e, "K": hidden, "N": n,
+                           "max_tokens": span(adapter, "max_tokens").fit_up(max(counts) + 1)},
+                "dtypes": {"x": cell["dtype"]}, "params": {**params, "counts": counts + [0] * (e - len(counts))}}
     k = 1 if yes(cell["apply_weight_on_input"]) else 2
-    m, counts = gen.counts_to_rows(counts, k)
-    e = max(e or 0, len(counts))
+    m, counts = rows_for_counts(adapter, "M", counts, k)
+    e = experts_fitted(adapter, max(e or 0, len(counts)))
     counts = counts + [0] * (e - len(counts))
     if yes(cell["expert_map"]):
-        params.setdefault("local_experts", e)
+        params.update(map_fields(adapter, e, params.get("local_experts", e), params.get("map", "random")))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
             "params": {**params, "counts": counts}}
 

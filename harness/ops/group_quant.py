@@ -62,7 +62,7 @@ from hypothesis import strategies as st
 from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.compare import compare_exact
-from harness.core.sizes import boundary_sizes
+from harness.core.sizes import edge_sizes, span
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import custom, lim, row_subset
 from harness.registry import Adapter, Unsupported
@@ -469,14 +469,15 @@ def _fields(cell: Mapping[str, str], m: int, k: int, pattern: str, *, exponent: 
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
+    m = draw(edge_sizes(span(adapter, "M"), lim(adapter, "block_M")))  # M = 0: a boundary case
     max_k = lim(adapter, "max_K")
     if cell["unit"] == "group":
         gs = int(cell["group_size"])
-        n = draw(st.one_of(st.sampled_from([1, 2, 3, 4, 5, 9]), st.integers(1, max(1, max_k // gs))))
-        k = gs * n
+        sp = span(adapter, "K", multiple=gs, usual=max(max_k, 9 * gs))
+        k = draw(st.one_of(st.sampled_from([1, 2, 3, 4, 5, 9]), st.integers(1, max(1, max_k // gs))).map(
+            lambda n: sp.fit(gs * n)))
     else:
-        k = draw(boundary_sizes(64, max_k, minimum=1))
+        k = draw(edge_sizes(span(adapter, "K"), 64))
     pattern = draw(st.sampled_from(["random", "special", "special", "edges", "edges"]))
     return _fields(cell, m, k, pattern, exponent=draw(st.integers(-8, 8)), non_contiguous=draw(st.booleans()))
 

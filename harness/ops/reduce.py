@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.errors import C_DOT, UNIT_ROUNDOFF, unit_roundoff
-from harness.core.sizes import boundary_sizes, local_experts, num_experts, top_k
+from harness.core.sizes import edge_sizes, span
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
-from harness.ops.common import ends_routed, lim, yes
+from harness.ops.common import draw_experts, draw_map, draw_top_k, ends_routed, lim, map_fields, yes
 from harness.registry import Adapter
 from reference import reduce as ref
 
@@ -135,15 +135,14 @@ def _sequential_interval(case: Case, cpu: Mapping[str, torch.Tensor]) -> tuple[t
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    e = draw(num_experts(lim(adapter, "max_E")))
-    k = 1 if yes(cell["apply_weight_on_input"]) else draw(top_k(e, lim(adapter, "max_k")))
-    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
-    hidden = draw(boundary_sizes(64, lim(adapter, "max_K"), minimum=1))
+    e = draw_experts(draw, adapter)
+    k = 1 if yes(cell["apply_weight_on_input"]) else draw_top_k(draw, adapter, e)
+    m = draw(edge_sizes(span(adapter, "M"), lim(adapter, "block_M")))  # M = 0: a boundary case
+    hidden = draw(edge_sizes(span(adapter, "K"), 64))
     params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
                               "values": draw(st.sampled_from(["random", "order"]))}
     if yes(cell["expert_map"]):
-        params["local_experts"] = draw(local_experts(e))
-        params["map"] = draw(st.sampled_from(["random", "contiguous"]))
+        params.update(draw_map(draw, adapter, e))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden}, "dtypes": {"expert_out": cell["dtype"]},
             "routing": draw(st.sampled_from(["random", "skewed", "one_expert"])), "params": params}
 
@@ -155,8 +154,8 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
             continue
         k = 1 if yes(cell["apply_weight_on_input"]) else k
         params: dict[str, Any] = {"routed_scaling_factor": 2.5}
-        if yes(cell["expert_map"]):
-            params["local_experts"] = e // 2 if m != 1 else 0  # M = 1: the deliberate none-local case
+        if yes(cell["expert_map"]):  # M = 1: the deliberate none-local case
+            params.update(map_fields(adapter, e, e // 2 if m != 1 else 0))
         found.append({"shapes": {"M": m, "E": e, "k": k, "K": hidden}, "dtypes": {"expert_out": cell["dtype"]},
                       "params": params})
     return found
@@ -168,7 +167,7 @@ def _order_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     params: dict[str, Any] = {"routed_scaling_factor": 2.5, "values": "order"}
     e, k = 8, 4
     if yes(cell["expert_map"]):  # globals 2..5 local: local 0 gets 5 slots, local 1 none, local 3 (the last) 6
-        params.update(local_experts=4, map="contiguous", counts=[3, 4, 5, 0, 2, 6, 5, 3])
+        params.update(map_fields(adapter, e, 4, "contiguous"), counts=[3, 4, 5, 0, 2, 6, 5, 3])
     m = 7
     return {"shapes": {"M": m, "E": e, "k": k, "K": 65}, "dtypes": {"expert_out": cell["dtype"]},
             "params": params}

@@ -26,9 +26,9 @@ from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.compare import compare_bounded
 from harness.core.errors import UNIT_ROUNDOFF
-from harness.core.sizes import boundary_sizes, num_experts, top_k
+from harness.core.sizes import edge_sizes, span
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
-from harness.ops.common import custom, lim, rows_where, yes
+from harness.ops.common import custom, draw_experts, draw_top_k, lim, rows_where, yes
 from harness.registry import Adapter
 from reference import routing as ref
 
@@ -202,18 +202,20 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     grouped = "scaling_placement" in cell
     biased = yes(cell.get("correction_bias", "N"))
     llama4 = cell["scoring"] == "llama4_top1"
-    large = draw(st.booleans()) and grouped and lim(adapter, "max_E") >= 256
+    # the DeepSeek-V3 shape the kernels are built for, where the adapter's limits allow it
+    large = draw(st.booleans()) and grouped and span(adapter, "E").allows(256) \
+        and span(adapter, "k", hi=32).allows(8)
     params: dict[str, Any] = {}
-    if large:  # the DeepSeek-V3 shape the kernels are built for
+    if large:
         e, g, tg, k = 256, 8, 4, 8
     else:
-        e = draw(num_experts(lim(adapter, "max_E"), multiple=2 if biased and grouped else 1))
+        e = draw_experts(draw, adapter, multiple=2 if biased and grouped else 1)
         g, tg = _grouping(draw, e, biased) if grouped else (1, 1)
-        k = 1 if llama4 else draw(top_k(tg * (e // g), lim(adapter, "max_k")))
+        k = 1 if llama4 else draw_top_k(draw, adapter, tg * (e // g))
     if grouped:
         params.update(num_groups=g, topk_group=tg,
                       routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
-    m = draw(boundary_sizes(lim(adapter, "block_M"), lim(adapter, "max_M"), minimum=1))  # M = 0: a boundary case
+    m = draw(edge_sizes(span(adapter, "M"), lim(adapter, "block_M")))  # M = 0: a boundary case
     patterns = ["random", "skewed", "one_expert", "some_empty", "ties"]
     routing = "nonfinite" if yes(cell["nonfinite_rows"]) else draw(st.sampled_from(patterns))
     if routing == "nonfinite":

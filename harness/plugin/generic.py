@@ -126,7 +126,7 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     def prop(case):  # type: ignore[no-untyped-def]
         search.prop(case)
 
-    test = given(case=hs.cases(adapter, cells))(prop)
+    test = given(case=hs.cases(adapter, cells, moe_device))(prop)
     if count > 1:  # the examples are divided too, each shard with its own reproducible seed
         examples = max(4, -(-moe_profile.max_examples // count))
         test = seed(zlib.crc32(f"{moe_adapter_name}/{index}".encode()))(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from harness.core import isolation
+from harness.core import limits as limit_table
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
 from harness.core.text import one_line
@@ -217,17 +218,22 @@ class Adapter:
       A cell the rule excludes is undeclared: its kernel still runs and must reject it or be right, since a
       kernel that silently returns wrong results outside its declared support is a bug users can hit (run need
       not repeat the rule). A *case* excluded by shape only (the rule answers for its shapes, not for its cell)
-      is reported unsupported without running, like `limits`.
+      is reported unsupported without running, like `limits`; the draws ask the rule and draw again (a few
+      dozen times at most) until it accepts.
     conventions: the numeric conventions the oracle follows for this kernel (harness.core.conventions lists every
       key of every op; an unknown key or value is an error when the adapter is made).
     conventions_for(case, device): conventions that depend on the case (dtype, shapes, device), merged over
       `conventions` for that case, e.g. {"matmul_precision": "tf32"} for fp32 inputs; validated the same way.
-    limits: shape constraints the strategies respect (e.g. {"K_multiple": 16, "max_E": 512}). A `<dim>_multiple`
-    limit is also a support rule: the runner reports a case whose shape `<dim>` breaks it as unsupported (never a
-    failure), see `shape_unsupported`. A `cross_<dim>` entry names sizes of `<dim>` just past one of the kernel's
-    internal thresholds (a tile width, a scan or split limit): an int, a tuple of ints, {"at": sizes, "where":
-    {axis: values}} (the cells whose code path it splits), or a list of those; every run of the generic test (and
-    on the GPU scale the matrix) judges one case at each (harness.engine.strategies.threshold_cases).
+    limits: shape constraints the strategies draw within (e.g. {"K_multiple": 16, "max_E": 512}); every key of
+    each op is listed in docs/CONVENTIONS.md (`harness.core.limits`), and an unknown key or a value of the wrong
+    type is an error when the adapter is made. `max_<dim>` / `min_<dim>` bound the drawn sizes. A `<dim>_multiple`
+    limit is also a support rule: draws take only multiples, and the runner reports a case whose shape `<dim>`
+    breaks it as unsupported (never a failure), see `shape_unsupported`; so does `expert_maps` (the expert-map
+    shapes the kernel handles: ("contiguous",) for one contiguous range of local experts). A `cross_<dim>` entry
+    names sizes of `<dim>` just past one of the kernel's internal thresholds (a tile width, a scan or split
+    limit): an int, a tuple of ints, {"at": sizes, "where": {axis: values}} (the cells whose code path it
+    splits), or a list of those; every run of the generic test (and on the GPU scale the matrix) judges one case
+    at each (harness.engine.strategies.threshold_cases).
     interp_features: names of interpreter-fidelity features the kernel depends on (harness.engine.interpreter); on
     `interp`, a cell depending on an unfixed one is reported not-verifiable, never pass.
     library: the third-party library the kernel belongs to (`Library`): imported lazily, its cases reported
@@ -264,6 +270,7 @@ class Adapter:
         if bad:
             raise ValueError(f"adapter {self.name!r}: unknown properties {sorted(bad)}; known: {PROPERTIES}")
         conv.validate(self.op, self.conventions, f"adapter {self.name!r}")
+        limit_table.validate(self.op, self.limits, f"adapter {self.name!r}")
 
     def device_for(self, device: DeviceInfo) -> DeviceInfo:
         """`device` as this adapter's kernel sees it: on a CPU machine (generation `interp`), a kernel that runs
@@ -334,12 +341,17 @@ class Adapter:
         except SupportRuleError:
             return True
 
-    def shape_unsupported(self, shapes: Mapping[str, int]) -> str | None:
-        """Why the case shapes break one of the adapter's `<dim>_multiple` limits (None: they do not)."""
+    def shape_unsupported(self, shapes: Mapping[str, int], params: Mapping[str, Any] | None = None) -> str | None:
+        """Why the case shapes break one of the adapter's `<dim>_multiple` limits, or its expert map (`params`) is
+        of a shape its `expert_maps` limit leaves out (None: neither)."""
         for key, mult in self.limits.items():
             dim = key.removesuffix("_multiple")
             if dim != key and dim in shapes and int(shapes[dim]) % int(mult):
                 return f"{self.name} needs {dim} to be a multiple of {mult}, got {dim}={shapes[dim]}"
+        declared = self.limits.get("expert_maps") if "expert_maps" in limit_table.keys(self.op) else None
+        shape = None if declared is None else limit_table.map_shape(params or {}, int(shapes.get("E", 0)))
+        if shape is not None and not limit_table.map_allowed(declared, shape):
+            return f"{self.name} handles expert maps of shape {', '.join(declared)} only, got a {shape} map"
         return None
 
     def declared_cells(self, axes: Mapping[str, Iterable[str]]) -> list[dict[str, str]]:
