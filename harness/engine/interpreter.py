@@ -5,7 +5,8 @@ semantics differ from what the same kernel computes on an sm_90 GPU. ``install()
 runtime so that the differences the MoE kernels are exposed to match sm_90 numerics, and returns a
 ``FidelityReport`` saying, issue by issue, what was fixed, what did not need a fix and what is still unfixed.
 ``unverifiable_features(report)`` names the kernel features that the harness must report as *not verifiable on
-interp* rather than as passing.
+interp* rather than as passing; an exception the interpreter raises itself is told from the kernel's by
+``harness.engine.interpreter_faults``.
 
 Every fix is gated on the Triton versions it was verified for (``VERIFIED_VERSIONS``): on any other version
 nothing is patched and every issue is reported ``unfixed``. When kernels are compiled (no ``TRITON_INTERPRET``),
@@ -14,8 +15,9 @@ nothing is patched and every issue is ``not-needed``.
 Importing libdevice in kernels: use ``from triton.language.extra import libdevice`` (module import, then
 ``libdevice.tanh(x)``). Compiled, Triton >= 3.0 resolves that generic module to the backend's libdevice (CUDA or
 HIP); in the interpreter the fix below routes it (and ``triton.language.extra.cuda.libdevice``) to numpy. Single
-functions bound by name in a kernel's module (``from ...libdevice import tanh``, as third-party kernels do) are
-rebound for each launch too.
+functions bound by name in a kernel's module (``from ...libdevice import tanh``, as third-party kernels do), and names
+bound to triton.language builtins (``fast_expf = tl.math.exp``), are rebound for each launch too, in the module of
+the kernel and of each helper it calls.
 """
 
 from __future__ import annotations

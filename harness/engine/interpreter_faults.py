@@ -12,8 +12,10 @@ Python or Triton's frontend (`triton/language`, which compiled Triton raises too
 the kernel body ran (its launch: grid, arguments), or that the adapter raised itself around the launch. So do the
 interpreter functions that raise on the kernel's behalf: a failed tl.device_assert, tl.assume or tl.static_assert,
 a tensor descriptor the kernel built misaligned, a reduction over an axis the tensor lacks. Out-of-bounds accesses:
-the bare interpreter does not check them (a masked-off-less lane reads or writes host memory: garbage or a crash);
-the fidelity layer's bounds check raises `OutOfBoundsAccess` for them, which is the kernel's bug and stays its error.
+the bare interpreter does not check them (an unmasked lane reads or writes host memory: garbage, or a crash); the
+fidelity layer's bounds check raises `OutOfBoundsAccess` for them, a bug of the kernel that stays its error.
+Releases differ in what they raise (3.9 rejects a load mask that is not boolean, 3.6 reads it as one); the rule goes
+by where the exception was raised, not by its message, so it holds for each.
 """
 
 from __future__ import annotations
