@@ -186,12 +186,24 @@ def _adapter_fields() -> list[str]:
     return ["## Adapter fields", "", "From `harness.registry.Adapter`:", "", "```text", doc, "```", ""]
 
 
+#: how the runner tells the interpreter's own exceptions from the kernel's (harness.engine.interpreter_faults)
+_FAULTS = ("An exception Triton's interpreter raises itself while a kernel runs (below Triton's `InterpreterError` "
+           "wrappers, raised in `triton/runtime/interpreter.py` or the fidelity layer: a load mask that is not "
+           "boolean, inline PTX, a libdevice function it cannot emulate) is reported not-verifiable on `interp` with "
+           "its message. "
+           "The kernel's own stay its error: an out-of-bounds access (the fidelity layer's `OutOfBoundsAccess`), a "
+           "failed `tl.device_assert` / `tl.assume` / `tl.static_assert`, a misaligned tensor descriptor, a reduction "
+           "over a missing axis, an exception of Triton's frontend, of the kernel's launch or of its adapter; on a GPU "
+           "every exception is the kernel's.")
+
+
 def _interpreter_features() -> list[str]:
     from harness.engine.interpreter import _fixable_issues
 
     lines = ["## Interpreter feature names", "",
              "An adapter's `interp_features(cell)` names the features its kernel depends on; on the CPU interpreter "
              "a cell depending on one that could not be made faithful is reported not-verifiable.", "",
+             _FAULTS, "",
              "| issue | feature names | fixed here | exact | what |", "|---|---|---|---|---|"]
     for issue in _fixable_issues():
         names = ", ".join(f"`{n}`" for n in sorted(issue.features))

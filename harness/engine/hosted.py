@@ -23,6 +23,7 @@ from harness.core import isolation
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
 from harness.engine.arena import Slot, view
+from harness.engine.interpreter_faults import interpreter_fault
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
 #: exception types a kernel raises on purpose to reject what it does not support
@@ -93,7 +94,7 @@ def exception_info(e: BaseException) -> dict[str, Any]:
     return {"type": type(e).__name__, "chain": chain(e),
             "rejection": isinstance(e, REJECTIONS) and bool(str(e).strip()),
             "unsupported": isinstance(e, Unsupported), "interpreter": from_interpreter(e), "where": where(e),
-            "base": not isinstance(e, Exception)}
+            "interpreter_fault": interpreter_fault(e), "base": not isinstance(e, Exception)}
 
 
 def device_from(d: Mapping[str, Any] | None) -> DeviceInfo | None:

@@ -5,7 +5,8 @@ semantics differ from what the same kernel computes on an sm_90 GPU. ``install()
 runtime so that the differences the MoE kernels are exposed to match sm_90 numerics, and returns a
 ``FidelityReport`` saying, issue by issue, what was fixed, what did not need a fix and what is still unfixed.
 ``unverifiable_features(report)`` names the kernel features that the harness must report as *not verifiable on
-interp* rather than as passing.
+interp* rather than as passing; an exception the interpreter raises itself is told from the kernel's by
+``harness.engine.interpreter_faults``.
 
 Every fix is gated on the Triton versions it was verified for (``VERIFIED_VERSIONS``): on any other version
 nothing is patched and every issue is reported ``unfixed``. When kernels are compiled (no ``TRITON_INTERPRET``),
@@ -14,8 +15,9 @@ nothing is patched and every issue is ``not-needed``.
 Importing libdevice in kernels: use ``from triton.language.extra import libdevice`` (module import, then
 ``libdevice.tanh(x)``). Compiled, Triton >= 3.0 resolves that generic module to the backend's libdevice (CUDA or
 HIP); in the interpreter the fix below routes it (and ``triton.language.extra.cuda.libdevice``) to numpy. Single
-functions bound by name in a kernel's module (``from ...libdevice import tanh``, as third-party kernels do) are
-rebound for each launch too.
+functions bound by name in a kernel's module (``from ...libdevice import tanh``, as third-party kernels do), and names
+bound to triton.language builtins (``fast_expf = tl.math.exp``), are rebound for each launch too, in the module of
+the kernel and of each helper it calls.
 """
 
 from __future__ import annotations
@@ -184,6 +186,10 @@ def _fixable_issues() -> list[_Issue]:
                "scope (vLLM's routing patch for triton_kernels), raised NameError: the interpreter re-executes its "
                "source with the module's globals only; now the enclosing scope's values are added to them",
                f({"closures"})),
+        _Issue("builtin_aliases", "a module-level alias of a triton.language builtin (fast_expf = tl.math.exp) raised "
+               "'Did you forget to add @triton.jit': the interpreter patches the builtins on triton.language's modules "
+               "for each launch, and the alias kept the unpatched one; now the names of the kernel's (and each "
+               "helper's) module bound to builtins are patched for the launch too", f({"builtin_aliases"})),
         _Issue("fp16_int8_dot", "tl.dot on fp16 (fp32 acc) and int8 (int32 acc) operands: checked, correct",
                f({"fp16_dot", "int8_dot"}), present=False),
         _Issue("load_store_reduce", "masked tl.load with other, int64 offsets, fp32 sum/max/argmax (leftmost "
@@ -424,12 +430,14 @@ def _apply_patches(disabled: frozenset[str], version: str) -> None:
     _patch_bf16_reduce(it, tl, on("bf16_reduce"))
     _patch_bf16_atomic(it, tl, on("bf16_atomic"))
     _patch_libdevice(it, tl, on("libdevice"))
+    _patch_builtin_aliases(it, tl, on("builtin_aliases"))  # after libdevice: it leaves libdevice's aliases to it
     _patch_autotune(at, on("autotune"))
     _patch_float_args(it, tl, on("float_args"))
     _patch_tensor_wrappers(it, on("tensor_wrappers"))
     _patch_closures(it, on("closures"))
     _patch_bounds_check(it, on("bounds_check"))  # last: it wraps the loads/stores/atomics patched above
-    interpreter_speed.apply(it, tl, disabled)  # no effect on results: work the interpreter does for nothing
+    # no effect on results: work the interpreter does for nothing (a helper whose module has aliases still patches)
+    interpreter_speed.apply(it, tl, disabled, lambda fn: _own_patching(fn, tl))
 
 
 class OutOfBoundsAccess(RuntimeError):
@@ -869,6 +877,8 @@ def _patch_libdevice(it: Any, tl: Any, enabled: bool) -> None:
 
     # stubs a kernel module bound by name (`from ...libdevice import tanh`): rebound for the launch as well
     stubs = {id(getattr(m, n)): n for m in (generic_ld, cuda_ld) for n in ld_names if hasattr(m, n)}
+    if enabled:
+        _LIBDEVICE_STUBS.update(stubs)
 
     def _patch_lang(fn: Any) -> Any:
         scope = orig_patch_lang(fn)
@@ -884,6 +894,44 @@ def _patch_libdevice(it: Any, tl: Any, enabled: bool) -> None:
     if enabled:
         B.create_extern_elementwise = create_extern_elementwise
         it._patch_lang = _patch_lang
+
+
+#: ids of the libdevice functions the libdevice fix rebinds in a kernel's module -> their names
+_LIBDEVICE_STUBS: dict[int, str] = {}
+
+
+def _aliases(fn: Any, tl: Any) -> tuple[Any, list[str]]:
+    """The module `fn` was defined in and its names bound to triton.language builtins at import (`fast_expf =
+    tl.math.exp`, `from triton.language.math import exp`); none in Triton's own modules (the interpreter's part)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or module.__name__.partition(".")[0] == "triton":
+        return None, []
+    return module, [name for name, value in list(vars(module).items()) if tl.core.is_builtin(value)]
+
+
+def _own_patching(fn: Any, tl: Any) -> bool:
+    """Whether the module of `fn` has names of its own that a launch patches: builtin or libdevice aliases."""
+    module, names = _aliases(fn, tl)
+    return bool(names) or (module is not None and any(id(v) in _LIBDEVICE_STUBS for v in vars(module).values()))
+
+
+def _patch_builtin_aliases(it: Any, tl: Any, enabled: bool) -> None:
+    """The interpreter patches the builtins on triton.language's modules for each launch, so a name a kernel's module
+    bound to one at import kept the unpatched builtin, which raises when called: patch those names the same way,
+    in the module of each kernel and helper the launch runs, undone with the launch's other patches."""
+    patch_attr = getattr(it, "_patch_attr", None)  # what the interpreter applies to each builtin of triton.language
+    if not enabled or patch_attr is None:
+        return
+    orig_patch_lang = it._patch_lang
+
+    def _patch_lang(fn: Any) -> Any:
+        scope = orig_patch_lang(fn)
+        module, names = _aliases(fn, tl)
+        for name in names:  # after the libdevice fix above: its aliases are bound to the emulation already
+            patch_attr(module, name, getattr(module, name), it.interpreter_builder, scope)
+        return scope
+
+    it._patch_lang = _patch_lang
 
 
 def _patch_autotune(at: Any, enabled: bool) -> None:

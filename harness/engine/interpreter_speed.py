@@ -9,8 +9,9 @@ took over half of a kernel's time and have no effect on its results:
 - ``nested_patching``: each call of a ``@triton.jit`` helper from inside a running kernel re-patches the language
   modules (``inspect.getmembers`` over ``triton.language`` and its tensor class) that the launch has already patched
   and that stay patched until the launch ends. A helper whose language modules the running launch patched now skips
-  that; any other (a helper reaching ``triton.language.core`` where the kernel only names ``triton.language``) is
-  patched as before (20%).
+  that; any other (a helper reaching ``triton.language.core`` where the kernel only names ``triton.language``, or one
+  whose module binds builtins to names of its own, ``fast_expf = tl.math.exp``) is patched as before, and its patches
+  are undone with the launch's (upstream leaves them in place) (20%).
 
 Both are named in ``HARNESS_INTERP_DISABLE`` like the fidelity fixes (``speed_overflow_checks``,
 ``speed_nested_patching``), so a run can compare results with and without them.
@@ -19,15 +20,17 @@ Both are named in ``HARNESS_INTERP_DISABLE`` like the fidelity fixes (``speed_ov
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 
-def apply(it: Any, tl: Any, disabled: frozenset[str]) -> None:
-    """Install the patches not in `disabled` into the interpreter module `it` (once per process)."""
+def apply(it: Any, tl: Any, disabled: frozenset[str], own_patching: Callable[[Any], bool] = lambda fn: False) -> None:
+    """Install the patches not in `disabled` into the interpreter module `it` (once per process). `own_patching(fn)`:
+    whether a helper's module has names of its own to patch (it is never skipped then)."""
     if "speed_overflow_checks" not in disabled:
         _skip_unreported_overflow_checks(it)
     if "speed_nested_patching" not in disabled:
-        _skip_repeated_patching(it, tl)
+        _skip_repeated_patching(it, tl, own_patching)
 
 
 def _skip_unreported_overflow_checks(it: Any) -> None:
@@ -54,33 +57,43 @@ class _AlreadyPatched:
 
 
 class _LaunchScope:
-    """The running launch's patch scope: restoring it ends the launch's record of what is patched."""
+    """The running launch's patch scope: restoring it undoes the patches of the helpers it ran, then its own, and
+    ends the launch's record of what is patched."""
 
     def __init__(self, scope: Any, state: dict[str, Any]):
         self.scope, self.state = scope, state
 
     def restore(self) -> None:
         try:
+            while self.state["helpers"]:
+                self.state["helpers"].pop().restore()
             self.scope.restore()
         finally:
-            self.state["patched"] = None
+            self.state["patched"], self.state["helpers"], self.state["modules"] = None, [], set()
 
 
-def _skip_repeated_patching(it: Any, tl: Any) -> None:
+def _skip_repeated_patching(it: Any, tl: Any, own_patching: Callable[[Any], bool]) -> None:
     original = getattr(it, "_patch_lang", None)
     if original is None or getattr(it, "_moe_speed_nested", False):
         return
-    state: dict[str, Any] = {"patched": None}  # ids of the language modules the running launch patched
+    # ids of the language modules the running launch patched; the scopes of helpers that patched more; the
+    # globals of the modules whose own names the launch has patched
+    state: dict[str, Any] = {"patched": None, "helpers": [], "modules": set()}
 
     def patch_lang(fn: Any) -> Any:
-        langs = {id(v) for v in fn.__globals__.values() if isinstance(v, types.ModuleType) and v in (tl, tl.core)}
+        g = fn.__globals__
+        langs = {id(v) for v in g.values() if isinstance(v, types.ModuleType) and v in (tl, tl.core)}
         if state["patched"] is not None and langs and langs <= state["patched"]:
-            return _AlreadyPatched()
+            if id(g) in state["modules"] or not own_patching(fn):
+                state["modules"].add(id(g))  # nothing (more) to patch in this module during the launch
+                return _AlreadyPatched()
         scope = original(fn)
+        state["modules"].add(id(g))
         if state["patched"] is None:  # a launch: GridExecutor restores its scope when the grid is done
             state["patched"] = langs
             return _LaunchScope(scope, state)
-        state["patched"] |= langs  # a helper that reached further: its patches stay, as upstream leaves them
+        state["patched"] |= langs  # a helper that reached further: its patches end with the launch's
+        state["helpers"].append(scope)
         return scope
 
     it._patch_lang = patch_lang

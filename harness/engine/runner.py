@@ -35,6 +35,7 @@ from harness.engine.arena import _contiguous as _contiguous
 from harness.engine.host import STICKY_CUDA, HostDied, KernelRaised
 from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter  # noqa: F401  (re-exported)
 from harness.engine.interpreter import TRITON_VERSION, unverified_reason
+from harness.engine.interpreter_faults import interpreter_fault
 from harness.engine.remote import RemoteAdapter
 from harness.ops.base import Check, OutputSpec
 from harness.registry import Adapter, SupportRuleError, Unsupported
@@ -762,6 +763,10 @@ class _Judging:
         interp = remote["interpreter"] if remote is not None else from_interpreter(e)
         if self.unverified_interpreter() and interp:  # the interpreter's crash, not the kernel's
             return self.result("not-verifiable", f"{unverified_reason()}; it raised {msg}")
+        fault = remote.get("interpreter_fault") if remote is not None else interpreter_fault(e)
+        if fault and self.device.generation == "interp":  # raised by the interpreter itself (interpreter_faults)
+            return self.result("not-verifiable", f"Triton's interpreter cannot run this kernel: on its {run} the "
+                               f"interpreter raised {fault}", exception=msg)
         # only the first run can reject: a kernel that already ran the cell once has accepted it
         if not self.declared and run == "first run" and rejects_cleanly(e, self.case.features):
             return self.result("unsupported", f"rejected undeclared cell ({self.why_not}): {msg}", exception=msg)

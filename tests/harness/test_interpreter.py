@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from harness.engine.interpreter import FidelityReport, install, unverifiable_features
+from tests.harness.fixtures import interp_aliases, interp_libdevice_aliases
 
 REPORT = install()  # before any kernel runs
 
@@ -357,6 +358,43 @@ def test_float_argument_and_libdevice_bound_by_name() -> None:
     out = torch.empty(64, device=DEV)
     _scalar_arg_kernel[(1,)](x.to(DEV), out, 0.5, BLOCK=64)
     torch.testing.assert_close(out.cpu(), torch.tanh(x) * 0.5, rtol=4e-7, atol=4e-7)
+
+
+# Module-level aliases, as libraries write them: bound at import, before the interpreter patches triton.language.
+fast_expf = tl.math.exp
+fast_max = tl.maximum
+ld_tanhf = cuda_libdevice.tanh
+
+
+@triton.jit
+def _alias_helper(x):
+    return fast_max(fast_expf(x), 0.0)  # an alias inside a device function
+
+
+@triton.jit
+def _alias_kernel(x_ptr, e_ptr, h_ptr, t_ptr, f_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(e_ptr + offs, fast_expf(x))
+    tl.store(h_ptr + offs, _alias_helper(x))
+    tl.store(t_ptr + offs, ld_tanhf(x))
+    # helpers of other modules, with aliases of their own
+    tl.store(f_ptr + offs, interp_aliases.exp_of(x) * interp_libdevice_aliases.tanh_of(x))
+
+
+def test_module_level_aliases_of_builtins_and_libdevice() -> None:
+    """`fast_expf = tl.math.exp` at module level kept the unpatched builtin, which raised in the interpreter ('Did
+    you forget to add @triton.jit'); disable `builtin_aliases` to watch this fail."""
+    x = torch.linspace(-4, 4, 64)
+    e, h, t, f = (torch.empty(64, device=DEV) for _ in range(4))
+    _alias_kernel[(1,)](x.to(DEV), e, h, t, f, BLOCK=64)
+    torch.testing.assert_close(e.cpu(), torch.exp(x), rtol=1e-6, atol=0)
+    torch.testing.assert_close(h.cpu(), torch.exp(x), rtol=1e-6, atol=0)
+    torch.testing.assert_close(t.cpu(), torch.tanh(x), rtol=4e-7, atol=4e-7)
+    torch.testing.assert_close(f.cpu(), torch.exp(x) * torch.tanh(x), rtol=2e-6, atol=1e-7)
+    # the patches end with the launch, the helpers' modules' included
+    assert fast_expf is tl.math.exp and interp_aliases.fast_expf is tl.math.exp and tl.core.is_builtin(tl.math.exp)
+    assert interp_libdevice_aliases.tanhf is libdevice.tanh
 
 
 _AUTOTUNE_RUNS: list[int] = []
