@@ -11,6 +11,7 @@ import glob
 import json
 import math
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -133,9 +134,11 @@ def _plan(args: argparse.Namespace, sides: Sequence[Any], planner: Any) -> tuple
                 skipped[name] = why
             continue
         adapter = remote.open_adapter(spec, "cpu", host=planner)
-        away = [f"{s.name}: {w[1]}" for s in sides if (w := runner.turned_away_whole(adapter, s.device))]
-        if away:
-            skipped[name] = "; ".join(away)
+        away = {s.name: w[1] for s in sides if (w := runner.turned_away_whole(adapter, s.device))}
+        if away:  # not installed (one reason for both sides), or not for one side's generation
+            reasons = set(away.values())
+            one = len(away) == len(sides) and len(reasons) == 1
+            skipped[name] = reasons.pop() if one else "; ".join(f"{k}: {v}" for k, v in away.items())
             continue
         cases = [c for c in plan(adapter, args.profile).cases if adapter.claims(c.features)]
         if args.max_cases and len(cases) > args.max_cases:
@@ -207,22 +210,34 @@ def _pool_run(args: argparse.Namespace, sides: Sequence[Any], work: Sequence[tup
         return _serial_run(args, sides, work, report)
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
     threads = max(1, usable_cpus() // jobs)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=init_worker,
-                             initargs=(sides, args.case_timeout, threads, dict(os.environ))) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=init_worker,
+                               initargs=(sides, args.case_timeout, threads, dict(os.environ)))
+    try:
         futures = {pool.submit(judge_chunk, spec, [c.to_dict() for c in chunk]): chunk
                    for spec, chunk in _chunks(work, jobs)}
-        try:
-            for fut in as_completed(futures):
-                try:
-                    records = fut.result()
-                except Exception as e:  # the worker died (BrokenProcessPool) or the chunk raised
-                    why = f"its differential worker failed: {type(e).__name__}: {e}"
-                    records = [unjudged_record(c, sides, why) for c in futures[fut]]
-                for r in records:
-                    report.add(r)
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+        for fut in as_completed(futures):
+            try:
+                records = fut.result()
+            except Exception as e:  # the worker died (BrokenProcessPool) or the chunk raised
+                why = f"its differential worker failed: {type(e).__name__}: {e}"
+                records = [unjudged_record(c, sides, why) for c in futures[fut]]
+            for r in records:
+                report.add(r)
+    except KeyboardInterrupt:
+        _stop(pool)
+        raise
+    pool.shutdown()
+
+
+def _stop(pool: Any) -> None:
+    """Ctrl-C or SIGTERM: the cases in flight get no record; the workers end now (their kernel hosts with them)."""
+    import contextlib
+
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in workers:
+        with contextlib.suppress(Exception):
+            proc.kill()
 
 
 def _serial_run(args: argparse.Namespace, sides: Sequence[Any], work: Sequence[tuple[str, list]],
@@ -235,6 +250,10 @@ def _serial_run(args: argparse.Namespace, sides: Sequence[Any], work: Sequence[t
             for case in cases:  # one at a time: the progress line comes as each is judged
                 for r in judge_chunk(spec, [case.to_dict()]):
                     report.add(r)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _run_and_report(args: argparse.Namespace, sides: Sequence[Any], work: Sequence[tuple[str, list]],
@@ -251,11 +270,13 @@ def _run_and_report(args: argparse.Namespace, sides: Sequence[Any], work: Sequen
         print(f"  skipped {name}: {why}", file=sys.stderr)
     report = _Report(out, total)
     interrupted = False
+    old = signal.signal(signal.SIGTERM, _interrupt)  # a time limit's SIGTERM still leaves a summary
     try:
         _pool_run(args, sides, work, report)
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        signal.signal(signal.SIGTERM, old)
         report.close()
     summary = out / "summary.md"
     summary.write_text(render_summary(report.records, sides, run_id, args, skipped, interrupted), encoding="utf-8")
