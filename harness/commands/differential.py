@@ -269,6 +269,8 @@ def _run_and_report(args: argparse.Namespace, sides: Sequence[Any], work: Sequen
     for name, why in skipped.items():
         print(f"  skipped {name}: {why}", file=sys.stderr)
     report = _Report(out, total)
+    # the Python warnings of the workers and kernel hosts (the interpreter's numpy ones) go to a file, not stderr
+    os.environ.setdefault("MOE_HARNESS_WARNINGS_LOG", str((out / "warnings.log").resolve()))
     interrupted = False
     old = signal.signal(signal.SIGTERM, _interrupt)  # a time limit's SIGTERM still leaves a summary
     try:

@@ -336,6 +336,10 @@ def init_worker(sides: Sequence[Side], timeout: float | None, threads: int, env:
 
     os.environ.clear()
     os.environ.update(env)
+    if env.get("MOE_HARNESS_WARNINGS_LOG"):
+        from harness.engine.host import log_warnings_to
+
+        log_warnings_to(env["MOE_HARNESS_WARNINGS_LOG"])
     torch.set_num_threads(max(1, threads))
     _WORKER.sides, _WORKER.timeout = tuple(sides), timeout
     multiprocessing.util.Finalize(None, _WORKER.close, exitpriority=10)  # hosts and their shared memory, at exit

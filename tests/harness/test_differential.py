@@ -86,6 +86,23 @@ def test_agreement_within_contract_names_the_approximation() -> None:
                                                     {"division": "approximate"})
 
 
+def test_the_judge_works_on_the_inputs_it_is_given() -> None:
+    """`runner.judge(inputs=..., keep=...)`: the given tensors, not the seed's, reach the kernel and the oracle, and
+    the first run's outputs are kept (here all-zero inputs: silu(0) * 0 is 0 everywhere)."""
+    from harness import ops, registry
+    from harness.engine import runner
+
+    case = Case(op="activation", adapter="reference-activation", features={"activation": "silu_and_mul",
+                "dtype": "float32"}, shapes={"T": 3, "N": 8}, dtypes={"x": "float32"}, seed=5)
+    given = {k: torch.zeros_like(v) for k, v in ops.get("activation").make_inputs(case, "cpu").items()}
+    keep: dict = {}
+    r = runner.judge(case, registry.resolve("reference-activation"), detect("cpu"), inputs=given, keep=keep)
+    assert r.verdict == "pass", r.reason
+    assert torch.equal(keep["outputs"]["out"], torch.zeros(3, 8))
+    assert torch.equal(keep["expected"]["out"].expected, torch.zeros(3, 8))
+    assert all(not v.any() for v in given.values())  # the judge worked on copies
+
+
 # -- both sides on the interpreter, one perturbed ---------------------------------------------------------------
 
 #: cell -> (what the interpreter side plants, what the "GPU" side plants, the class it must get)
