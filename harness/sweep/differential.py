@@ -286,10 +286,11 @@ def compare_case(case: Case, pair: Sequence[Opened], timeout: float | None = Non
 
 def case_record(case: Case, cls: str, why: str, sides: Mapping[str, Any],
                 outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One line of the run's JSONL."""
+    """One line of the run's JSONL; the whole case under `replay` (a "case" key would make results readers take
+    the file for verdicts: committed runs lie under results/, which the matrix renders)."""
     return strict_json({"case_id": case.case_id, "adapter": case.adapter, "op": case.op, "cell": dict(case.features),
                         "seed": case.seed, "shapes": dict(case.shapes), "class": cls, "why": why, **sides,
-                        "outputs": dict(outputs or {}), "case": case.to_dict()})
+                        "outputs": dict(outputs or {}), "replay": case.to_dict()})
 
 
 def unjudged_record(case: Case, sides: Sequence[Side], why: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import torch
 from harness.core.case import Case
 from harness.core.device import detect
 from harness.ops.base import Check
+from harness.store.results import not_a_results_file
 from harness.sweep import differential as d
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,3 +195,5 @@ def test_the_command_writes_a_record_per_case_and_a_summary(tmp_path: Path) -> N
     assert f"| differential-fake | 12 | {12 - failing} |  |  | {failing} |  |  |" in summary
     assert f"### gpu_only_failure ({failing})" in summary
     assert "[12/12 " in p.stderr
+    # committed runs lie under results/, whose JSONL the matrix renders: this file must not pass for verdicts
+    assert not_a_results_file((tmp_path / "cases.jsonl").read_text().splitlines())
