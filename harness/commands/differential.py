@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     planner = Host("cpu")  # lists and plans the adapters: this process never imports an adapter module
     try:
         work, skipped = _plan(args, sides, planner)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # an adapter name that names nothing; the listing host died
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -133,14 +133,19 @@ def _plan(args: argparse.Namespace, sides: Sequence[Any], planner: Any) -> tuple
             if args.adapter:  # without it, the other kernels are simply not Triton ones
                 skipped[name] = why
             continue
-        adapter = remote.open_adapter(spec, "cpu", host=planner)
+        try:
+            adapter = remote.open_adapter(spec, "cpu", host=planner)
+            planned = plan(adapter, args.profile).cases
+        except (ValueError, remote.HostError) as e:  # an op without a spec, a boundary() that raises
+            skipped[name] = f"cannot plan its cases: {e}"
+            continue
         away = {s.name: w[1] for s in sides if (w := runner.turned_away_whole(adapter, s.device))}
         if away:  # not installed (one reason for both sides), or not for one side's generation
             reasons = set(away.values())
             one = len(away) == len(sides) and len(reasons) == 1
             skipped[name] = reasons.pop() if one else "; ".join(f"{k}: {v}" for k, v in away.items())
             continue
-        cases = [c for c in plan(adapter, args.profile).cases if adapter.claims(c.features)]
+        cases = [c for c in planned if adapter.claims(c.features)]
         if args.max_cases and len(cases) > args.max_cases:
             step = len(cases) / args.max_cases  # spread over the cells, the same ones every run
             cases = [cases[int(i * step)] for i in range(args.max_cases)]
@@ -176,7 +181,7 @@ class _Report:
 
     def __init__(self, out: Path, total: int):
         self.path = out / "cases.jsonl"
-        self.fh = open(self.path, "a", encoding="utf-8")
+        self.fh = open(self.path, "w", encoding="utf-8")  # a folder used again holds the last run only
         self.records: list[dict[str, Any]] = []
         self.total, self.started = total, time.monotonic()
 
