@@ -119,6 +119,7 @@ def manifest(adapter: Adapter) -> dict[str, Any]:
     lib = adapter.library
     return {
         "name": adapter.name, "op": adapter.op, "source": adapter.source, "description": adapter.description,
+        "module": getattr(adapter.run, "__module__", None),
         "support": _jsonable(adapter.support), "generations": list(adapter.generations),
         "conventions": _jsonable(adapter.conventions), "properties": sorted(adapter.properties),
         "limits": _jsonable(adapter.limits), "test_aid": adapter.test_aid,
@@ -179,6 +180,12 @@ class Served:
 
     def do_ping(self) -> dict[str, Any]:
         return {"ok": True}
+
+    def do_unverifiable(self) -> dict[str, Any]:
+        """What this host's Triton interpreter cannot verify (none where kernels are compiled)."""
+        from harness.engine.interpreter import unverifiable_here
+
+        return {"ok": sorted(unverifiable_here())}
 
     def do_describe(self, spec: str) -> dict[str, Any]:
         try:

@@ -497,7 +497,8 @@ def _deadline(seconds: float | None) -> Iterator[None]:
 
 
 def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None,
-          timeout: float | None = None) -> Result:
+          timeout: float | None = None, inputs: Mapping[str, Any] | None = None,
+          keep: dict[str, Any] | None = None) -> Result:
     """Run `case` on `adapter` on `device` and judge it. Never raises for kernel misbehaviour.
 
     The oracle's expected outputs are computed before the kernel runs, with the torch and `reference` functions as
@@ -505,10 +506,13 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     batch-invariance one included) is contained: what it changes in the process state is undone and fails the case,
     an exit it attempts is refused and fails the case. timeout: seconds (default: $HARNESS_CASE_TIMEOUT, else none);
     a case running past it is an error verdict ("hang: ..."), where the process can interrupt it (main thread, Unix).
+    inputs: the case's inputs, built already from its seed (`OpSpec.make_inputs`): the judge works on copies of them
+    instead of building its own (a differential run hands the same tensors to two devices). keep: a dict the judge
+    fills with the first run's outputs (`outputs`: CPU copies, by name) and the oracle's checks (`expected`).
     """
     t0 = time.perf_counter()
     before = isolation.take()
-    judging = _Judging(case, adapter, device, unverifiable)
+    judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep)
     try:
         with _deadline(_timeout_s(timeout)):
             result = judging.run()
@@ -589,9 +593,11 @@ class _KernelFailed(Exception):
 class _Judging:
     """One case being judged: gates, inputs and oracle, the kernel's runs, the checks."""
 
-    def __init__(self, case: Case, adapter: Adapter, device: DeviceInfo, unverifiable: set[str] | None):
+    def __init__(self, case: Case, adapter: Adapter, device: DeviceInfo, unverifiable: set[str] | None, *,
+                 given: Mapping[str, Any] | None = None, keep: dict[str, Any] | None = None):
         device = adapter.device_for(device)  # a CPU-native kernel on a CPU machine: the `cpu` generation
         self.case, self.adapter, self.device, self.unverifiable = case, adapter, device, unverifiable
+        self.given, self.keep = given, keep  # `judge`'s inputs and keep
         self.t0 = time.perf_counter()
         self.changed: list[str] = []
         self.notes: list[str] = []  # what a kernel host said it saw: diagnostics, never a verdict
@@ -677,6 +683,8 @@ class _Judging:
             self.where = "cpu"
         # a large case is built where it is judged: its weights quantized on the CPU took a minute on the H100
         self.used_device = self.where != "cpu"
+        if self.given is not None and case is self.case:
+            return {k: _copied(v, self.where) for k, v in self.given.items()}
         return spec.make_inputs(case, self.where)
 
     def kernel(self, inputs: Mapping[str, torch.Tensor], specs: Mapping[str, OutputSpec], which: int,
@@ -807,6 +815,9 @@ class _Judging:
             return self.result("error", f"harness could not build the case: {type(e).__name__}: {e}")
         try:
             first = self.kernel(inputs, specs, 0, "first run")
+            if self.keep is not None:
+                self.keep.update(outputs={n: first[n].detach().cpu().clone() for n in specs
+                                          if isinstance(first.get(n), torch.Tensor)}, expected=expected)
             second = None
             untouched = any(self.bands["first run"][n].untouched(first[n]).any() for n in specs)
             if untouched or "deterministic" in adapter.properties:
@@ -972,6 +983,16 @@ def _run_once(judging: _Judging) -> OneRun:
     reason, metrics = _summary(checks)
     result = judging.result("fail" if reason else "pass", reason, checks, **metrics)
     return OneRun(judging, result, spec, conventions, inputs, first, expected)
+
+
+def _copied(v: Any, device: str) -> Any:
+    """A copy of input `v` on `device`, with its strides where they fit a fresh buffer (a view of a padded one)."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    try:
+        return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=device).copy_(v)
+    except RuntimeError:  # overlapping strides (an expanded view): a dense copy
+        return v.detach().to(device, copy=True).contiguous()
 
 
 def exercised(checks: Iterable[Check]) -> dict[str, Any]:
