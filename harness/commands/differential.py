@@ -54,6 +54,12 @@ def _test_overlays() -> dict[str, dict[str, str | None]] | None:
     return {k: dict(found.get(k) or {}) for k in ("interp", "gpu")}
 
 
+#: the interpreter side's environment: GPUs hidden, so that a library that picks its code path by the device it sees
+#: (a capability check, `torch.cuda.is_available()`) takes the path it takes on a CPU-only machine, whose verdicts
+#: this run confirms
+INTERP_ENV = (("TRITON_INTERPRET", "1"), ("CUDA_VISIBLE_DEVICES", ""))
+
+
 def make_sides(overlays: Mapping[str, Mapping[str, str | None]] | None) -> tuple[Any, Any]:
     """(interpreter side, GPU side); with test `overlays`, two interpreter sides with those environments."""
     import dataclasses
@@ -64,7 +70,7 @@ def make_sides(overlays: Mapping[str, Mapping[str, str | None]] | None) -> tuple
     interp_dev = dataclasses.replace(detect("cpu"), generation="interp")
     if overlays is None:
         gpu_dev = detect("cuda")
-        return (Side("interp", "cpu", interp_dev, (("TRITON_INTERPRET", "1"),), "interp"),
+        return (Side("interp", "cpu", interp_dev, INTERP_ENV, "interp"),
                 Side("gpu", gpu_dev.device, gpu_dev, (("TRITON_INTERPRET", None),), gpu_dev.generation))
     sides = []
     for key in ("interp", "gpu"):
