@@ -318,7 +318,9 @@ def _header(sides: Sequence[Any], run_id: str, args: argparse.Namespace, interru
              f"{commit[:12]}{' (dirty)' if dirty else ''}; torch {gpu.torch_version}, Triton {gpu.triton_version}.",
              "", "Classes: `agree` (bit-identical outputs), `agree_within_contract` (outputs differ, both pass), "
              "`interp_only_failure` (a fidelity defect candidate), `gpu_only_failure` (a device-dependent code path "
-             "or a declaration), `both_fail`, `not_comparable` (a side did not judge the outputs).", ""]
+             "or a declaration), `nondeterministic` (one side fails, and its two runs on the same inputs differ: the "
+             "kernel reads memory it never wrote, or races; which side shows it is luck), `both_fail`, "
+             "`not_comparable` (a side did not judge the outputs).", ""]
     for side in sides:  # what a test side's hosts were given
         if env := ", ".join(f"{k}={v}" for k, v in side.env if k != "TRITON_INTERPRET"):
             lines += [f"`{side.name}` kernel hosts' environment: {env}", ""]

@@ -28,8 +28,8 @@ from harness.engine import remote, runner
 from harness.engine.host import Host
 
 #: every class a compared case gets, in the order the summary lists them
-CLASSES: tuple[str, ...] = ("agree", "agree_within_contract", "interp_only_failure", "gpu_only_failure", "both_fail",
-                            "not_comparable")
+CLASSES: tuple[str, ...] = ("agree", "agree_within_contract", "interp_only_failure", "gpu_only_failure",
+                            "nondeterministic", "both_fail", "not_comparable")
 #: the classes where the CPU's verdict is not the GPU's (the run exits 1 when it finds one)
 DISAGREEMENTS: tuple[str, ...] = ("interp_only_failure", "gpu_only_failure")
 #: verdicts that judged the kernel's outputs; any other (error, unsupported, not-verifiable...) is not comparable
@@ -176,15 +176,25 @@ def compare_outputs(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dic
 
 # -- classes ------------------------------------------------------------------------------------------------------
 
-def classify(interp: str, gpu: str, identical: bool) -> str:
-    """The class of a case from the two verdicts and whether the outputs are bit-identical."""
+def classify(interp: str, gpu: str, identical: bool, unstable: bool = False) -> str:
+    """The class of a case from the two verdicts and whether the outputs are bit-identical. `unstable`: the failing
+    side's two runs on the same inputs differed (the kernel reads memory it never wrote, or races): a one-sided
+    failure is then the kernel's own nondeterminism, which either side may show or hide by luck, not a fidelity
+    defect or a device-dependent path."""
     if interp not in JUDGED or gpu not in JUDGED:
         return "not_comparable"
     if interp == gpu == "pass":
         return "agree" if identical else "agree_within_contract"
     if interp == gpu == "fail":
         return "both_fail"
+    if unstable:
+        return "nondeterministic"
     return "interp_only_failure" if interp == "fail" else "gpu_only_failure"
+
+
+def unstable(result: Result) -> bool:
+    """Whether `result` failed its determinism check (two runs on the same inputs differ bitwise)."""
+    return any(str(c).startswith("deterministic:") for c in result.metrics.get("failed_checks", []))
 
 
 #: conventions under which a kernel's results are approximate on the GPU, and what each makes differ
@@ -278,7 +288,8 @@ def compare_case(case: Case, pair: Sequence[Opened], timeout: float | None = Non
     results = [r for r, _ in judged]
     outputs = compare_outputs(judged[0][1], judged[1][1])
     identical = all(o.get("equal") for o in outputs.values())
-    cls = classify(results[0].verdict, results[1].verdict, identical)
+    cls = classify(results[0].verdict, results[1].verdict, identical,
+                   any(r.verdict == "fail" and unstable(r) for r in results))
     why = explain(cls, results, pair, case.op, outputs,
                   _conventions(case, pair[1]) if cls == "agree_within_contract" else {})
     return case_record(case, cls, why, {k: side_summary(r) for k, r in zip(SIDE_KEYS, results)}, outputs)

@@ -19,6 +19,7 @@ import torch
 
 from harness.core.case import Case
 from harness.core.device import detect
+from harness.core.result import Result
 from harness.ops.base import Check
 from harness.store.results import not_a_results_file
 from harness.sweep import differential as d
@@ -48,6 +49,17 @@ def _env(**extra: str) -> dict[str, str]:
 ])
 def test_classes_follow_the_two_verdicts(interp: str, gpu: str, identical: bool, want: str) -> None:
     assert d.classify(interp, gpu, identical) == want
+
+
+def test_a_one_sided_failure_of_a_kernel_whose_two_runs_differ_is_its_nondeterminism() -> None:
+    assert d.classify("fail", "pass", False, unstable=True) == "nondeterministic"
+    assert d.classify("pass", "fail", False, unstable=True) == "nondeterministic"
+    assert d.classify("fail", "fail", False, unstable=True) == "both_fail"
+    flaky = Result.__new__(Result)
+    object.__setattr__(flaky, "metrics", {"failed_checks": ["out", "deterministic:out"]})
+    steady = Result.__new__(Result)
+    object.__setattr__(steady, "metrics", {"failed_checks": ["out"]})
+    assert d.unstable(flaky) and not d.unstable(steady)
 
 
 def test_outputs_are_compared_bit_for_bit_within_the_contract() -> None:
