@@ -245,5 +245,7 @@ def to_markdown(section: Mapping[str, Any], table: Any) -> list[str]:
             "Each Triton kernel's cases judged by Triton's interpreter on the CPU and compiled on the GPU, on the same "
             "inputs (`python -m harness differential`); its CPU verdicts hold on that GPU where the two agree "
             "(`agree`: bit-identical outputs; `agree_within_contract`: both pass, the outputs differ within the "
-            f"contract). The latest run of each generation: {runs}.", "",
+            f"contract). The latest run of each generation: {runs}."
+            + (" An example case links to its case file (`python -m harness replay FILE` runs it)."
+               if any(r["case_files"] for r in section["rows"]) else ""), "",
             table(["Kernel", "Generation", "Cases", *CLASSES, "Note"], rows), ""]
