@@ -3,9 +3,11 @@
 Each folder under `results/<generation>/` that directly holds result files (`*.jsonl`, `*.jsonl.gz` with verdicts)
 gets one row: the dates, generations, devices, torch and Triton versions and commits its verdicts record, what
 produced them (a matrix sweep's `run` record gives its command; files without one are the pytest plugin's) and
-its verdict counts. Benchmark and probe data (`results/<generation>/bench/<name>/`) get one row each from the
-folder's `device.txt` and the first heading of its `README.md`. Nothing in the index is written by hand but the
-fixed preamble, so it cannot drift from the files: `scripts/results_readme.py --check` says when it is stale.
+its verdict counts. A differential run's folder (`results/<generation>/differential/<run-id>/`, whose records are
+not verdicts) gets a row of its own: its date, GPU, versions and commit (from its summary), how many adapters it
+compared and its cases per class. Benchmark and probe data (`results/<generation>/bench/<name>/`) get one row each
+from the folder's `device.txt` and the first heading of its `README.md`. Nothing in the index is written by hand but
+the fixed preamble, so it cannot drift from the files: `scripts/results_readme.py --check` says when it is stale.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.result import VERDICTS, Result
+from harness.store import differential
 from harness.store.results import load
 
 RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
@@ -41,6 +44,9 @@ Layout:
   UTC date of its first verdict, the commit it ran and what it covered. Inside, one folder per sweep or test run
   holds its verdict files, `device.txt` records the device, driver, versions and commit, and `logs/` the console
   output of each step. `scripts/gpu_run.sh` writes a run in this shape.
+- `<generation>/differential/<run-id>/`: a `python -m harness differential` run (each Triton kernel's cases judged
+  on the interpreter and compiled on the GPU): `cases.jsonl` (one record per case and its class, not verdicts) and
+  `summary.md`. The support matrix shows the latest run of each generation ("Interpreter against the GPU").
 - `<generation>/bench/<date>-<commit>-<what>/`: timings and tile probes (`python -m harness bench`,
   `scripts/probe_experts.py`, `scripts/tune_experts.py`); JSONL files there hold no verdicts and the matrix skips
   them.
@@ -74,14 +80,21 @@ def _generation_dirs(root: Path) -> list[Path]:
 
 
 def verdict_folders(root: Path) -> list[Path]:
-    """Folders under `root/<generation>/` (not `bench/`, not `local/`) that directly hold result files."""
+    """Folders under `root/<generation>/` (not `bench/`, not `local/`) that directly hold result files (a
+    differential run's file is not one)."""
     found: set[Path] = set()
     for gen in _generation_dirs(root):
         for f in [*gen.rglob("*.jsonl"), *gen.rglob("*.jsonl.gz")]:
             rel = f.relative_to(gen).parts
-            if rel[0] != BENCH and not _is_local(f, root):
+            if rel[0] != BENCH and not _is_local(f, root) and not differential.is_run_file(f):
                 found.add(f.parent)
     return sorted(found)
+
+
+def differential_folders(root: Path) -> list[Path]:
+    """The differential runs' folders under `root/<generation>/` (not `local/`)."""
+    return sorted({f.parent for gen in _generation_dirs(root) for f in gen.rglob(differential.RUN_FILE)
+                   if not _is_local(f, root) and differential.is_run_file(f)})
 
 
 def bench_folders(root: Path) -> list[Path]:
@@ -163,6 +176,23 @@ def verdict_row(folder: Path, root: Path) -> Row:
     ))
 
 
+def differential_row(folder: Path, root: Path) -> Row:
+    run = differential.read_run(folder / differential.RUN_FILE)
+    h = run.header
+    stamp = run.stamp
+    return Row((
+        f"`{folder.relative_to(root).as_posix()}/`",
+        f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}",
+        run.generation,
+        h.get("device", "not recorded"),
+        h.get("versions", "not recorded"),
+        h.get("commit", "not recorded")[:7] + (" (dirty)" if h.get("commit", "").endswith("(dirty)") else ""),
+        f"`{run.run_id}`" + (" (interrupted)" if h.get("interrupted") else ""),
+        str(len(run.adapters())),
+        differential.classes_text(run.counts()),
+    ))
+
+
 def _device_txt(folder: Path) -> tuple[str, str]:
     """(device, commit) from a `device.txt` (nvidia-smi's CSV, then `commit: ...`), or ("-", "-")."""
     path = folder / "device.txt"
@@ -207,6 +237,11 @@ def render(root: Path = RESULTS_ROOT) -> str:
     out = [PREAMBLE, "## Verdicts", ""]
     out += _table(("folder", "date (UTC)", "generation", "device", "versions", "commit", "produced by", "runs",
                    "verdicts"), [verdict_row(f, root) for f in verdict_folders(root)])
+    runs = differential_folders(root)
+    if runs:
+        out += ["", "## Interpreter against the GPU (differential runs)", ""]
+        out += _table(("folder", "date", "generation", "GPU", "versions", "commit", "run", "adapters",
+                       "cases compared: classes"), [differential_row(f, root) for f in runs])
     out += ["", "## Benchmarks and probes", ""]
     out += _table(("folder", "what", "device", "commit", "files"), [bench_row(f, root) for f in bench_folders(root)])
     return "\n".join(out) + "\n"

@@ -43,7 +43,7 @@ from harness.core.case import OPS
 from harness.core.causes import Fact, ran_without, separate, what_failed
 from harness.core.device import GENERATIONS
 from harness.core.text import one_line
-from harness.store import seed_table
+from harness.store import differential, seed_table
 from harness.store.results import (
     FIDELITY,
     VERIFIED,
@@ -249,6 +249,14 @@ class _CaseFiles:
         path = f"{self.folder}/{stem}.json"
         self.files[path] = {"case": r.case.to_dict(), "generation": _base(r.generation), "verdict": r.verdict,
                             "declared": r.declared, "reason": r.reason}
+        return path
+
+    def add_differential(self, adapter: str, generation: str, content: dict[str, Any]) -> str:
+        """The case file of a differential run's example case (`harness.store.differential.case_file`)."""
+        case_id = content["differential"]["case_id"]
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", f"{adapter}-differential-{generation}-{case_id}")
+        path = f"{self.folder}/{stem.lstrip('.')}.json"
+        self.files[path] = content
         return path
 
 
@@ -653,9 +661,10 @@ def _adapter_out(name: str, recs: Sequence[Result], infos: Mapping[str, Mapping[
 
 def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, command: str = "",
           sources: Sequence[str] = (), cases_folder: str = "SUPPORT_MATRIX.cases",
-          history: bool = False) -> dict[str, Any]:
+          history: bool = False, differential_runs: Sequence[differential.Run] = ()) -> dict[str, Any]:
     """The support matrix as a JSON-serializable dict (`to_markdown` renders it): each kernel's verdicts on each
-    generation from the run `harness.store.results.RunSelection` chooses, or from every run with `history`."""
+    generation from the run `harness.store.results.RunSelection` chooses, or from every run with `history`; and
+    what the latest of the `differential_runs` of each generation found."""
     results, meta = list(results), list(meta)
     sel = select_runs(results, meta)
     shown, shown_meta = (results, meta) if history else _current(results, meta, sel)
@@ -701,6 +710,7 @@ def build(results: Iterable[Result], meta: Iterable[Mapping[str, Any]] = (), *, 
         "seed_table": seed_table.build(adapters_out),
         "declared_vs_verified": dv,
         "footnotes": notes,
+        "differential": differential.build(differential_runs, files.add_differential),
         "case_files": files.files,
     }
 
@@ -973,6 +983,7 @@ def to_markdown(model: Mapping[str, Any]) -> str:
     out += _kernel_sections(kernels, notes, history)
     out += _runs_section(model)
     out += _generations_section(kernels, gens, history)
+    out += differential.to_markdown(model.get("differential") or {}, _table)
     out += _declared_section(model["declared_vs_verified"], notes)
     out += _oracle_section(refs, gens, history)
     return "\n".join(_wrapped(out)).rstrip() + "\n"
@@ -1017,13 +1028,15 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     skipped (`on_skip(path, why)`, default a warning). Case files the previous render into `out` wrote and this
     one does not are removed, unless git tracks them: those are kept and passed to `on_kept`. `history`: render
     every run, not only the current ones."""
-    results, meta = load(paths, strict=strict, on_skip=on_skip)
+    found: list[Path] = []
+    results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found))
     if not results:
         raise ValueError(f"no results in {', '.join(map(str, paths))}")
     md_path = Path(out)
     folder = md_path.stem + ".cases"
     sources = list(shown_sources) if shown_sources is not None else [str(p) for p in paths]
-    model = build(results, meta, command=command, sources=sources, cases_folder=folder, history=history)
+    model = build(results, meta, command=command, sources=sources, cases_folder=folder, history=history,
+                  differential_runs=[differential.read_run(p) for p in found])
     md_path.parent.mkdir(parents=True, exist_ok=True)
     json_path = md_path.with_suffix(".json")
     case_dir = md_path.parent / folder
@@ -1042,6 +1055,23 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     if kept and on_kept is not None:
         on_kept(kept)
     return md_path, json_path, model["verdicts"]
+
+
+def _diverted(on_skip: Callable[[Path, str], None] | None, found: list[Path]) -> Callable[[Path, str], None]:
+    """`on_skip` (default: a warning), less the differential runs' files, which go into `found`: they hold no
+    verdicts, but the matrix shows what they found."""
+
+    def skip(path: Path, why: str) -> None:
+        if differential.is_run_file(path):
+            found.append(path)
+        elif on_skip is not None:
+            on_skip(path, why)
+        else:
+            import warnings
+
+            warnings.warn(f"skipped {path}: not a results file ({why})", stacklevel=4)
+
+    return skip
 
 
 def _previous_case_files(json_path: Path, case_dir: Path) -> set[Path]:

@@ -27,13 +27,12 @@ from harness.core.result import Result, strict_json
 from harness.engine import remote, runner
 from harness.engine.host import Host
 
-#: every class a compared case gets, in the order the summary lists them
-CLASSES: tuple[str, ...] = ("agree", "agree_within_contract", "interp_only_failure", "gpu_only_failure",
-                            "nondeterministic", "both_fail", "not_comparable")
+# every class a case gets, in report order; the verdicts that judged the outputs (any other: not comparable)
+from harness.store.differential import CLASSES as CLASSES
+from harness.store.differential import JUDGED as JUDGED
+
 #: the classes where the CPU's verdict is not the GPU's (the run exits 1 when it finds one)
 DISAGREEMENTS: tuple[str, ...] = ("interp_only_failure", "gpu_only_failure")
-#: verdicts that judged the kernel's outputs; any other (error, unsupported, not-verifiable...) is not comparable
-JUDGED = ("pass", "fail")
 #: the two sides' keys in a record
 SIDE_KEYS = ("interp", "gpu")
 

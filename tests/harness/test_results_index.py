@@ -88,3 +88,26 @@ def test_the_committed_index_is_what_the_committed_results_generate() -> None:
     committed = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
     assert committed == record.render(ROOT / "results"), \
         "results/README.md is stale: regenerate it with `python scripts/results_readme.py`"
+
+
+def test_a_differential_run_is_listed_as_such(tmp_path: Path) -> None:
+    """A differential run's records are not verdicts: its folder once got a verdicts row that said nothing."""
+    import json
+    import shutil
+    from collections import Counter
+
+    root = _tree(tmp_path / "results")
+    run = ROOT / "tests" / "harness" / "fixtures" / "differential_run"
+    rid = "differential-sm90-20261128T131629-596ded"
+    shutil.copytree(run, root / "sm90" / "differential" / rid)
+    text = record.render(root)
+    verdicts, diffs = text.split("## Verdicts", 1)[1].split("## Interpreter against the GPU", 1)
+    assert "differential" not in verdicts
+    row = next(line for line in diffs.splitlines() if line.startswith(f"| `sm90/differential/{rid}/`"))
+    records = [json.loads(line) for line in (run / "cases.jsonl").read_text(encoding="utf-8").splitlines()]
+    counts = Counter(r["class"] for r in records)
+    classes = ", ".join(f"{counts[c]} {c}" for c in ("agree", "agree_within_contract", "interp_only_failure",
+                                                      "gpu_only_failure", "both_fail", "not_comparable") if counts[c])
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:] == ["2026-11-28", "sm90", "NVIDIA H200", "torch 2.11.0+cu130, Triton 3.6.0", "d405659 (dirty)",
+                         f"`{rid}`", str(len({r["adapter"] for r in records})), f"{len(records)}: {classes}"], cells
