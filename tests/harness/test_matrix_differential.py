@@ -21,6 +21,7 @@ VERDICTS = FIXTURES / "matrix_results.jsonl"
 CLASS_ORDER = ("agree", "agree_within_contract", "interp_only_failure", "gpu_only_failure", "nondeterministic",
                "both_fail", "not_comparable")
 SECTION = "## Interpreter against the GPU"
+NOTE = 3 + len(CLASS_ORDER)  # the note's column: after kernel, generation, cases and the classes
 
 
 def _records() -> list[dict]:
@@ -73,12 +74,12 @@ def test_the_matrix_has_a_row_per_kernel_with_the_latest_runs_counts(tmp_path: P
     assert sorted(rows) == sorted(by)
     for name, counts in by.items():
         want = [str(sum(counts.values()))] + [str(counts[c] or "") for c in CLASS_ORDER]
-        assert rows[name][1] == "sm90" and rows[name][2:9] == want, (name, rows[name])
+        assert rows[name][1] == "sm90" and rows[name][2:NOTE] == want, (name, rows[name])
     assert RUN_ID in text and "20261101T000000" not in text  # the latest run of sm90 only
     assert "NVIDIA H200" in text
     # agreement in plain words; a side that judged nothing is named with its verdicts
-    assert rows["triton-align"][9] == "CPU verdicts hold on sm90"
-    assert rows["sglang-triton-experts"][9] == ("CPU verdicts hold on sm90 in the 1 case(s) compared; 1 case(s) not "
+    assert rows["triton-align"][NOTE] == "CPU verdicts hold on sm90"
+    assert rows["sglang-triton-experts"][NOTE] == ("CPU verdicts hold on sm90 in the 1 case(s) compared; 1 case(s) not "
                                                 "compared (interpreter: 1 error)")
     assert not skipped  # the run's file is read, not reported as a file of other data
     assert [r["run"] for r in model["differential"]["runs"]] == [RUN_ID]
@@ -91,7 +92,7 @@ def test_a_gpu_only_failure_names_a_replayable_case_and_an_interpreter_only_one_
     text, model = _render([root], out)
     rows = _rows(text)
     gpu_only = next(r for r in _records() if r["class"] == "gpu_only_failure")
-    note = rows[gpu_only["adapter"]][9]
+    note = rows[gpu_only["adapter"]][NOTE]
     assert note.startswith("CPU verdicts do not cover its GPU code: 1 case(s) pass on the interpreter and fail on "
                            "sm90 (a device-dependent code path, or a declaration only the GPU exposes)"), note
     assert f"`{gpu_only['case_id']}`" in note
@@ -103,12 +104,12 @@ def test_a_gpu_only_failure_names_a_replayable_case_and_an_interpreter_only_one_
     assert case.case == gpu_only["replay"] and case.recorded["verdict"] == "fail"
     assert case.recorded["generation"] == "sm90"
     interp_only = next(r for r in _records() if r["class"] == "interp_only_failure")
-    note = rows[interp_only["adapter"]][9]
+    note = rows[interp_only["adapter"]][NOTE]
     assert note.startswith("interpreter fidelity defect: 1 case(s) fail on the interpreter and pass on sm90"), note
     assert f"`{interp_only['case_id']}`" in note
     for name, cells in rows.items():  # no other kernel is said to disagree
         if name not in (gpu_only["adapter"], interp_only["adapter"]):
-            assert "fidelity" not in cells[9] and "do not cover" not in cells[9], cells
+            assert "fidelity" not in cells[NOTE] and "do not cover" not in cells[NOTE], cells
 
 
 def test_the_run_is_found_among_files_as_a_sweep_passes_them(tmp_path: Path) -> None:
