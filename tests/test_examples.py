@@ -62,6 +62,15 @@ def test_sweep_and_replay_on_the_example(example_on_path, device_info, unverifia
     assert out.startswith("pass: my-silu-mul on ") and "recorded: fail" in out
 
 
+def test_the_committed_case_file_names_the_example_adapter(example_on_path) -> None:  # type: ignore[no-untyped-def]
+    """Its README replays and bisects it as written, with no --adapter: the adapter it names must exist."""
+    from harness.store.casefiles import read_case_file
+
+    recorded = read_case_file(EXAMPLE / "cases" / "wrong-gate-order.json")
+    assert recorded.adapter_object == SPEC and recorded.adapter == example_on_path.name == recorded.case["adapter"]
+    assert recorded.recorded["verdict"] == "fail"
+
+
 def test_entry_point_of_the_example_resolves(example_on_path) -> None:  # type: ignore[no-untyped-def]
     if sys.version_info < (3, 11):
         pytest.skip("tomllib needs Python 3.11")

@@ -5,8 +5,8 @@ commands are parsed by the real argument parser and the cheap ones run in full (
 sweep narrowed by --adapter), in order, in a scratch copy of the tree (so nothing committed is rewritten); `pytest`
 commands collect (`--co`, in one process) with their arguments; `pip install` lines must name installable folders;
 `tox -e NAME` must name an environment of tox.ini and `bash SCRIPT.sh` a script that parses (both install libraries
-for minutes).
-Sweeps of every adapter, benchmarks and bisects are only parsed: they take minutes to hours or a GPU.
+for minutes). A bisect runs in full on the repository its README describes, built here (`example_repository`).
+Sweeps of every adapter and benchmarks are only parsed: they take minutes to hours or a GPU.
 """
 
 from __future__ import annotations
@@ -94,7 +94,42 @@ def is_cheap(args: list[str]) -> bool:
         return "--from" in args or "--adapter" in args  # a render, or a sweep of named adapters
     if command == "golden":
         return "--regenerate" not in args
-    return command in ("diff", "replay")
+    return command in ("diff", "replay", "bisect")
+
+
+#: the example README's kernel repository: its tag `v1.2` passes the committed case, its HEAD swaps gate and up
+EXAMPLE_GOOD_TAG = "v1.2"
+_GATE_UP = ("        gate = tl.load(x_row + cols, mask=keep, other=0.0).to(tl.float32)\n"
+            "        up = tl.load(x_row + n_cols + cols, mask=keep, other=0.0).to(tl.float32)\n")
+
+
+def example_repository(repo: Path) -> None:
+    """`repo` as examples/my_kernel/README.md describes `../my-kernel`: a git repository of the example package,
+    tagged v1.2 as it is, then a commit that loads the up half as the gate and the gate half as up."""
+    shutil.copytree(ROOT / "examples" / "my_kernel", repo, ignore=shutil.ignore_patterns("__pycache__", "results"))
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",
+                        *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "correct kernel")
+    git("tag", EXAMPLE_GOOD_TAG)
+    kernel = repo / "my_moe_kernel" / "swiglu.py"
+    text = kernel.read_text(encoding="utf-8")
+    assert _GATE_UP in text, "the example kernel changed: update _GATE_UP"
+    swapped = _GATE_UP.replace("gate = ", "GATE = ").replace("up = ", "gate = ").replace("GATE = ", "up = ")
+    kernel.write_text(text.replace(_GATE_UP, swapped), encoding="utf-8")
+    git("commit", "-q", "-am", "swap gate and up")
+
+
+def prepare(args: list[str], cwd: Path) -> None:
+    """What a command's prose says exists: a bisect's `--repo` that is not there is the example's repository."""
+    if args[:1] == ["bisect"] and "--repo" in args:
+        repo = cwd / args[args.index("--repo") + 1]
+        if not repo.exists():
+            example_repository(repo)
 
 
 def scratch_tree(tmp: Path) -> Path:
@@ -142,6 +177,7 @@ def run_step(step: Step, tree: Path) -> str | None:
             return f"the argument parser refuses it (exit {e.code})"
         if not is_cheap(args):
             return None
+        prepare(args, tree / step.cwd)
         argv = [sys.executable, "-m", "harness", *args]
         allowed = ALLOWED_EXIT.get(args[0], (0,))
     elif what == "pytest":

@@ -307,7 +307,7 @@ def _bisect_in(work: Path, case_path: str | os.PathLike, source: Path, case_id: 
             started = True
             return _run_bisect(checkout, step, env, tee, log)
         except BisectError as e:
-            tee.write(f"error: {e}\n")
+            log_fh.write(f"error: {e}\n")  # to the log only: the caller reports it (once) to the user
             raise
         finally:
             if started:

@@ -11,6 +11,7 @@ written into `cases_dir`."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections import Counter, defaultdict
@@ -49,6 +50,7 @@ def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str
         paths = [paths]
     side = Side(label or ", ".join(map(str, paths)))
     for root in map(Path, paths):
+        refuse_case_file(root)
         for f in result_files([root]):  # .jsonl and .jsonl.gz
             for r in load([f], on_skip=on_skip)[0]:
                 key = (r.generation, r.case.case_id)
@@ -58,6 +60,32 @@ def load_side(paths: str | os.PathLike | Sequence[str | os.PathLike], label: str
                     side.results[key] = r
                     side.origin[key] = f.parent
     return side
+
+
+_TAKES = "diff compares two result stores, each a JSONL file or a folder of them (e.g. results/interp results/sm90)"
+
+
+def refuse_case_file(path: Path) -> None:
+    """A case file (one case to re-run) given where result stores go: raises ResultsFileError saying what diff takes
+    and what runs a case file, rather than calling a valid case file invalid JSONL. Any file that is one JSON
+    document over several lines (a case file, a rendered matrix's `.json`) cannot be JSONL results."""
+    if not path.is_file() or path.suffix != ".json":
+        return
+    from harness.store.casefiles import parse_case_file
+
+    text = path.read_text(encoding="utf-8", errors="replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return  # not one JSON document: read as results, which says what is wrong with it
+    if "\n" not in text:
+        return  # one line: a results file of one record, or read as results and refused there
+    try:
+        parse_case_file(data, validate=False)
+    except (ValueError, KeyError, TypeError):
+        raise ResultsFileError(f"{path} is a JSON document, not results: {_TAKES}") from None
+    raise ResultsFileError(f"{path} is a case file (one case), not results: {_TAKES}; to re-run a case file use: "
+                           f"python -m harness replay {path}")
 
 
 def _cell_of(r: Result, with_generation: bool) -> tuple[str, ...]:
@@ -230,7 +258,8 @@ def add_parser(sub: Any) -> None:
     d = sub.add_parser("diff", help="cells whose verdict differs between two result sets (markdown)",
                        description="Compare two result sets (files or folders: two generations, two commits) "
                        "cell by cell; print the differing cells as a markdown table with the case files to replay. "
-                       "Exit 0 when none differ, 1 when some do, 2 for an unreadable input.")
+                       "Exit 0 when none differ, 1 when some do, 2 for an unreadable input (a case file is not "
+                       "results: replay runs it).")
     d.add_argument("a", help="results A (a JSONL file or a folder)")
     d.add_argument("b", help="results B (a JSONL file or a folder)")
     d.add_argument("--cases-dir", default="results/local/diff-cases",

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from harness import registry
-from harness.core import isolation
+from harness.core import isolation, paths
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
 from harness.engine.arena import Slot, view
@@ -67,7 +67,7 @@ def chain(e: BaseException, limit: int = 4) -> list[str]:
 def where(e: BaseException) -> str:
     """`file:line` of the innermost frame of `e` outside the harness ("" when there is none)."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_HARNESS_DIRS)]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return paths.code_location(frames[-1].filename, frames[-1].lineno or 0) if frames else ""
 
 
 def contained_call(adapter: Adapter, case: Case, inputs: Mapping[str, Any], outputs: dict[str, torch.Tensor],

@@ -33,7 +33,7 @@ from harness.core.result import Result
 from harness.engine.arena import Arena, arena_bytes
 from harness.engine.arena import _contiguous as _contiguous
 from harness.engine.host import STICKY_CUDA, HostDied, KernelRaised
-from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter  # noqa: F401  (re-exported)
+from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter, where  # noqa: F401  (re-exported)
 from harness.engine.interpreter import TRITON_VERSION, unverified_reason
 from harness.engine.interpreter_faults import interpreter_fault
 from harness.engine.remote import RemoteAdapter
@@ -190,11 +190,6 @@ def _guard_checks(bands: Mapping[str, Band], run: str) -> list[Comparison]:
         else:
             found.append(_check(f"guard:{name}", True))
     return found
-
-
-#: frames of the judge itself, skipped when naming where a kernel raised
-_JUDGE_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, "")
-                    for d in ("engine", "core"))
 
 
 def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor],
@@ -393,11 +388,6 @@ def _summary(checks: list[Comparison]) -> tuple[str, dict[str, Any]]:
     failed = [c for c in checks if not c.passed]
     metrics["failed_checks"] = [c.name for c in failed]
     return "; ".join(c.reason for c in failed), metrics
-
-
-def _where(e: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_JUDGE_DIRS)]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _describe(e: BaseException) -> str:
@@ -783,10 +773,10 @@ class _Judging:
         if not self.declared:
             kind = (f"rejected undeclared cell ({self.why_not}) naming none of its axes or values" if run == "first run"
                     else f"raised on undeclared cell ({self.why_not})")
-        at = remote.get("where", "") if remote is not None else _where(e)
-        where = f" (at {at})" if at else ""
+        at = remote.get("where", "") if remote is not None else where(e)
+        located = f" (at {at})" if at else ""
         type_name = e.type_name if isinstance(e, KernelRaised) else type(e).__name__
-        return self.result("error", f"kernel {kind}{'' if run == 'first run' else ' on its ' + run}: {msg}{where}",
+        return self.result("error", f"kernel {kind}{'' if run == 'first run' else ' on its ' + run}: {msg}{located}",
                            exception=msg, exception_type=type_name)
 
     def unverified_interpreter(self) -> bool:

@@ -25,6 +25,7 @@ from harness.core import isolation
 from harness.core import limits as limit_table
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
+from harness.core.paths import public_path
 from harness.core.text import one_line
 from harness.registry import provenance, sourcefiles
 
@@ -119,7 +120,7 @@ class FilesLibrary(Library):
     def missing(self) -> str | None:
         if self.found() is not None:
             return None
-        where = ", ".join(str(f) for f in sourcefiles.folders())
+        where = ", ".join(public_path(str(f)) for f in sourcefiles.folders())
         return (f"{self.distribution}'s files are not here (the adapter was written for {self.distribution} "
                 f"{self.written_for}; it reads {self.module}/ from the installed package or from {where}; get them "
                 f"with: {self.install})")

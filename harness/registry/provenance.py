@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
+from harness.core.paths import public_path
+
 #: git must answer within this many seconds; a tree it cannot describe in time is hashed instead
 GIT_TIMEOUT_S = 20.0
 #: files that describe no code of the package (bytecode caches)
@@ -39,8 +41,8 @@ class Source:
 
     def label(self) -> str:
         if self.commit is not None:
-            return f"source {self.path}, git {self.commit}{', dirty' if self.dirty else ''}"
-        return f"source {self.path}, content sha256 {self.content}"
+            return f"source {public_path(self.path)}, git {self.commit}{', dirty' if self.dirty else ''}"
+        return f"source {public_path(self.path)}, content sha256 {self.content}"
 
 
 def module_location(module: str) -> Path | None:

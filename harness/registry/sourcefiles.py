@@ -29,8 +29,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness.core.paths import THIRD_PARTY_ENV
+
 #: the environment variable naming the folders to search (colon-separated), before `third_party/`
-FOLDERS_ENV = "MOE_THIRD_PARTY"
+FOLDERS_ENV = THIRD_PARTY_ENV
 _REPO = Path(__file__).resolve().parents[2]
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.core.paths import public_record
 from harness.core.result import strict_json
 
 if TYPE_CHECKING:  # imported lazily: the replay parent stays light (no torch)
@@ -93,8 +94,8 @@ def write_case_file(result: Result, directory: str | os.PathLike, *, adapter_obj
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{result.case.case_id}.json"
-    text = json.dumps(strict_json(case_record(result, adapter_object=adapter_object)), indent=1, sort_keys=True,
-                      allow_nan=False) + "\n"
+    record = public_record(case_record(result, adapter_object=adapter_object))
+    text = json.dumps(strict_json(record), indent=1, sort_keys=True, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -42,6 +42,7 @@ from tabulate import tabulate
 from harness.core.case import OPS
 from harness.core.causes import Fact, ran_without, separate, what_failed
 from harness.core.device import GENERATIONS
+from harness.core.paths import public_record
 from harness.core.text import one_line
 from harness.store import differential, seed_table
 from harness.store.results import (
@@ -122,7 +123,7 @@ def _cell(v: Any) -> str:
     return text.replace("&lt;sup&gt;", "<sup>").replace("&lt;/sup&gt;", "</sup>")
 
 
-_AT = re.compile(r"\s\(at [^()]*:\d+\)")  # source locations are in the case files
+_AT = re.compile(r"\s\(at [^()]*:\d+(?: in [^()]*)?\)")  # source locations are in the case files
 _MARGIN = re.compile(r"outside the error bound \(margin ([^)]*)\)")
 #: a margin this large is an error over a bound of 0 (older records clamped the bound to 1e-300 instead of inf)
 EXACT_MARGIN = 1e200
@@ -1035,8 +1036,9 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     md_path = Path(out)
     folder = md_path.stem + ".cases"
     sources = list(shown_sources) if shown_sources is not None else [str(p) for p in paths]
-    model = build(results, meta, command=command, sources=sources, cases_folder=folder, history=history,
-                  differential_runs=[differential.read_run(p) for p in found])
+    # committed and read elsewhere: results of any age name no path of the machine (harness.core.paths)
+    model = public_record(build(results, meta, command=command, sources=sources, cases_folder=folder,
+                                history=history, differential_runs=[differential.read_run(p) for p in found]))
     md_path.parent.mkdir(parents=True, exist_ok=True)
     json_path = md_path.with_suffix(".json")
     case_dir = md_path.parent / folder

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.core.paths import public_record
 from harness.core.result import SCHEMA_VERSION, Result, strict_json
 from harness.store.casefiles import write_case_file
 
@@ -67,7 +68,8 @@ class ResultStore:
             self._lines = [self.path.read_text(encoding="utf-8")] if self.path.stat().st_size else []
             self._seen = self._stamp()
         self.check_untouched()
-        line = json.dumps(strict_json(record), sort_keys=True, allow_nan=False) + "\n"
+        # results are committed and read elsewhere: no path of this machine in them (harness.core.paths)
+        line = json.dumps(strict_json(public_record(record)), sort_keys=True, allow_nan=False) + "\n"
         self._fh.write(line)
         self._fh.flush()
         self._lines.append(line)

@@ -96,14 +96,18 @@ def test_bisect_names_the_first_bad_commit_and_skips_the_broken_one(toy_repo, tm
     assert _git(repo, "for-each-ref", "refs/bisect") == ""
 
 
-def test_bisect_refuses_wrong_endpoints(toy_repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_bisect_refuses_wrong_endpoints(toy_repo, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     repo, shas, case_path = toy_repo
     with pytest.raises(BisectError, match="not an ancestor"):
         bisect(case_path, shas[4], shas[0], repo=repo, device="cpu", log_path=tmp_path / "a.log")
     with pytest.raises(BisectError, match="not a commit"):
         bisect(case_path, "no-such-rev", shas[4], repo=repo, device="cpu", log_path=tmp_path / "b.log")
-    with pytest.raises(BisectError, match="fails at --good"):  # c3 is not good: bisecting c3..c4 would blame c4
-        bisect(case_path, shas[3], shas[4], repo=repo, device="cpu", log_path=tmp_path / "c.log")
+    # c3 is not good: bisecting c3..c4 would blame c4; the command says so once (and the log too), exit 2
+    code = main(["bisect", str(case_path), "--good", shas[3], "--bad", shas[4], "--repo", str(repo), "--device", "cpu",
+                 "--log", str(tmp_path / "c.log")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("fails at --good") == 1, err
+    assert "error: the case fails at --good" in (tmp_path / "c.log").read_text()
 
 
 @pytest.fixture(scope="module")

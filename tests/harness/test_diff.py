@@ -115,3 +115,18 @@ def test_diff_per_generation_when_both_sides_hold_the_same_generations(tmp_path)
     d = diff(load_side(tmp_path / "one.jsonl"), load_side(tmp_path / "two.jsonl"))
     assert [(x.cell, x.generation) for x in d.differing] == [("activation=silu_and_mul, dtype=float32", "sm90")]
     assert "| adapter | cell | generation | A | B | replay |" in to_markdown(d, cases_dir=tmp_path / "c")
+
+
+def test_diff_given_a_case_file_says_it_takes_result_stores(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    _write(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    case_file = sorted((tmp_path / "b" / "cases").glob("*.json"))[0]  # a case file the store wrote
+    for first, second in ((str(case_file), "a"), ("a", str(case_file))):
+        assert main(["diff", first, second]) == 2
+        err = capsys.readouterr().err
+        assert "is a case file" in err and "result stores" in err and f"harness replay {case_file}" in err, err
+        assert "not a valid result record" not in err and "JSON" not in err.split("not results")[0], err
+    rendered = tmp_path / "m.json"  # another JSON document: a rendered matrix's
+    rendered.write_text(json.dumps({"sources": ["a"], "adapters": []}, indent=1))
+    assert main(["diff", "a", str(rendered)]) == 2
+    assert "is a JSON document, not results" in capsys.readouterr().err

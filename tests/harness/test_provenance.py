@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -33,6 +34,11 @@ def _package(root: Path) -> str:
     return name
 
 
+def _named(tree: Path) -> str:
+    """How a verdict names a checkout under the temporary directory: never by this machine's absolute path."""
+    return "<tmp>/" + tree.relative_to(tempfile.gettempdir()).as_posix()
+
+
 def _library(module: str, distribution: str | None = None) -> Library:
     return Library(distribution=distribution or f"moe-prov-dist-{uuid.uuid4().hex[:8]}", module=module,
                    written_for="0.1", install="pip install it")
@@ -55,7 +61,7 @@ def test_a_library_from_a_git_checkout_is_labelled_with_its_commit(checkout) -> 
     tree, name, commit = checkout
     lib = _library(name)
     assert lib.missing() is None  # importable from the checkout, no distribution installed: it runs
-    assert lib.label() == f"{lib.distribution} (source {tree}, git {commit})"
+    assert lib.label() == f"{lib.distribution} (source {_named(tree)}, git {commit})"
 
 
 def test_uncommitted_changes_make_it_dirty(checkout) -> None:  # type: ignore[no-untyped-def]
@@ -71,7 +77,7 @@ def test_uncommitted_changes_make_it_dirty(checkout) -> None:  # type: ignore[no
     (tree / name / "kernel.py").write_text("def run():\n    return 3\n")  # so does a changed tracked file
     provenance.source_of.cache_clear()
     lib = _library(name)
-    assert lib.label() == f"{lib.distribution} (source {tree}, git {commit}, dirty)"
+    assert lib.label() == f"{lib.distribution} (source {_named(tree)}, git {commit}, dirty)"
 
 
 def test_without_git_the_label_carries_a_content_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,7 +87,7 @@ def test_without_git_the_label_carries_a_content_hash(tmp_path: Path, monkeypatc
     pkg = tmp_path / "plain" / name
     first = provenance.content_hash(pkg)
     lib = _library(name)
-    assert lib.label() == f"{lib.distribution} (source {pkg}, content sha256 {first})"
+    assert lib.label() == f"{lib.distribution} (source {name}, content sha256 {first})"
     (pkg / "__pycache__").mkdir()
     (pkg / "__pycache__" / "kernel.cpython-313.pyc").write_bytes(b"bytecode")
     assert provenance.content_hash(pkg) == first  # bytecode caches are not the code
@@ -96,7 +102,7 @@ def test_a_package_git_does_not_track_is_hashed(checkout, monkeypatch: pytest.Mo
     monkeypatch.syspath_prepend(str(tree / "vendored"))
     pkg = tree / "vendored" / name
     lib = _library(name)
-    assert lib.label() == f"{lib.distribution} (source {pkg}, content sha256 {provenance.content_hash(pkg)})"
+    assert lib.label() == f"{lib.distribution} (source {name}, content sha256 {provenance.content_hash(pkg)})"
 
 
 def _dist_info(site: Path, dist: str, module_file: str | None, editable_from: Path | None = None) -> None:
@@ -123,7 +129,7 @@ def test_an_installed_copy_is_the_version_alone_and_a_shadowing_checkout_is_not(
     # the same distribution installed, but the module imported from a checkout earlier on the path
     shadowed = f"moe-prov-{uuid.uuid4().hex[:8]}"
     _dist_info(site, shadowed, f"{name}/__init__.py")
-    assert _library(name, shadowed).label() == f"{shadowed} 1.0 (source {tree}, git {commit})"
+    assert _library(name, shadowed).label() == f"{shadowed} 1.0 (source {_named(tree)}, git {commit})"
 
 
 def test_an_editable_install_is_labelled_with_its_checkout(checkout, tmp_path: Path,
@@ -132,7 +138,7 @@ def test_an_editable_install_is_labelled_with_its_checkout(checkout, tmp_path: P
     dist = f"moe-prov-{uuid.uuid4().hex[:8]}"
     _dist_info(tmp_path / "site", dist, None, editable_from=tree)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    assert _library(name, dist).label() == f"{dist} 1.0 (source {tree}, git {commit})"
+    assert _library(name, dist).label() == f"{dist} 1.0 (source {_named(tree)}, git {commit})"
 
 
 def test_a_development_install_in_the_checkout_is_labelled_with_its_commit(checkout) -> None:  # type: ignore[no-untyped-def]
@@ -147,7 +153,7 @@ def test_a_development_install_in_the_checkout_is_labelled_with_its_commit(check
     _git(tree, "add", "-A")
     _git(tree, "commit", "-q", "-m", "egg-info")
     commit = _git(tree, "rev-parse", "HEAD")
-    assert _library(name, dist).label() == f"{dist} 1.0 (source {tree}, git {commit})"
+    assert _library(name, dist).label() == f"{dist} 1.0 (source {_named(tree)}, git {commit})"
 
 
 def test_the_verdict_records_the_checkout(checkout) -> None:  # type: ignore[no-untyped-def]
@@ -160,4 +166,4 @@ def test_the_verdict_records_the_checkout(checkout) -> None:  # type: ignore[no-
                 **ops.get("activation").boundary(adapter, cell)[2])
     r = runner.judge(case, adapter, detect("cpu"))
     assert r.verdict in ("pass", "unsupported"), r.reason  # unsupported: not a CPU machine
-    assert r.metrics["library"] == f"{adapter.library.distribution} (source {tree}, git {commit})"
+    assert r.metrics["library"] == f"{adapter.library.distribution} (source {_named(tree)}, git {commit})"
