@@ -292,7 +292,10 @@ def _run_and_report(args: argparse.Namespace, sides: Sequence[Any], work: Sequen
         signal.signal(signal.SIGTERM, old)
         report.close()
     summary = out / "summary.md"
-    summary.write_text(render_summary(report.records, sides, run_id, args, skipped, interrupted), encoding="utf-8")
+    from harness.core.paths import public_text  # committed and read elsewhere: no path of this machine
+
+    summary.write_text(public_text(render_summary(report.records, sides, run_id, args, skipped, interrupted)),
+                       encoding="utf-8")
     counts = Counter(r["class"] for r in report.records)
     print(f"{len(report.records)} cases: " + ", ".join(f"{counts[c]} {c}" for c in counts) +
           f"; {summary} and {report.path}")

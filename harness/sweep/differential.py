@@ -23,6 +23,7 @@ from harness import ops
 from harness.core.case import Case
 from harness.core.compare import bits
 from harness.core.device import DeviceInfo
+from harness.core.paths import public_record
 from harness.core.result import Result, strict_json
 from harness.engine import remote, runner
 from harness.engine.host import Host
@@ -298,9 +299,10 @@ def case_record(case: Case, cls: str, why: str, sides: Mapping[str, Any],
                 outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One line of the run's JSONL; the whole case under `replay` (a "case" key would make results readers take
     the file for verdicts: committed runs lie under results/, which the matrix renders)."""
-    return strict_json({"case_id": case.case_id, "adapter": case.adapter, "op": case.op, "cell": dict(case.features),
-                        "seed": case.seed, "shapes": dict(case.shapes), "class": cls, "why": why, **sides,
-                        "outputs": dict(outputs or {}), "replay": case.to_dict()})
+    record = {"case_id": case.case_id, "adapter": case.adapter, "op": case.op, "cell": dict(case.features),
+              "seed": case.seed, "shapes": dict(case.shapes), "class": cls, "why": why, **sides,
+              "outputs": dict(outputs or {}), "replay": case.to_dict()}
+    return public_record(strict_json(record))  # committed and read elsewhere: no path of this machine
 
 
 def unjudged_record(case: Case, sides: Sequence[Side], why: str) -> dict[str, Any]:
