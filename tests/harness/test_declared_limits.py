@@ -167,9 +167,11 @@ def _verdicts(adapter: registry.Adapter, cases: list[Case]) -> dict[str, int]:
     return found
 
 
-def test_a_contiguous_only_kernel_passes_once_it_declares_its_expert_maps() -> None:
+def test_a_contiguous_only_kernel_passes_once_it_declares_its_expert_maps(monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.plugin.generic import explicit_examples
 
+    # the CPU scale's draws, on any machine: the GPU scale's first eight happen to hold no map the kernel gets wrong
+    monkeypatch.setenv("HARNESS_SCALE", "small")
     undeclared = _contiguous_adapter({})
     assert _verdicts(undeclared, _drawn(undeclared, 8)).get("fail", 0) > 0  # random maps: wrong
     declared = _contiguous_adapter({"expert_maps": ("contiguous",)})

@@ -23,7 +23,7 @@ Run = Callable[[Case, dict[str, torch.Tensor], dict[str, torch.Tensor]], None]
 def _topk_any_tie(t: torch.Tensor, k: int) -> torch.Tensor:
     """Top-k indices, ties broken by a fixed shuffle of the columns (as a GPU top-k may): zero-score picks then
     spread over the groups."""
-    perm = torch.randperm(t.shape[-1], generator=torch.Generator().manual_seed(7))
+    perm = torch.randperm(t.shape[-1], generator=torch.Generator().manual_seed(7)).to(t.device)  # a GPU case too
     return perm[torch.sort(t[:, perm], dim=-1, descending=True, stable=True).indices[:, :k]]
 
 
