@@ -2,7 +2,7 @@
 of an adapter on a device, and a case of one of them (its sizes and values drawn by the op's spec, see
 `harness.core.sizes` and `harness.core.inputs`). Besides the draws, the explicit cases every run judges: a cover of
 every declared value, one case per value class and family (`value_class_cases`), one past each declared threshold
-(`threshold_cases`).
+(`threshold_cases`), each fitted to the adapter's declarations as the draws are (`harness.engine.fitting`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from harness import ops
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
-from harness.registry import Adapter, SupportRuleError
+from harness.engine import fitting
+from harness.engine.fitting import accepted
+from harness.registry import Adapter
 
 
 def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
@@ -57,20 +59,6 @@ def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]],
     return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
 
 
-def accepted(adapter: Adapter, device: DeviceInfo | None, cell: Mapping[str, str], fields: Mapping[str, Any]) -> bool:
-    """Whether the runner would judge a case of `cell` with these fields rather than turn it away by the adapter's
-    declarations (its shape limits, expert maps, the support rule for the shapes of a declared cell). A rule that
-    raises accepts: the runner reports its error."""
-    shapes = fields["shapes"]
-    if adapter.shape_unsupported(shapes, fields.get("params")) is not None:
-        return False
-    try:  # device None: the rule answers for no device in particular, as when cells are planned
-        return not (adapter.declares(cell, device)[0]
-                    and adapter.case_unsupported(device, cell, shapes))  # type: ignore[arg-type]
-    except SupportRuleError:
-        return True
-
-
 def thresholds(adapter: Adapter) -> list[tuple[str, tuple[int, ...], Mapping[str, tuple[str, ...]]]]:
     """The adapter's declared thresholds: (dim, sizes just past them, the cells where the code past them runs) from
     its `cross_<dim>` limits: an int, a tuple of ints, {"at": int or tuple, "where": {axis: values}}, or a list of
@@ -94,12 +82,12 @@ def threshold_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> lis
     first of `cells` (within the threshold's `where`) whose boundary cases have that dim: its boundary case with the
     fewest elements and at least one token, with <dim> set to that size: the cheapest shape that crosses it. Draws
     stay small on a CPU, so without these a 1024-wide tile, a scan used above 32768 ids or a split path for wide
-    rows would never be crossed."""
-    spec = ops.get(adapter.op)
+    rows would never be crossed. The boundary and value-class cases are fitted to the adapter's declarations
+    (`fitting`) before."""
     found: list[Case] = []
     for dim, sizes, where in thresholds(adapter):
         for cell in [c for c in cells if all(c.get(a) in v for a, v in where.items())][:64]:
-            usable = [b for b in spec.boundary(adapter, cell) if dim in b["shapes"] and _substantive(b)]
+            usable = [b for b in fitting.boundary(adapter, cell) if dim in b["shapes"] and _substantive(b)]
             if not usable:
                 continue
             bases = [min(usable, key=lambda b: _size({**b["shapes"], dim: 1})), *_class_bases(adapter, cell, dim)]
@@ -116,9 +104,9 @@ def _class_bases(adapter: Adapter, cell: Mapping[str, str], dim: str) -> list[di
     found = []
     for vc in ops.get(adapter.op).value_classes:
         if vc.applies(adapter, cell):
-            fields = vc.fields(adapter, cell)
-            if dim in fields["shapes"] and "counts" not in fields.get("params", {}):
-                found.append(fields)
+            fields = fitting.fitted(adapter, cell, vc.fields(adapter, cell), holds=vc.present)
+            if fields is not None and dim in fields["shapes"] and "counts" not in fields.get("params", {}):
+                found.append(dict(fields))
     return found
 
 
@@ -144,8 +132,8 @@ def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -
     """A few small non-vacuous cases that together exercise every declared value of every axis (a greedy cover of the
     (axis, value) pairs by declared cells, each judged on the op's smallest boundary case with tokens, local
     experts, a few values and several token rows). Hypothesis' few draws over hundreds of cells leave whole value
-    families (an activation, a quant type) unexercised in a CI run; these make every run cover them."""
-    spec = ops.get(adapter.op)
+    families (an activation, a quant type) unexercised in a CI run; these make every run cover them. The boundary
+    cases are fitted to the adapter's declarations (`fitting`)."""
     uncovered = {(a, v) for c in cells for a, v in c.items()}
     pool = list(cells)
     found: list[Case] = []
@@ -155,7 +143,7 @@ def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -
         if not gain:
             break
         pool.remove(cell)
-        usable = [b for b in spec.boundary(adapter, cell) if _substantive(b)]
+        usable = [b for b in fitting.boundary(adapter, cell) if _substantive(b)]
         if not usable:
             continue
         ranked = sorted(usable, key=lambda b: _size(b["shapes"]))
@@ -172,7 +160,8 @@ def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> l
     """One case of each of the op's value classes (all-zero groups, counts at block multiples, the first and last
     local expert, non-finite rows...) per family of the declared cells that can hold it (the values of the class's
     family axes): the declared-value cover exercises every value, these every boundary value class in each family,
-    in every run."""
+    in every run. Each is fitted to the adapter's declarations (`fitting.fitted`, the class still present), or
+    kept as it is where it cannot be (judged unsupported)."""
     spec = ops.get(adapter.op)
     found: list[Case] = []
     for vc in spec.value_classes:
@@ -181,7 +170,9 @@ def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> l
             if vc.applies(adapter, cell):
                 families.setdefault(tuple(cell.get(a, "") for a in vc.family), cell)
         for cell in families.values():
-            found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **vc.fields(adapter, cell)))
+            fields = vc.fields(adapter, cell)
+            fields = dict(fitting.fitted(adapter, cell, fields, holds=vc.present) or fields)
+            found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields))
     return found
 
 

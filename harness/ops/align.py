@@ -30,6 +30,7 @@ from harness.core.case import Case
 from harness.core.sizes import edge_sizes, span
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import (
+    centred_counts,
     custom,
     draw_experts,
     draw_map,
@@ -145,7 +146,7 @@ def _counts_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     mapped = cell["expert_map"] != "none"
     counts = [bs + 1, 1, bs, 0, bs - 1, 2 * bs, 3, bs] if mapped else [bs, 0, bs - 1, bs + 1, 2 * bs]
     m, counts = rows_for_counts(adapter, "M", counts, 2)
-    e = experts_fitted(adapter, len(counts))
+    e, counts = centred_counts(adapter, counts, 4, 8) if mapped else (experts_fitted(adapter, len(counts)), counts)
     params = map_fields(adapter, e, 4, "contiguous") if mapped else {}
     return {"shapes": {"M": m, "E": e, "k": 2}, "dtypes": {"topk_ids": cell["ids_dtype"]},
             "params": {**params, "counts": counts + [0] * (e - len(counts))}}

@@ -43,6 +43,19 @@ def experts_fitted(adapter: Adapter, e: int) -> int:
     return span(adapter, "E").fit_up(e)
 
 
+def centred_counts(adapter: Adapter, counts: list[int], n_local: int, designed: int) -> tuple[int, list[int]]:
+    """(E, counts) for per-expert counts written for a contiguous map of `n_local` experts among `designed`: E at a
+    size the E limits allow, the counts moved with the map's range (centred: `inputs.contiguous_map`) and padded."""
+    e = experts_fitted(adapter, max(designed, len(counts)))
+    shifted = counts
+    for _ in range(4):
+        shifted = [0] * max(0, (e - n_local) // 2 - (designed - n_local) // 2) + counts
+        if len(shifted) <= e:
+            break
+        e = experts_fitted(adapter, len(shifted))
+    return e, shifted + [0] * (e - len(shifted))
+
+
 def expert_maps(adapter: Adapter) -> str:
     """The widest expert-map shape the adapter declares (`expert_maps`: random, contiguous or identity)."""
     return limit_table.widest_map(lim(adapter, "expert_maps"))

@@ -33,6 +33,7 @@ from harness.ops import experts_quant as xq
 from harness.ops.activation import operand_magnitude, oracle_kwargs, rounded_activation
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import (
+    centred_counts,
     draw_experts,
     draw_map,
     draw_top_k,
@@ -617,7 +618,10 @@ def _tokens_fields(adapter: Adapter, cell: Mapping[str, str], counts: list[int],
                            "max_tokens": span(adapter, "max_tokens").fit_up(max(counts) + 1)},
                 "dtypes": {"x": cell["dtype"]}, "params": {**params, "counts": counts + [0] * (e - len(counts))}}
     k = 1 if yes(cell["apply_weight_on_input"]) else 2
+    designed = len(counts)
     m, counts = rows_for_counts(adapter, "M", counts, k)
+    if yes(cell["expert_map"]) and params.get("map") == "contiguous":  # the counts move with the map's range
+        e, counts = centred_counts(adapter, counts, params["local_experts"], max(e or 0, designed))
     e = experts_fitted(adapter, max(e or 0, len(counts)))
     counts = counts + [0] * (e - len(counts))
     if yes(cell["expert_map"]):

@@ -22,12 +22,12 @@ import pytest
 from hypothesis import given, seed, settings
 from hypothesis.errors import Flaky
 
-from harness import ops, registry
+from harness import registry
 from harness.core.case import Case
 from harness.core.causes import ran_without, what_failed
 from harness.core.result import Result
 from harness.core.text import one_line
-from harness.engine import runner
+from harness.engine import fitting, runner
 from harness.engine import strategies as hs
 from harness.plugin import VERIFIED_PROPERTY
 
@@ -253,9 +253,8 @@ class _Search:
 
 def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]], device, results) -> None:  # type: ignore[no-untyped-def]
     """One `not-installed` verdict per declared cell (the runner's gate answers it without running anything)."""
-    spec = ops.get(adapter.op)
     for cell in cells:
-        case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **spec.boundary(adapter, cell)[0])
+        case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fitting.boundary(adapter, cell)[0])
         results.append(runner.judge(case, adapter, device))
 
 
@@ -278,7 +277,7 @@ def _vacuous_boundary_cases(adapter: registry.Adapter, cells: list[dict[str, str
              "no local expert": lambda f: f.get("params", {}).get("local_experts") == 0}
     found: dict[str, Case] = {}
     for cell in cells[:64]:
-        for fields in ops.get(adapter.op).boundary(adapter, cell):
+        for fields in fitting.boundary(adapter, cell):
             for kind, matches in kinds.items():
                 if kind not in found and matches(fields):
                     found[kind] = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields)
@@ -305,7 +304,6 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
                                            moe_unverifiable, request) -> None:
     adapter = _hosted(request, moe_adapter_name, moe_device)
     moe_device = adapter.device_for(moe_device)
-    spec = ops.get(adapter.op)
     cells = hs.undeclared_cells(adapter, moe_device)
     if moe_device.generation not in adapter.generations:
         pytest.skip(f"{moe_adapter_name} does not run on {moe_device.generation} (reported as unsupported)")
@@ -314,7 +312,8 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
     problems = []
     judged: list[Result] = []
     for cell in cells[:12]:
-        fields = spec.boundary(adapter, cell)[1]
+        bounds = fitting.boundary(adapter, cell)
+        fields = bounds[min(1, len(bounds) - 1)]
         case = runner.Case(op=adapter.op, adapter=adapter.name, features=cell, **fields)
         moe_results.begin(case, moe_device.to_dict(), moe_device.generation)
         # the fixture also installs the interpreter's fidelity fixes: without them (this test alone in a process)

@@ -6,10 +6,11 @@ Cell selection (`select_cells`):
          set, built greedily and deterministically: first over the cells the adapter declares (so every pair of
          declared values is exercised together in a cell the kernel accepts), then extended until every pair of
          values of any two axes that occurs in some applicable cell is covered.
-Cases of a cell are its op's boundary cases (`OpSpec.boundary`); a cell the adapter does not declare gets one case
-(enough to show a clean rejection); quick takes `cases_per_cell` of them, rotated by the cell's position so that every
-boundary shape still appears across the cells. A case's seed is its index in the boundary list, so the same case has
-the same seed in every profile.
+Cases of a cell are its op's boundary cases (`OpSpec.boundary`), fitted to the adapter's declared size limits and
+support rule (`harness.engine.fitting`: moved to allowed sizes, or left out); a cell the adapter does not declare
+gets one case (enough to show a clean rejection); quick takes `cases_per_cell` of them, rotated by the cell's
+position so that every boundary shape still appears across the cells. A case's seed is its index in the (fitted)
+boundary list, so the same case has the same seed in every profile.
 
 Shards (`Shard`): shard K of N holds the cells whose stable hash (adapter, op, cell) is K-1 modulo N, so a sweep
 split over N machines judges every case exactly once, whatever else each machine runs, and the shards' results
@@ -29,6 +30,7 @@ from harness import ops
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
 from harness.core.sizes import scale
+from harness.engine import fitting
 from harness.engine.strategies import threshold_cases
 
 CASES_PER_CELL = {"quick": 2, "full": 6}
@@ -111,7 +113,7 @@ def plan(adapter: Any, profile: str = "quick") -> Plan:
     position = {tuple(sorted(c.items())): i for i, c in enumerate(spec.all_cells())}
     cases = []
     for cell in cells:
-        bounds = spec.boundary(adapter, cell)
+        bounds = fitting.boundary(adapter, cell)
         if not bounds:
             continue
         # An undeclared cell needs one case to show a clean rejection (or "works but not claimed"), not all of them.

@@ -1,0 +1,184 @@
+"""The fixed cases every run judges besides the draws (the matrix's boundary cases, the generic test's explicit
+examples: vacuous boundary cases, the value cover, the value classes, the thresholds) follow the adapter's
+declared size limits and support rule, as the draws do (harness.engine.fitting): an adapter that needs E % 16 == 0
+gets its boundary cases at E = 16, not unsupported verdicts at E = 8; an adapter without size limits plans exactly
+what the op's boundary cases give."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from harness import ops, registry, sweep
+from harness.core.case import Case
+from harness.core.device import detect
+from harness.engine import runner
+from harness.engine import strategies as hs
+from harness.plugin.generic import explicit_examples
+
+CPU = detect("cpu")
+
+#: (op, limits): adapters of unseen libraries whose kernels need these multiples
+LIMITED = [("routing", {"E_multiple": 16}), ("grouped_routing", {"E_multiple": 16}),
+           ("experts", {"K_multiple": 64, "N_multiple": 64}), ("align", {"E_multiple": 8})]
+
+
+def _limited(op: str, lims: Mapping[str, Any]) -> registry.Adapter:
+    base = registry.resolve(f"reference-{op.replace('_', '-')}")
+    return dataclasses.replace(base, name=f"limited-{op}", limits=dict(lims))
+
+
+def _breaks(case: Case, lims: Mapping[str, Any]) -> list[str]:
+    """The declared multiples a case's shapes break, checked directly."""
+    return [f"{key}: {case.shapes}" for key, m in lims.items()
+            if key.endswith("_multiple") and case.shapes.get(key.removesuffix("_multiple"), 0) % m]
+
+
+def _raw_plan(adapter: registry.Adapter) -> sweep.Plan:
+    """The plan as the op's boundary cases give it, nothing fitted (the plan before fitting existed)."""
+    from harness.engine import fitting  # here: the cases above also run where it does not exist
+
+    def raw(a: registry.Adapter, cell: Mapping[str, str], device: Any = None) -> list[dict[str, Any]]:
+        return ops.get(a.op).boundary(a, cell)
+
+    with mock.patch.object(fitting, "boundary", raw):
+        return sweep.plan(adapter, "quick")
+
+
+def _cell_key(features: Mapping[str, str]) -> tuple:
+    return tuple(sorted(features.items()))
+
+
+def _fields_key(case: Case) -> str:
+    return json.dumps([case.features, case.shapes, case.params], sort_keys=True)
+
+
+def _turned_away(adapter: registry.Adapter, cases: list[Case]) -> list[str]:
+    """The cases the runner's gate would report unsupported by the adapter's declarations."""
+    return [f"{c.features} {c.shapes}" for c in cases if adapter.shape_unsupported(c.shapes, c.params)
+            or (adapter.claims(c.features) and adapter.case_unsupported(None, c.features, c.shapes))]  # type: ignore[arg-type]
+
+
+def _judge_moved(adapter: registry.Adapter, cases: list[Case], before: list[Case]) -> dict[str, str]:
+    """The verdicts of the cases that are not among `before` (moved by the fitting): the others were judged as
+    they are before it existed."""
+    known = {_fields_key(c) for c in before}
+    return {c.case_id: runner.judge(c, adapter, CPU).verdict for c in cases if _fields_key(c) not in known}
+
+
+@pytest.mark.parametrize(("op", "lims"), LIMITED, ids=[op for op, _ in LIMITED])
+def test_the_planned_cases_follow_the_declared_multiples(op: str, lims: dict[str, int]) -> None:
+    """Every planned case of the quick matrix keeps the declared multiples and the runner's gate lets it through;
+    every moved case passes (the reference is right: the case is a valid case of its op); every cell that had
+    cases still has as many."""
+    adapter = _limited(op, lims)
+    planned = sweep.plan(adapter, "quick").cases
+    assert not [b for c in planned for b in _breaks(c, lims)]
+    assert not _turned_away(adapter, planned)
+    raw = _raw_plan(adapter).cases
+    assert Counter(_cell_key(c.features) for c in planned) == Counter(_cell_key(c.features) for c in raw)
+    verdicts = _judge_moved(adapter, planned, raw)
+    assert set(verdicts.values()) <= {"pass"}, verdicts
+
+
+@pytest.mark.parametrize(("op", "lims"), LIMITED, ids=[op for op, _ in LIMITED])
+def test_the_generic_tests_explicit_examples_follow_the_declared_multiples(op: str, lims: dict[str, int]) -> None:
+    """The explicit examples keep the multiples and pass the gate, as many as without the limits, each moved one
+    passes, and a value-class case that held its class holds it still (the inputs it builds are asked)."""
+    adapter, unlimited = _limited(op, lims), _limited(op, {})
+    cells = hs.declared_cells(adapter, CPU)
+    examples, before = explicit_examples(adapter, cells), explicit_examples(unlimited, cells)
+    assert len(examples) == len(before) and not [b for c in examples for b in _breaks(c, lims)]
+    assert not _turned_away(adapter, examples)
+    verdicts = _judge_moved(adapter, examples, before)
+    assert set(verdicts.values()) <= {"pass"}, verdicts
+    spec, kept, old = ops.get(op), {_fields_key(c) for c in examples}, {_fields_key(b) for b in before}
+    for vc in spec.value_classes:
+        families: dict[tuple, dict[str, str]] = {}
+        for cell in cells:
+            if vc.applies(adapter, cell):
+                families.setdefault(tuple(cell.get(a, "") for a in vc.family), cell)
+        for cell in families.values():
+            was = Case(op=op, adapter=adapter.name, features=dict(cell), **vc.fields(adapter, cell))
+            if _fields_key(was) in kept or not vc.present(was, spec.make_inputs(was, "cpu")):
+                continue  # not moved by the fitting, or nothing to keep
+            moved = [c for c in examples if c.features == cell and _fields_key(c) not in old]
+            assert any(vc.present(c, spec.make_inputs(c, "cpu")) for c in moved), (vc.name, cell)
+
+
+def test_grouped_routing_keeps_its_groups_dividing_e() -> None:
+    """E moved from 8 to 10: 4 groups no longer divide it, so the groups move to 2, and topk_group and k stay
+    within them."""
+    adapter = _limited("grouped_routing", {"E_multiple": 5})
+    planned = sweep.plan(adapter, "quick").cases
+    assert planned and not [b for c in planned for b in _breaks(c, {"E_multiple": 5})]
+    for c in planned:
+        e, g, tg = c.shapes["E"], c.params["num_groups"], c.params["topk_group"]
+        assert e % g == 0 and tg <= g and c.shapes["k"] <= tg * (e // g), (c.shapes, c.params)
+    assert {runner.judge(c, adapter, CPU).verdict for c in planned} == {"pass"}
+
+
+def test_per_expert_counts_follow_moved_rows_and_experts() -> None:
+    """Rows moved to a multiple of 16 and experts to a multiple of 8: every case with per-expert counts still has
+    one count per expert, filling M * k slots, none above M; the class of counts around the block stays."""
+    lims = {"M_multiple": 16, "E_multiple": 8}
+    adapter = _limited("align", lims)
+    examples = explicit_examples(adapter, hs.declared_cells(adapter, CPU))
+    counted = [c for c in examples if "counts" in c.params]
+    assert counted and not [b for c in examples for b in _breaks(c, lims)]
+    for c in counted:
+        counts, m, k = c.params["counts"], c.shapes["M"], c.shapes["k"]
+        assert len(counts) == c.shapes["E"] and sum(counts) == m * k and max(counts) <= m, (c.shapes, counts)
+    assert None not in hs.value_class_coverage(adapter, hs.declared_cells(adapter, CPU), examples).values()
+
+
+def test_a_case_that_cannot_be_fitted_is_left_out_but_a_cell_keeps_its_cases() -> None:
+    """A support rule that turns away E = 8 (no size limit moves it): those cases are left out; a rule that turns
+    away every shape: the cell keeps its boundary cases, to be reported unsupported."""
+    from harness.engine import fitting
+
+    def no_eight(device: Any, features: Mapping[str, str], shapes: Mapping[str, int] | None) -> str | None:
+        return "E = 8 is not supported" if shapes is not None and shapes["E"] == 8 else None
+
+    def none(device: Any, features: Mapping[str, str], shapes: Mapping[str, int] | None) -> str | None:
+        return "no shape is supported" if shapes is not None else None
+
+    base = registry.resolve("reference-routing")
+    cell = hs.declared_cells(base)[0]
+    raw = ops.get("routing").boundary(base, cell)
+    some = fitting.boundary(dataclasses.replace(base, requires=no_eight), cell)
+    assert some == [b for b in raw if b["shapes"]["E"] != 8] and len(some) < len(raw)
+    assert fitting.boundary(dataclasses.replace(base, requires=none), cell) == raw
+
+
+def test_every_registered_adapter_plans_what_it_planned_before() -> None:
+    """The registered adapters' boundary cases follow their declarations already: fitting them changes no planned
+    case (compared with the plan of the op's boundary cases, nothing fitted)."""
+    changed = [a.name for a in registry.all_adapters()
+               if [c.case_id for c in sweep.plan(a, "quick").cases] != [c.case_id for c in _raw_plan(a).cases]]
+    assert not changed
+
+
+def _size_limited(adapter: registry.Adapter) -> bool:
+    return any(k.endswith("_multiple") or k.startswith(("min_", "max_")) for k in adapter.limits)
+
+
+def test_without_size_limits_the_fitting_is_the_identity_on_every_fixed_case() -> None:
+    """For every registered adapter that declares no multiple, min or max: each boundary case and value-class case
+    of each declared cell comes back unchanged (the very same fields)."""
+    from harness.engine import fitting
+
+    moved = []
+    for adapter in [a for a in registry.all_adapters() if not _size_limited(a)]:
+        spec = ops.get(adapter.op)
+        for cell in hs.declared_cells(adapter)[:24]:
+            fixed = [*spec.boundary(adapter, cell),
+                     *(vc.fields(adapter, cell) for vc in spec.value_classes if vc.applies(adapter, cell))]
+            moved += [(adapter.name, f) for f in fixed if fitting.fitted(adapter, cell, f) is not f]
+    assert not moved, moved[:3]
