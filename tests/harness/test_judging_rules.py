@@ -85,16 +85,25 @@ def test_the_matrix_and_pytest_classify_a_rejection_the_same_way(tmp_path: Path)
 
 
 def test_a_boundary_example_the_shape_rule_excludes_is_unsupported_under_pytest(tmp_path: Path) -> None:
-    """The adapter's rule excludes M = 0 (its kernel would crash there): the explicit empty-batch example is
-    recorded unsupported, as the matrix reports it, and the test passes."""
+    """The adapter's rule excludes M = 0 (its kernel would crash there): the explicit empty-batch examples follow
+    the rule (moved to sizes it accepts), and one that is still judged is recorded unsupported, as the matrix
+    reports it, never failed; the test passes."""
     code, out, err = child_pytest(tmp_path, "-k", "test_declared_cases_pass",
                                   "--moe-device", "cpu", "--moe-adapter", f"{FIXTURES}:NO_EMPTY_BATCH")
     assert code == 0 and "1 passed" in out, out[-3000:] + err[-2000:]
     results = load_results([tmp_path / "results"])
     empty = [r for r in results if r.case.shapes["M"] == 0]
-    assert empty and all(r.verdict == "unsupported" and "no empty batch" in r.reason for r in empty), \
+    assert all(r.verdict == "unsupported" and "no empty batch" in r.reason for r in empty), \
         [(r.verdict, r.reason) for r in empty]
     assert any(r.verdict == "pass" for r in results)
+    # an empty batch judged all the same (a case file, a replay) is unsupported, its kernel never run
+    from tests.harness.fixtures.rule_adapters import NO_EMPTY_BATCH
+
+    cell = next(iter(NO_EMPTY_BATCH.declared_cells({a: v for a, v in NO_EMPTY_BATCH.support.items()})))
+    case = Case(op=NO_EMPTY_BATCH.op, adapter=NO_EMPTY_BATCH.name, features=cell, seed=0,
+                shapes={"M": 0, "E": 8, "k": 2}, dtypes={"router_logits": cell.get("logits_dtype", "float32")})
+    r = runner.judge(case, NO_EMPTY_BATCH, detect("cpu"))
+    assert r.verdict == "unsupported" and "no empty batch" in r.reason, (r.verdict, r.reason)
 
 
 def test_a_failing_property_test_names_every_distinct_cause(tmp_path: Path) -> None:
