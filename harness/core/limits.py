@@ -1,10 +1,12 @@
 """Every limit key an adapter can declare, per op: the one table the registry validates against, the strategies
 read their defaults from, and `python -m harness conventions` lists (docs/CONVENTIONS.md).
 
-Limits shape the cases drawn for an adapter. Per dim `D` of an op's cases (M, E, k, K, N, T, max_tokens):
-`max_D` and `min_D` bound the draws, `D_multiple` is a support rule (draws take only multiples; a case that breaks
-it is reported unsupported without running), `cross_D` names sizes just past an internal threshold of the kernel
-(judged once each), and where the op has one, `block_D` is the tile whose edges the draws favour. Besides these,
+Limits shape the cases drawn for an adapter, and the fixed cases every run judges besides the draws (boundary,
+value-cover and value-class cases are moved to the nearest sizes the limits allow: `harness.engine.fitting`). Per
+dim `D` of an op's cases (M, E, k, K, N, T, max_tokens): `max_D` and `min_D` bound them, `D_multiple` is a support
+rule (cases take only multiples; a case that breaks it is reported unsupported without running), `cross_D` names
+sizes just past an internal threshold of the kernel (judged once each), and where the op has one, `block_D` is the
+tile whose edges the draws favour. Besides these,
 `expert_maps` (ops whose cases carry an expert map) says which map shapes the kernel handles (`MAP_SHAPES`), and
 `max_groups` bounds act_quant's groups per row. An unknown key, or a value of the wrong type, is an error when the
 adapter is made, naming the valid keys of its op.
@@ -99,11 +101,13 @@ EXTRA: dict[str, tuple[Key, ...]] = {
 
 def _dim_keys(d: Dim) -> list[Key]:
     note = f"; {d.note}" if d.note else ""
-    found = [Key(f"max_{d.name}", "int", f"the largest {d.name} drawn ({d.name}: {d.meaning}); a budget, which sizes a "
-                 f"multiple or per-expert counts need may pass{note}", d.max),
-             Key(f"min_{d.name}", "int", f"the smallest {d.name} drawn (boundary cases may go below it)", (1, 1)),
-             Key(f"{d.name}_multiple", "int", f"{d.name} must be a multiple of it: draws take only multiples, a case "
-                 "that breaks it is reported unsupported without running", (1, 1)),
+    found = [Key(f"max_{d.name}", "int", f"the largest {d.name} drawn and in the fixed cases ({d.name}: "
+                 f"{d.meaning}); a budget, which sizes a multiple or per-expert counts need may pass{note}", d.max),
+             Key(f"min_{d.name}", "int", f"the smallest {d.name} drawn and in the fixed cases (those below it are "
+                 "moved up to it)", (1, 1)),
+             Key(f"{d.name}_multiple", "int", f"{d.name} must be a multiple of it: draws take only multiples, the "
+                 "fixed cases are moved up to one (or left out where no valid one exists), a case that breaks it "
+                 "is reported unsupported without running", (1, 1)),
              Key(f"cross_{d.name}", "cross", f"sizes of {d.name} just past an internal threshold of the kernel, "
                  "judged once each at the cheapest shape that crosses them")]
     if d.block is not None:

@@ -6,8 +6,9 @@ its `requires` rule turns away by its shapes would be reported unsupported: budg
 rejects by declaration. `fitted` moves each such dim to the nearest allowed size (up to the multiple; within the
 min and max, which a multiple or per-expert counts may pass), repairs what the sizes link (k at most E, groups
 dividing E, per-expert counts as long as E and filling M * k slots, local experts at most E), and keeps the result
-only when the declarations accept it and the op builds its inputs and its expected outputs on the CPU. A case
-that follows the declarations already is returned unchanged: an adapter without size limits plans what it did.
+only when the declarations accept it and the op's code takes it on the CPU as far as the original (its inputs,
+its expected outputs, the value class it holds). A case that follows the declarations already is returned
+unchanged: an adapter without size limits plans what it did.
 """
 
 from __future__ import annotations
@@ -92,37 +93,48 @@ def _fit_dims(adapter: Adapter, shapes: dict[str, int], counted: bool, align: bo
 
 
 def _link_groups(shapes: dict[str, int], params: dict[str, Any]) -> None:
-    """Groups that divide E (the largest divisor at most the old count), at most that many kept."""
+    """Groups that divide E (the largest divisor at most the old count), at most that many kept, and enough kept
+    for k experts."""
     g, e = params.get("num_groups"), shapes.get("E")
-    if g is None or e is None or e % g == 0:
+    if g is None or e is None:
         return
-    params["num_groups"] = max(d for d in range(1, min(g, e) + 1) if e % d == 0)
+    if e % g:
+        g = params["num_groups"] = max(d for d in range(1, min(g, e) + 1) if e % d == 0)
     if "topk_group" in params:
-        params["topk_group"] = min(params["topk_group"], params["num_groups"])
+        params["topk_group"] = min(max(params["topk_group"], -(-shapes.get("k", 1) // (e // g))), g)
+
+
+def _centred_shift(e: int, aligned: int, n: int) -> int:
+    """How far counts written for a contiguous map of `n` local experts among `aligned` experts move when there
+    are `e` (the map is centred: `inputs.contiguous_map`)."""
+    return max(0, (e - n) // 2 - (aligned - n) // 2)
 
 
 def _link_counts(old: Mapping[str, int], shapes: dict[str, int], params: dict[str, Any]) -> None:
     """Per-expert counts as long as E (or the local experts they were as long as), filling M * k slots with each
-    count at most M (`inputs.counts_to_rows`: the designed counts kept, filler experts after them)."""
+    count at most M (`inputs.counts_to_rows`: the designed counts kept, filler experts after them), moved with a
+    contiguous map's range as E grows."""
     counts = params.get("counts")
     if counts is None:
         return
     base = list(counts)
     while base and base[-1] == 0:
         base.pop()
-    by_local = len(counts) == old.get("local_experts") != old.get("E")
-    if not by_local and params.get("map") == "contiguous" and "E" in shapes:
-        # a contiguous map is centred (`inputs.contiguous_map`): the counts move with its range
-        n = params["local_experts"]
-        base = [0] * max(0, (shapes["E"] - n) // 2 - (len(counts) - n) // 2) + base
     if "M" in shapes and "k" in shapes and (sum(base) != shapes["M"] * shapes["k"] or max(base, default=0)
                                             > shapes["M"]):
         shapes["M"], base = gen.counts_to_rows(base, shapes["k"], rows=shapes["M"])
+    by_local = len(counts) == old.get("local_experts") != old.get("E")
     if by_local:
         params["local_experts"] = max(params["local_experts"], len(base))
         shapes["E"] = max(shapes["E"], params["local_experts"])
     elif "E" in shapes:
+        shift = 0
+        if params.get("map") == "contiguous":
+            n = params["local_experts"]
+            while len(base) + (shift := _centred_shift(shapes["E"], len(counts), n)) > shapes["E"]:
+                shapes["E"] += 1
         shapes["E"] = max(shapes["E"], len(base))
+        base = [0] * shift + base
     n = params["local_experts"] if by_local else shapes.get("E", len(base))
     params["counts"] = base + [0] * (n - len(base))
 
@@ -158,37 +170,40 @@ def _moved(adapter: Adapter, fields: Mapping[str, Any], align: bool) -> dict[str
 # ------------------------------------------------------------------------------------------------ checks
 
 
-def valid(adapter: Adapter, cell: Mapping[str, str], fields: Mapping[str, Any], holds: Holds | None = None) -> bool:
-    """Whether the op builds the case's inputs, outputs and expected outputs on the CPU (its own validation: a
-    k above E, groups that do not divide E, counts that do not fill the slots raise there), and where `holds` is
-    given, whether its inputs still hold that value class."""
+def reach(adapter: Adapter, cell: Mapping[str, str], fields: Mapping[str, Any], holds: Holds | None = None) -> int:
+    """How far the op's own code takes the case on the CPU (its validation: a k above E, groups that do not divide
+    E, counts that do not fill the slots raise there): 0 its inputs or outputs cannot be built, 1 they can, 2 its
+    expected outputs too, 3 its inputs hold the value class `holds` as well."""
     spec = ops.get(adapter.op)
     case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), seed=0, **fields)
     try:
         inputs = spec.make_inputs(case, "cpu")
         spec.outputs(case, inputs)
+    except Exception:  # any failure of the op's own code: not a case of the op
+        return 0
+    try:  # the oracle may refuse the cell itself (an undeclared, contradictory one): that is no fault of the sizes
         spec.expected(case, inputs, dict(adapter.conventions))
-        return holds is None or bool(holds(case, inputs))
-    except Exception:  # any failure of the op's own code: the moved case is not a case of the op
-        return False
+    except Exception:
+        return 1
+    return 3 if holds is not None and holds(case, inputs) else 2
 
 
 def fitted(adapter: Adapter, cell: Mapping[str, str], fields: Mapping[str, Any], device: DeviceInfo | None = None,
            holds: Holds | None = None) -> Mapping[str, Any] | None:
     """`fields` itself where the adapter's size limits and declarations accept it; else the case moved to the
     nearest sizes they allow (`_moved`, plain, then keeping the sizes' power-of-two alignment) that they accept and
-    the op can build (`valid`), still holding the value class `holds` where `fields` holds it; None where no such
-    case can be made."""
-    if follows(adapter, fields) and accepted(adapter, device, cell, fields):
+    that the op's code takes as far as `fields` (`reach`: built, its expected outputs, the value class `holds`);
+    None where no such case can be made."""
+    judged = accepted(adapter, device, cell, fields)
+    if judged and follows(adapter, fields):
         return fields
-    if holds is not None and not valid(adapter, cell, fields, holds):
-        holds = None  # the class is not there to keep (its check reads another scale's block)
+    need = max(1, reach(adapter, cell, fields, holds))
     for align in (False, True):
         moved = _moved(adapter, fields, align)
         if follows(adapter, moved) and accepted(adapter, device, cell, moved) \
-                and valid(adapter, cell, moved, holds):
+                and reach(adapter, cell, moved, holds) >= need:
             return moved
-    return None
+    return fields if judged else None  # past a min or max only (budgets): judged as it is
 
 
 def _key(fields: Mapping[str, Any]) -> str:

@@ -72,12 +72,21 @@ def _judge_moved(adapter: registry.Adapter, cases: list[Case], before: list[Case
     return {c.case_id: runner.judge(c, adapter, CPU).verdict for c in cases if _fields_key(c) not in known}
 
 
-@pytest.mark.parametrize(("op", "lims"), LIMITED, ids=[op for op, _ in LIMITED])
+#: a multiple whose nearest sizes are no case of the op (K = 192 is not whole groups of 128): the next one is taken
+ALIGNED = [("group_quant", {"K_multiple": 96})]
+
+
+@pytest.mark.parametrize(("op", "lims"), LIMITED + ALIGNED, ids=[op for op, _ in LIMITED + ALIGNED])
 def test_the_planned_cases_follow_the_declared_multiples(op: str, lims: dict[str, int]) -> None:
     """Every planned case of the quick matrix keeps the declared multiples and the runner's gate lets it through;
-    every moved case passes (the reference is right: the case is a valid case of its op); every cell that had
-    cases still has as many."""
+    every moved case passes (the reference is right: the case is a valid case of its op); no boundary case of any
+    cell is lost, and every cell that had planned cases still has as many."""
+    from harness.engine import fitting
+
     adapter = _limited(op, lims)
+    spec = ops.get(op)
+    assert [len(fitting.boundary(adapter, c)) for c in spec.all_cells()] == \
+        [len(spec.boundary(adapter, c)) for c in spec.all_cells()]
     planned = sweep.plan(adapter, "quick").cases
     assert not [b for c in planned for b in _breaks(c, lims)]
     assert not _turned_away(adapter, planned)
@@ -112,30 +121,40 @@ def test_the_generic_tests_explicit_examples_follow_the_declared_multiples(op: s
             assert any(vc.present(c, spec.make_inputs(c, "cpu")) for c in moved), (vc.name, cell)
 
 
-def test_grouped_routing_keeps_its_groups_dividing_e() -> None:
-    """E moved from 8 to 10: 4 groups no longer divide it, so the groups move to 2, and topk_group and k stay
-    within them."""
-    adapter = _limited("grouped_routing", {"E_multiple": 5})
+@pytest.mark.parametrize("lims", [{"E_multiple": 5}, {"E_multiple": 5, "k_multiple": 3}, {"k_multiple": 16}])
+def test_grouped_routing_keeps_its_groups_dividing_e(lims: dict[str, int]) -> None:
+    """E moved from 8 to 10: 4 groups no longer divide it, so the groups move to 2; k moved up: enough groups kept
+    for it. Every planned case keeps its multiples and its groups valid, no cell loses a case, each passes."""
+    adapter = _limited("grouped_routing", lims)
     planned = sweep.plan(adapter, "quick").cases
-    assert planned and not [b for c in planned for b in _breaks(c, {"E_multiple": 5})]
+    assert planned and not [b for c in planned for b in _breaks(c, lims)]
     for c in planned:
         e, g, tg = c.shapes["E"], c.params["num_groups"], c.params["topk_group"]
         assert e % g == 0 and tg <= g and c.shapes["k"] <= tg * (e // g), (c.shapes, c.params)
-    assert {runner.judge(c, adapter, CPU).verdict for c in planned} == {"pass"}
+    raw = _raw_plan(adapter).cases
+    assert Counter(_cell_key(c.features) for c in planned) == Counter(_cell_key(c.features) for c in raw)
+    assert set(_judge_moved(adapter, planned, raw).values()) == {"pass"}
 
 
-def test_per_expert_counts_follow_moved_rows_and_experts() -> None:
-    """Rows moved to a multiple of 16 and experts to a multiple of 8: every case with per-expert counts still has
-    one count per expert, filling M * k slots, none above M; the class of counts around the block stays."""
-    lims = {"M_multiple": 16, "E_multiple": 8}
-    adapter = _limited("align", lims)
-    examples = explicit_examples(adapter, hs.declared_cells(adapter, CPU))
+@pytest.mark.parametrize(("op", "lims"), [("align", {"M_multiple": 16, "E_multiple": 8}),
+                                          ("reduce", {"M_multiple": 4, "E_multiple": 16}),
+                                          ("align", {"k_multiple": 4})])
+def test_per_expert_counts_follow_moved_rows_and_experts(op: str, lims: dict[str, int]) -> None:
+    """Rows, experts or k moved: every case with per-expert counts still has one count per expert, filling
+    M * k slots, none above M; every value class held without the limits is held with them (the counts under a
+    contiguous map move with its range)."""
+    adapter, unlimited = _limited(op, lims), _limited(op, {})
+    cells = hs.declared_cells(adapter, CPU)
+    examples = explicit_examples(adapter, cells)
     counted = [c for c in examples if "counts" in c.params]
     assert counted and not [b for c in examples for b in _breaks(c, lims)]
+    assert not _turned_away(adapter, examples)
     for c in counted:
         counts, m, k = c.params["counts"], c.shapes["M"], c.shapes["k"]
         assert len(counts) == c.shapes["E"] and sum(counts) == m * k and max(counts) <= m, (c.shapes, counts)
-    assert None not in hs.value_class_coverage(adapter, hs.declared_cells(adapter, CPU), examples).values()
+    held = hs.value_class_coverage(unlimited, cells, explicit_examples(unlimited, cells))
+    coverage = hs.value_class_coverage(adapter, cells, examples)
+    assert [key for key, case_id in held.items() if case_id and not coverage[key]] == []
 
 
 def test_a_case_that_cannot_be_fitted_is_left_out_but_a_cell_keeps_its_cases() -> None:
