@@ -65,6 +65,10 @@ _EXPERT_MAPS = Key("expert_maps", "maps", "the expert-map shapes the kernel hand
                    + ". Draws, boundary cases and value classes take only those (a kernel that handles one handles "
                      "those listed before it); a case with another is reported unsupported",
                    (("random",), ("random",)))
+_MIN_LOCAL = Key("min_local_experts", "int", "the fewest local experts under an expert map the kernel handles "
+                 "(1: an EP rank always holds an expert, as a library that sizes its launch by them needs); draws "
+                 "and fixed cases take at least that many, a case with fewer is reported unsupported without "
+                 "running", (0, 0))
 
 #: op -> its dims
 DIMS: dict[str, tuple[Dim, ...]] = {
@@ -92,9 +96,9 @@ DIMS: dict[str, tuple[Dim, ...]] = {
 
 #: op -> keys that are not per dim
 EXTRA: dict[str, tuple[Key, ...]] = {
-    "align": (_EXPERT_MAPS,),
-    "reduce": (_EXPERT_MAPS,),
-    "experts": (_EXPERT_MAPS,),
+    "align": (_EXPERT_MAPS, _MIN_LOCAL),
+    "reduce": (_EXPERT_MAPS, _MIN_LOCAL),
+    "experts": (_EXPERT_MAPS, _MIN_LOCAL),
     "act_quant": (Key("max_groups", "int", "the most groups per row drawn (N = group_size x groups)", (9, 24)),),
 }
 

@@ -61,12 +61,17 @@ def expert_maps(adapter: Adapter) -> str:
     return limit_table.widest_map(lim(adapter, "expert_maps"))
 
 
+def fewest_local(adapter: Adapter) -> int:
+    """The adapter's `min_local_experts` (0 where it declares none)."""
+    return int(adapter.limits.get("min_local_experts", 0))
+
+
 def draw_map(draw: st.DrawFn, adapter: Adapter, e: int) -> dict[str, Any]:
     """`local_experts` and `map` of a drawn case, of a map shape the adapter declares."""
     widest = expert_maps(adapter)
     if widest == "identity":
         return {"local_experts": e, "map": "contiguous"}
-    n_local = draw(local_experts(e))
+    n_local = max(draw(local_experts(e)), min(fewest_local(adapter), e))
     kinds = ["random", "contiguous"] if widest == "random" else ["contiguous"]
     return {"local_experts": n_local, "map": draw(st.sampled_from(kinds))}
 
@@ -77,6 +82,7 @@ def map_fields(adapter: Adapter, e: int, n_local: int, kind: str = "random") -> 
     widest = expert_maps(adapter)
     if widest == "identity":
         return {"local_experts": e, "map": "contiguous"}
+    n_local = max(n_local, min(fewest_local(adapter), e))
     if widest == "contiguous" or kind == "contiguous":
         return {"local_experts": n_local, "map": "contiguous"}
     return {"local_experts": n_local}

@@ -344,15 +344,21 @@ class Adapter:
 
     def shape_unsupported(self, shapes: Mapping[str, int], params: Mapping[str, Any] | None = None) -> str | None:
         """Why the case shapes break one of the adapter's `<dim>_multiple` limits, or its expert map (`params`) is
-        of a shape its `expert_maps` limit leaves out (None: neither)."""
+        of a shape its `expert_maps` limit leaves out or has fewer local experts than `min_local_experts` (None:
+        none of these)."""
         for key, mult in self.limits.items():
             dim = key.removesuffix("_multiple")
             if dim != key and dim in shapes and int(shapes[dim]) % int(mult):
                 return f"{self.name} needs {dim} to be a multiple of {mult}, got {dim}={shapes[dim]}"
-        declared = self.limits.get("expert_maps") if "expert_maps" in limit_table.keys(self.op) else None
+        has_maps = "expert_maps" in limit_table.keys(self.op)
+        declared = self.limits.get("expert_maps") if has_maps else None
         shape = None if declared is None else limit_table.map_shape(params or {}, int(shapes.get("E", 0)))
         if shape is not None and not limit_table.map_allowed(declared, shape):
             return f"{self.name} handles expert maps of shape {', '.join(declared)} only, got a {shape} map"
+        fewest = self.limits.get("min_local_experts") if has_maps else None
+        n_local = (params or {}).get("local_experts")
+        if fewest is not None and n_local is not None and int(n_local) < min(int(fewest), int(shapes.get("E", 0))):
+            return f"{self.name} needs at least {fewest} local experts (min_local_experts), got {n_local}"
         return None
 
     def declared_cells(self, axes: Mapping[str, Iterable[str]]) -> list[dict[str, str]]:

@@ -199,6 +199,57 @@ def test_an_identity_declaration_draws_every_expert_local() -> None:
     assert drawn and all(c.params["local_experts"] == c.shapes["E"] for c in drawn)
 
 
+def _needs_a_local_expert(case: Case, inputs: dict, outputs: dict) -> None:
+    """reduce that sizes its work by the local experts, as triton_kernels' opt_flags do: none local divides by 0."""
+    from harness.ops.reference import _run_reduce
+
+    emap = inputs.get("expert_map")
+    if emap is not None and not bool((emap >= 0).any()):
+        raise ZeroDivisionError("integer division or modulo by zero")
+    _run_reduce(case, inputs, outputs)
+
+
+def test_a_kernel_needing_a_local_expert_passes_once_it_declares_min_local_experts() -> None:
+    from harness.engine import runner
+    from harness.plugin.generic import explicit_examples
+
+    base = _reference("reduce")
+    support = {**base.support, "expert_map": ("Y",)}
+    undeclared = dataclasses.replace(base, name="needs-a-local-expert", run=_needs_a_local_expert, support=support)
+    cells = hs.declared_cells(undeclared, CPU)
+    fixed = [c for c in explicit_examples(undeclared, cells) if "local_experts" in c.params]
+    assert "error" in _verdicts(undeclared, fixed)  # the boundary case with no local expert
+    declared = dataclasses.replace(undeclared, limits={"min_local_experts": 1})
+    mapped = _drawn(declared, 8, cells) + [c for c in explicit_examples(declared, cells) if "local_experts" in c.params]
+    assert mapped and min(c.params.get("local_experts", 1) for c in mapped) >= 1
+    assert _verdicts(declared, mapped) == {"pass": len(mapped)}
+    empty = dataclasses.replace(fixed[0], params={**fixed[0].params, "local_experts": 0})
+    r = runner.judge(empty, declared, CPU)
+    assert r.verdict == "unsupported" and "min_local_experts" in r.reason, r.reason
+    two = dataclasses.replace(undeclared, limits={"min_local_experts": 2})
+    mapped = _drawn(two, 24, cells) + [c for c in explicit_examples(two, cells) if "local_experts" in c.params]
+    assert _judged(two, mapped) == 1.0, sorted(c.params.get("local_experts") for c in mapped)
+
+
+def test_the_drawn_and_fixed_maps_hold_the_declared_fewest_local_experts() -> None:
+    from hypothesis import strategies as st
+
+    from harness.ops.common import draw_map, map_fields
+
+    adapter = dataclasses.replace(_reference("reduce"), limits={"min_local_experts": 3})
+    found: list[int] = []
+
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+    @given(data=st.data())
+    def draw(data: st.DataObject) -> None:
+        found.append(data.draw(st.composite(lambda d: draw_map(d, adapter, 8))())["local_experts"])
+
+    draw()
+    assert min(found) == 3 and max(found) == 8
+    assert [map_fields(adapter, 8, n)["local_experts"] for n in (0, 1, 5)] == [3, 3, 5]
+    assert map_fields(adapter, 2, 0)["local_experts"] == 2  # every expert of two local: the identity
+
+
 # ------------------------------------------------------------------------------- one table, listed, validated
 
 

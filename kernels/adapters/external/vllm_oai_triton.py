@@ -288,9 +288,12 @@ ADAPTER = register(Adapter(
     name="vllm-oai-triton-experts", op="experts", run=run, support=SUPPORT, generations=GENERATIONS,
     source=f"vllm/{_DRIVER}:triton_kernel_fused_experts", conventions=CONVENTIONS, requires=requires,
     properties=frozenset({"deterministic"}), library=LIBRARY, interp_features=interp_features,
-    # matmul_ogs' Hopper mxfp4 weight swizzle asserts BLOCK_N % 128 == 0 at compile time (seen on sm90 at hidden or
-    # intermediate sizes of 32 to 96): vLLM pads gpt-oss' 2880 to its backends' multiples of 128 or more
-    limits={"K_multiple": 128, "N_multiple": 128},
+    # matmul_ogs' mxfp4 weight swizzles assert at compile time: BLOCK_N % 128 == 0 (seen on sm90 at hidden or
+    # intermediate sizes of 32 to 96; vLLM pads gpt-oss' 2880 to multiples of 128 or more) and, with vLLM's Hopper
+    # scale layout of 8 warps, BLOCK_N % 256 == 0, which opt_flags' compute_block_n picks only for a GEMM's output
+    # width above 128: GEMM2's is K (GEMM1's, 2N, is 256 at least). With no local expert its opt_flags divide by
+    # zero: vLLM never builds an EP rank without experts.
+    limits={"K_multiple": 128, "N_multiple": 128, "min_K": 256, "min_local_experts": 1},
     description=f"OpenAI triton_kernels (API {TRITON_KERNELS}, vendored by vLLM {VERSION}): routing, matmul_ogs with "
                 "the fused gpt-oss swiglu, mxfp4 weights swizzled by vLLM's _swizzle_mxfp4, driven by vLLM's "
                 "make_routing_data and triton_kernel_fused_experts; OAITritonExperts.apply and the weight "
