@@ -709,6 +709,34 @@ def _admissible_groups(
     return (fits & (n_need + spare >= topk_group)).flatten(1).any(dim=1)
 
 
+def breaks_ties_toward_lower_index(
+    selection_scores: torch.Tensor, ids: torch.Tensor, *, valid_exactly: torch.Tensor
+) -> torch.Tensor:
+    """Per row: does `ids` follow the lower-index tie rule, given that it is (`valid_exactly`) or is not a valid
+    choice with atol = 0?
+
+    Contract: among exactly tied selection scores (groups too, for grouped routing, whose selection scores already
+    mask the groups the lower-index rule keeps) the lower expert index is chosen, so a row valid at atol = 0 must
+    choose exactly the experts a stable descending sort of `selection_scores` puts first. A row that is not valid
+    at atol = 0 chose among near ties (or wrongly, which the validity check judges): no rule of exact ties applies
+    to it, and it passes here.
+
+    Args:
+        selection_scores: [M, E] float, the oracle's (`topk_selection_scores`, `grouped_topk_selection_scores`).
+        ids: [M, k] int, the kernel's choice, well formed (distinct, in [0, E)).
+        valid_exactly: bool [M], `valid_topk_selection` / `valid_grouped_topk_selection` with atol = 0.
+
+    Returns:
+        bool [M].
+    """
+    s = check_tensor("selection_scores", selection_scores, ndim=2, dtypes=FLOAT_DTYPES)
+    t = _ids(ids, rows=s.shape[0])
+    num_experts = s.shape[1]
+    lower = _chosen(_topk_lower_index(s, t.shape[1]), num_experts)
+    same = (_chosen(t, num_experts) == lower).all(dim=1)
+    return same | ~valid_exactly.to(torch.bool)
+
+
 def valid_grouped_topk_selection(
     router_logits: torch.Tensor,
     ids: torch.Tensor,

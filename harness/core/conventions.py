@@ -197,6 +197,13 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
             "input_every_step": "as `input`, and the exponent too (exp(logit - logsumexp) in the logits' dtype, "
             "vLLM's CPURouter softmax top-k): weights off by u * (|logit| + 2 |logsumexp|) more"},
             default="float32"),
+        Convention("tie_break", "which of exactly tied experts (and groups) are chosen (undeclared: any; the ids "
+                   "are judged as a set)", values={
+                       "any": "any of them: set semantics (torch.topk, whose order is unspecified)",
+                       "lower_index": "the lower expert index, and the lower group index among tied groups (vLLM's "
+                       "CUDA top-k, for reproducible selection): a choice that swaps exactly tied scores otherwise "
+                       "fails; near ties within the scores' rounding stay free"},
+                   default="any"),
         Convention("renormalize_eps", "the renormalization's guard: weights divided by their sum + this (finite, "
                    ">= 0; 0: the plain sum, a zero sum giving zeros under nonfinite=zero and 0/0 = NaN under "
                    "propagate); > 0, e.g. 1e-20: a zero sum gives zeros and a NaN sum NaN under every nonfinite "

@@ -10,7 +10,9 @@ an exponent logit - logsumexp rounded there), and selections may swap experts (a
 are within 4 u of the row's largest one. Rows with masked experts (-Inf logits beside finite ones) are judged like
 finite rows; non-finite rows (NaN, +Inf, only -Inf) follow the adapter's `nonfinite` rule, or only their ids'
 form is judged when it declares none. The declared `renormalize_eps` (sum + eps), and for grouped routing
-`group_scoring` and `unkept_groups`, enter both the id check and the expected weights.
+`group_scoring` and `unkept_groups`, enter both the id check and the expected weights. A declared
+`tie_break=lower_index` adds one check: a choice that differs from the oracle's only by exactly tied scores
+(valid with no tolerance) must be the oracle's, which breaks ties toward the lower expert and group index.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
             return custom("topk_ids", False, f"topk_ids: {int((~valid).sum())} of {m} rows select experts that are "
                           f"not the top-{k}; first row {r}: got {sorted(ids[r].tolist())}, a valid choice is "
                           f"{sorted(best)}", bad_rows=int((~valid).sum()))
+        if conventions.get("tie_break", "any") == "lower_index":
+            return _judge_tie_break(case, cpu_inputs, conventions, sel, ids, judged_rows, policy)
         return custom("topk_ids", True)
 
     def judge_weights(w: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> Any:
@@ -172,6 +176,26 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         return compare_bounded("topk_weights", w, want, bound, mask=judged_rows[:, None].expand(m, k))
 
     return [Check("topk_ids", "custom", judge=judge_ids), Check("topk_weights", "custom", judge=judge_weights)]
+
+
+def _judge_tie_break(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any],
+                     sel: torch.Tensor, ids: torch.Tensor, judged_rows: torch.Tensor, policy: str) -> Any:
+    """The declared lower-index tie rule: rows whose choice is valid with no tolerance (a swap of exactly tied
+    scores at most) must choose what the lower-index rule chooses."""
+    if case.op == "grouped_routing":
+        exact = ref.valid_grouped_topk_selection(inputs["router_logits"], ids,
+                                                 **_route_kwargs(case, inputs, conventions),
+                                                 nonfinite=ref.NonFinitePolicy(policy))
+    else:
+        exact = ref.valid_topk_selection(sel, ids)
+    ok = ref.breaks_ties_toward_lower_index(sel, ids, valid_exactly=exact) | ~judged_rows
+    if ok.all():
+        return custom("topk_ids", True)
+    r = rows_where(~ok)[0]
+    lower = torch.sort(sel[r], descending=True, stable=True).indices[: ids.shape[1]]
+    return custom("topk_ids", False, f"topk_ids: {int((~ok).sum())} rows break exact ties away from the lower "
+                  f"expert index (declared tie_break=lower_index); first row {r}: got {sorted(ids[r].tolist())}, the "
+                  f"lower-index choice is {sorted(lower.tolist())}", bad_rows=int((~ok).sum()))
 
 
 def _renormalized(want: torch.Tensor, policy: str, eps: float) -> torch.Tensor:

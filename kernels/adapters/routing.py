@@ -31,7 +31,7 @@ def _interp_features(features: Mapping[str, str]) -> set[str]:
 _SOURCE = "kernels.routing"
 _COMMON = dict(
     source=_SOURCE,
-    conventions={"nonfinite": "zero"},
+    conventions={"nonfinite": "zero", "tie_break": "lower_index"},  # k rounds of argmax, the first maximum
     properties=frozenset({"deterministic", "batch_invariant"}),
     # 65 rows: past one program's rows (kernels.routing.block_rows: at most 64 on the interpreter, 32 on a GPU)
     limits={"max_E": kr.MAX_E, "max_k": kr.MAX_K, "cross_M": 65},

@@ -175,3 +175,52 @@ def test_a_negative_eps_is_an_error_naming_it(device_info) -> None:  # type: ign
     assert r.verdict == "error" and "renormalize_eps must be a finite number >= 0" in r.reason, r.reason
     with pytest.raises(ValueError, match="group_scoring='top3'"):
         _adapter("grouped_routing", GROUPED, _grouped_router("max"), group_scoring="top3")
+
+
+# ---------------------------------------------------------------------------------------------- tie_break
+
+
+def _ordered_topk(t: torch.Tensor, k: int, higher: bool) -> torch.Tensor:
+    """Top-k indices with exact ties toward the lower index, or toward the higher one."""
+    if not higher:
+        return torch.sort(t, dim=-1, descending=True, stable=True).indices[:, :k]
+    flipped = torch.sort(t.flip(-1), dim=-1, descending=True, stable=True).indices[:, :k]
+    return t.shape[-1] - 1 - flipped
+
+
+def _tie_router(higher_groups: bool, higher_experts: bool) -> Run:
+    """fp32 routing (grouped when the case has groups) whose exact ties go to the lower or the higher index."""
+
+    def run(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+        x, p = inputs["router_logits"].float(), case.params
+        scores = torch.softmax(x, dim=-1) if case.features["scoring"] == "softmax" else torch.sigmoid(x)
+        m, e = x.shape
+        select = scores
+        if "num_groups" in p:
+            gs = scores.view(m, p["num_groups"], -1).amax(dim=-1)
+            kept = torch.zeros_like(gs, dtype=torch.bool).scatter(
+                1, _ordered_topk(gs, p["topk_group"], higher_groups), True)
+            select = scores.masked_fill(~kept.repeat_interleave(e // p["num_groups"], dim=1), float("-inf"))
+        ids = _ordered_topk(select, case.shape("k"), higher_experts)
+        w = _renormalized(scores.gather(1, ids), None) * p.get("routed_scaling_factor", 1.0)
+        outputs["topk_weights"].copy_(w)
+        outputs["topk_ids"].copy_(ids.to(torch.int32))
+    return run
+
+
+@pytest.mark.parametrize(("op", "higher_groups", "higher_experts"),
+                         [("routing", False, True), ("grouped_routing", True, False),
+                          ("grouped_routing", False, True)])
+def test_a_declared_lower_index_tie_break_is_judged(op: str, higher_groups: bool, higher_experts: bool,
+                                                    device_info) -> None:  # type: ignore[no-untyped-def]
+    # the ties pattern copies logits (and groups): exact ties at the declared level
+    cell = {**PLAIN, "nonfinite_rows": "N", "scoring": "softmax"} if op == "routing" else {**GROUPED}
+    shapes = {"M": 48, "E": 32, "k": 6}
+    cases = _cases(op, cell, "ties", shapes, GROUPS if op == "grouped_routing" else {})
+    lower, higher = _tie_router(False, False), _tie_router(higher_groups, higher_experts)
+    assert _verdicts(_adapter(op, cell, higher), cases, device_info) == {"pass"}  # undeclared: any tie-break
+    assert _verdicts(_adapter(op, cell, lower, tie_break="lower_index"), cases, device_info) == {"pass"}
+    assert _verdicts(_adapter(op, cell, higher, tie_break="lower_index"), cases, device_info) == {"fail"}
+    # no exact tie (random logits): the rule has nothing to judge, the router passes
+    rand = _cases(op, cell, "random", shapes, GROUPS if op == "grouped_routing" else {})
+    assert _verdicts(_adapter(op, cell, higher, tie_break="lower_index"), rand, device_info) == {"pass"}
