@@ -189,19 +189,26 @@ def reach(adapter: Adapter, cell: Mapping[str, str], fields: Mapping[str, Any], 
 
 
 def fitted(adapter: Adapter, cell: Mapping[str, str], fields: Mapping[str, Any], device: DeviceInfo | None = None,
-           holds: Holds | None = None) -> Mapping[str, Any] | None:
+           holds: Holds | None = None, *, reached: bool = True) -> Mapping[str, Any] | None:
     """`fields` itself where the adapter's size limits and declarations accept it; else the case moved to the
     nearest sizes they allow (`_moved`, plain, then keeping the sizes' power-of-two alignment) that they accept and
-    that the op's code takes as far as `fields` (`reach`: built, its expected outputs, the value class `holds`);
-    None where no such case can be made."""
+    that the op's code takes as far as `fields` (`reach`: built, its expected outputs, the value class `holds`;
+    not asked with `reached` False, for a cell the adapter does not declare); None where no such case can be made."""
     judged = accepted(adapter, device, cell, fields)
     if judged and follows(adapter, fields):
         return fields
-    need = max(1, reach(adapter, cell, fields, holds))
+    need: int | None = None  # how far the original goes: asked only when a moved case falls short of the most
+    most = 3 if holds is not None else 2
     for align in (False, True):
         moved = _moved(adapter, fields, align)
-        if follows(adapter, moved) and accepted(adapter, device, cell, moved) \
-                and reach(adapter, cell, moved, holds) >= need:
+        if not (follows(adapter, moved) and accepted(adapter, device, cell, moved)):
+            continue
+        if not reached:
+            return moved
+        got = reach(adapter, cell, moved, holds)
+        if got < most and need is None:
+            need = max(1, reach(adapter, cell, fields, holds))
+        if got >= (most if need is None else need):
             return moved
     return fields if judged else None  # past a min or max only (budgets): judged as it is
 
@@ -211,20 +218,30 @@ def _key(fields: Mapping[str, Any]) -> str:
 
 
 def fitted_all(adapter: Adapter, cell: Mapping[str, str], cases: Sequence[Mapping[str, Any]],
-               device: DeviceInfo | None = None) -> list[dict[str, Any]]:
+               device: DeviceInfo | None = None, most: int | None = None,
+               reached: bool = True) -> list[dict[str, Any]]:
     """`fitted` of each of a cell's fixed cases, those that cannot be fitted left out, a moved case that repeats
-    an earlier one too; all of them as they were where none is left (the cell is then visibly unsupported)."""
+    an earlier one too (the first `most` found, where given; `reached`: as `fitted`); all of them as they were
+    where none is left (the cell is then visibly unsupported)."""
     found: list[dict[str, Any]] = []
     seen: set[str] = set()
     for fields in cases:
-        fit = fitted(adapter, cell, fields, device)
+        if most is not None and len(found) >= most:
+            break
+        fit = fitted(adapter, cell, fields, device, reached=reached)
         if fit is None or (fit is not fields and _key(fit) in seen):
             continue
         seen.add(_key(fit))
         found.append(dict(fit))
-    return found or [dict(f) for f in cases]
+    return found or [dict(f) for f in cases[: most or len(cases)]]
 
 
-def boundary(adapter: Adapter, cell: Mapping[str, str], device: DeviceInfo | None = None) -> list[dict[str, Any]]:
-    """The op's boundary cases of `cell` (`OpSpec.boundary`) fitted to the adapter's declarations (`fitted_all`)."""
-    return fitted_all(adapter, cell, ops.get(adapter.op).boundary(adapter, cell), device)
+def boundary(adapter: Adapter, cell: Mapping[str, str], device: DeviceInfo | None = None, *, start: int = 0,
+             most: int | None = None, reached: bool = True) -> list[dict[str, Any]]:
+    """The op's boundary cases of `cell` (`OpSpec.boundary`) fitted to the adapter's declarations (`fitted_all`);
+    `start`, `most`: the first `most` that fit, taken in turn from the `start`-th on (moving a case costs its
+    inputs and oracle on the CPU, so a plan that needs one case fits one); `reached`: as `fitted`."""
+    cases = ops.get(adapter.op).boundary(adapter, cell)
+    if cases and start:
+        cases = cases[start % len(cases):] + cases[: start % len(cases)]
+    return fitted_all(adapter, cell, cases, device, most, reached)
