@@ -32,7 +32,7 @@ DEFAULT_TIMEOUT_S = 300.0
 #: `error` verdicts that say nothing about the kernel's correctness at this commit: the harness could not build or
 #: judge the case, or the kernel could not be compiled (a build error skips the commit in a bisect)
 _UNTESTABLE_ERRORS = re.compile(
-    r"^harness could not build the case|^harness error while judging|"
+    r"^harness could not build the case|^harness error\b|"
     r"^kernel raised: (CompilationError|PTXASError|NVRTCError|OutOfResources|ModuleNotFoundError|ImportError)\b")
 
 

@@ -7,6 +7,7 @@ undone), over tensors that lie in the arena the judge shares with this host.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import mmap
 import os
@@ -150,7 +151,8 @@ class Served:
 
             unverifiable_here()  # the interpreter's fidelity fixes, installed before any kernel module is imported
         self.adapters: dict[str, Adapter] = {}
-        self.path, self.buf = "", None
+        self.buf: Any = None
+        self.conn: Any = None  # the pipe to the judge (set by the host's loop)
 
     def adapter(self, spec: str) -> Adapter:
         if spec not in self.adapters:
@@ -215,20 +217,27 @@ class Served:
         lib = self.adapter(spec).library
         return {"ok": registry.import_library(lib) if lib is not None else ""}
 
-    def _map(self, path: str, size: int) -> Any:
-        if path != self.path:
-            fd = os.open(path, os.O_RDWR)
-            try:
-                self.buf = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-            self.path = path
-        return self.buf
+    def do_arena(self, size: int) -> dict[str, Any]:
+        """Map the arena whose file descriptor the judge sends right after this request."""
+        from multiprocessing.reduction import recv_handle
+
+        fd = recv_handle(self.conn)
+        try:
+            buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        if self.buf is not None:
+            with contextlib.suppress(BufferError):  # a tensor of a kernel still views it: unmapped with the process
+                self.buf.close()
+        self.buf = buf
+        return {"ok": True}
 
     def do_run(self, spec: str, case: Mapping[str, Any], arena: tuple[str, int], inputs: Mapping[str, Any],
                outputs: Mapping[str, Any]) -> dict[str, Any]:
         adapter = self.adapter(spec)
-        buf = self._map(*arena)
+        buf = self.buf
+        if buf is None or len(buf) != arena[1]:
+            return {"error": "the judge's arena was not shared with this host"}
         shared_in = {k: view(buf, Slot(**v["slot"])) if "slot" in v else v["value"] for k, v in inputs.items()}
         shared_bands = {k: view(buf, Slot(**v["band"])) for k, v in outputs.items()}
         on_device = self.device.startswith("cuda")
@@ -296,7 +305,10 @@ def _take_returned(returned: Any, outs: dict[str, torch.Tensor]) -> dict[str, An
         target = outs.get(name)
         if (target is not None and type(t) is torch.Tensor and t.layout == torch.strided
                 and tuple(t.shape) == tuple(target.shape) and t.dtype == target.dtype):
-            target.copy_(t)
-            meta["copied"] = True
+            try:
+                target.copy_(t)
+                meta["copied"] = True
+            except Exception as e:  # a meta tensor has no values: the judge names that, this host goes on
+                meta["copy_error"] = f"{type(e).__name__}: {e}"[:300]
         found[str(name)] = meta
     return found

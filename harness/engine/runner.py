@@ -203,15 +203,41 @@ def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor
     before = isolation.take()
     try:
         returned = contained_call(adapter, case, inputs, outputs, device)
+    except Exception as e:
+        _by_kernel(e)
+        raise
     finally:
         if changed is not None:
             changed += [c for c in isolation.changes(before) if c not in changed]
         isolation.restore(before, rng=False)
     if returned is not None:
         if not isinstance(returned, Mapping):
-            raise TypeError(f"adapter {adapter.name} returned {type(returned).__name__}, expected a dict or None")
+            raise _by_kernel(TypeError(f"adapter {adapter.name} returned {type(returned).__name__}, expected a dict "
+                                       "or None"))
         outputs.update(returned)
     return outputs, bands
+
+
+class HarnessFault(RuntimeError):
+    """The judge's own work around a kernel run failed (its arena, its host's protocol): no kernel's fault."""
+
+
+def _by_kernel(e: Exception) -> Exception:
+    """`e`, marked as raised by the kernel's call (what is not marked was raised by the judge's own code)."""
+    with contextlib.suppress(AttributeError):
+        e.moe_harness_by_kernel = True  # type: ignore[attr-defined]
+    return e
+
+
+def _kernels(e: BaseException) -> bool:
+    """Whether exception `e` is the kernel's (raised in its host, or by its call here), not the judge's."""
+    return isinstance(e, (KernelRaised, HostDied)) or bool(getattr(e, "moe_harness_by_kernel", False))
+
+
+def harness_error(what: str, e: BaseException, **metrics: Any) -> tuple[str, str, dict[str, Any]]:
+    """(verdict, reason, metrics) of a case the judge could not judge because of its own failure: an `error` that
+    names the harness (`harness_error` in its metrics), never the kernel."""
+    return "error", f"harness error {what}: {type(e).__name__}: {e}", {"harness_error": True, **metrics}
 
 
 def _band_layout(spec: OutputSpec) -> tuple[tuple[int, ...], int, int]:
@@ -248,7 +274,16 @@ def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str
                                          tuple(stride)))
         msg_out[name] = {"band": dataclasses.asdict(slot), "start": guard, "shape": list(spec.shape),
                          "stride": list(stride)}
-    reply = host.ask(("run", adapter.spec, case.to_dict(), (arena.path, arena.size), msg_in, msg_out))
+    if not host.alive():
+        host.start()
+    if arena.sent_to != host.proc.pid:  # a new arena, or a new host: hand it the file
+        shared = host.ask(("arena", arena.size), fd=arena.fd)
+        if "error" in shared:
+            raise HarnessFault(f"the kernel host could not map the arena: {shared['error']}")
+        arena.sent_to = host.proc.pid
+    reply = host.ask(("run", adapter.spec, case.to_dict(), (0, arena.size), msg_in, msg_out))
+    if "error" in reply:
+        raise HarnessFault(f"the kernel host could not run the case: {reply['error']}")
     return reply, shared_bands, shared_in
 
 
@@ -256,7 +291,7 @@ def _reported_problems(meta: Mapping[str, Any], spec: OutputSpec, device: str) -
     """What is wrong with an output the kernel returned, from its host's description of it."""
     if meta.get("type") != "Tensor" or meta.get("layout") != str(torch.strided):
         return [f"a {meta.get('type')} with layout {meta.get('layout')}, not a plain strided torch.Tensor"]
-    problems = []
+    problems = [f"its values could not be read ({meta['copy_error']})"] if meta.get("copy_error") else []
     got, want = torch.device(meta["device"]), torch.device(device)
     if got.type != want.type or (want.index is not None and got.index != want.index):
         problems.append(f"on device {got}, the case runs on {device}")
@@ -692,7 +727,13 @@ class _Judging:
                                                   which, self.changed)
         except HostDied as e:
             raise _KernelFailed(self.result("error", f"{e} (in the kernel's {run})", host_died=str(e))) from None
+        except _KernelFailed:  # a late write of the run before, found as this one started
+            raise
         except Exception as e:
+            if not _kernels(e):  # the judge's own code failed around the run: not the kernel's error
+                verdict, reason, metrics = harness_error(f"around the kernel's {run}", e)
+                raise _KernelFailed(self.result(verdict, reason, **metrics,
+                                                metrics_trace=traceback.format_exc(limit=4))) from None
             raise _KernelFailed(self.raised(e, run)) from None
         self.bands[run] = bands
         checks = _unchanged(after, snapshot) + _guard_checks(bands, run)
@@ -802,7 +843,8 @@ class _Judging:
             if not self.declared:  # e.g. the adapter's conventions do not apply to a cell it does not claim
                 return self.result("unsupported", f"undeclared cell ({self.why_not}) cannot be built with this "
                                    f"adapter's conventions: {type(e).__name__}: {e}", exception=f"{self.why_not}: {e}")
-            return self.result("error", f"harness could not build the case: {type(e).__name__}: {e}")
+            return self.result("error", f"harness could not build the case: {type(e).__name__}: {e}",
+                               harness_error=True)
         try:
             first = self.kernel(inputs, specs, 0, "first run")
             if self.keep is not None:
@@ -822,7 +864,7 @@ class _Judging:
         except _KernelFailed as failed:
             return failed.result
         except Exception as e:
-            return self.result("error", f"harness error while judging: {type(e).__name__}: {e}",
+            return self.result(*harness_error("while judging", e)[:2], harness_error=True,
                                metrics_trace=traceback.format_exc(limit=4))
         reason, metrics = _summary(checks)
         return self.result("fail" if reason else "pass", reason, checks, exercised=exercised(expected.values()),
