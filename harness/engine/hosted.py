@@ -134,6 +134,7 @@ def manifest(adapter: Adapter) -> dict[str, Any]:
         "from_spec": registry.FROM_SPEC.get(adapter.name),
         "import_changes": registry.IMPORT_CHANGES.get(adapter.name, []),
         "import_accepted": registry.IMPORT_ACCEPTED.get(adapter.name, []),
+        "tampered": registry.tampered(adapter.name),
     }
 
 
@@ -235,6 +236,8 @@ class Served:
     def do_run(self, spec: str, case: Mapping[str, Any], arena: tuple[str, int], inputs: Mapping[str, Any],
                outputs: Mapping[str, Any]) -> dict[str, Any]:
         adapter = self.adapter(spec)
+        if why := registry.tampered(adapter.name):  # its declarations are not what the judge was told
+            return {"error": why}
         buf = self.buf
         if buf is None or len(buf) != arena[1]:
             return {"error": "the judge's arena was not shared with this host"}

@@ -669,6 +669,8 @@ class _Judging:
     def gate(self) -> Result | None:
         """The verdict when the case is not judged at all (not this device, a broken rule, outside its limits)."""
         adapter, device = self.adapter, self.device
+        if tampered := getattr(adapter, "tampered", ""):  # its declarations cannot be trusted: judge nothing
+            return self.result("error", f"harness error: {tampered}", harness_error=True, tampered=True)
         if (whole := turned_away_whole(adapter, device)) is not None:
             return self.result(*whole)
         if adapter.library is not None and (broken := adapter.library_error()):
