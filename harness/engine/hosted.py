@@ -23,7 +23,7 @@ from harness import registry
 from harness.core import isolation, paths
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
-from harness.engine.arena import Slot, view
+from harness.engine.arena import Slot, _dtype, _span, view
 from harness.engine.interpreter_faults import interpreter_fault
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -246,7 +246,8 @@ class Served:
         on_device = self.device.startswith("cuda")
         ins = {k: _to(t, self.device) if on_device and isinstance(t, torch.Tensor) else t for k, t in shared_in.items()}
         bands = {k: b.to(self.device) if on_device else b for k, b in shared_bands.items()}
-        outs = {k: bands[k].as_strided(tuple(v["shape"]), tuple(v["stride"]), v["start"]) for k, v in outputs.items()}
+        outs = {k: bands[k].as_strided(tuple(v["shape"]), tuple(v["stride"]), v["start"]) if on_device
+                else _output_view(buf, Slot(**v["band"]), v) for k, v in outputs.items()}
         # an empty tensor has no bytes to share; one of its own can be resized (Triton's interpreter does)
         ins = {k: _own_if_empty(t) for k, t in ins.items()}
         outs = {k: _own_if_empty(t) for k, t in outs.items()}
@@ -277,6 +278,14 @@ class Served:
             del ins, outs, bands
             release_cached_memory(self.device)
         return reply
+
+def _output_view(buf: Any, band: Slot, out: Mapping[str, Any]) -> torch.Tensor:
+    """Output `out` over its band in the arena, as a tensor of its own storage (storage offset 0, no guard in it),
+    like one torch allocated: the guard stays around it in memory, and nothing in the tensor says it is judged."""
+    shape, stride = tuple(out["shape"]), tuple(out["stride"])
+    size = _dtype(band.dtype).itemsize
+    return view(buf, Slot(band.offset + out["start"] * size, band.dtype, shape, stride, _span(shape, stride) * size))
+
 
 def _own_if_empty(t: Any) -> Any:
     if isinstance(t, torch.Tensor) and t.numel() == 0:

@@ -14,6 +14,7 @@ import dataclasses
 import faulthandler
 import os
 import re
+import secrets
 import signal
 import sys
 import threading
@@ -523,7 +524,7 @@ def _deadline(seconds: float | None) -> Iterator[None]:
 
 def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None,
           timeout: float | None = None, inputs: Mapping[str, Any] | None = None,
-          keep: dict[str, Any] | None = None) -> Result:
+          keep: dict[str, Any] | None = None, extra_runs: Mapping[str, Any] | None = None) -> Result:
     """Run `case` on `adapter` on `device` and judge it. Never raises for kernel misbehaviour.
 
     The oracle's expected outputs are computed before the kernel runs, with the torch and `reference` functions as
@@ -534,10 +535,11 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     inputs: the case's inputs, built already from its seed (`OpSpec.make_inputs`): the judge works on copies of them
     instead of building its own (a differential run hands the same tensors to two devices). keep: a dict the judge
     fills with the first run's outputs (`outputs`: CPU copies, by name) and the oracle's checks (`expected`).
+    extra_runs: the seed and order of the extra runs (`metrics.extra_runs` of a verdict: a replay's), else drawn.
     """
     t0 = time.perf_counter()
     before = isolation.take()
-    judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep)
+    judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep, replayed=extra_runs)
     try:
         with _deadline(_timeout_s(timeout)):
             result = judging.run()
@@ -619,10 +621,13 @@ class _Judging:
     """One case being judged: gates, inputs and oracle, the kernel's runs, the checks."""
 
     def __init__(self, case: Case, adapter: Adapter, device: DeviceInfo, unverifiable: set[str] | None, *,
-                 given: Mapping[str, Any] | None = None, keep: dict[str, Any] | None = None):
+                 given: Mapping[str, Any] | None = None, keep: dict[str, Any] | None = None,
+                 replayed: Mapping[str, Any] | None = None):
         device = adapter.device_for(device)  # a CPU-native kernel on a CPU machine: the `cpu` generation
         self.case, self.adapter, self.device, self.unverifiable = case, adapter, device, unverifiable
         self.given, self.keep = given, keep  # `judge`'s inputs and keep
+        self.replayed = replayed  # the seed and order of the extra runs of the verdict replayed (`fresh_inputs`)
+        self.recorded: dict[str, Any] = {}  # what the verdict's metrics record of how it was judged
         self.t0 = time.perf_counter()
         self.changed: list[str] = []
         self.notes: list[str] = []  # what a kernel host said it saw: diagnostics, never a verdict
@@ -657,6 +662,7 @@ class _Judging:
     def result(self, verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
         if self.spent:
             metrics = {**metrics, "time_s": {k: round(v, 4) for k, v in self.spent.items()}}
+        metrics = {**self.recorded, **metrics}
         if self.adapter.library is not None:  # the library version that produced the verdict (provenance)
             metrics = {**metrics, "library": self.adapter.library.label()}
         if ":" in (spec := getattr(self.adapter, "spec", "")):  # how a replay finds it (`module:object[#name]`)
@@ -860,7 +866,7 @@ class _Judging:
                 checks = self.compare(spec, specs, expected, first, second)
             if "batch_invariant" in adapter.properties and spec.token_subset is not None:
                 checks += self.batch_invariance(spec, inputs, first)
-            checks += self.fresh_inputs(spec, conventions, expected)
+            checks += self.fresh_inputs(spec, conventions, expected, inputs)
             with self.timed("checks"):
                 self.late_writes(settle=True)
         except _KernelFailed as failed:
@@ -887,28 +893,40 @@ class _Judging:
             checks += _determinism_checks(specs, first, second, expected)
         return checks
 
-    def fresh_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any],
-                     expected: Mapping[str, Check]) -> list[Comparison]:
-        """For one case in FRESH_EVERY (chosen by its id, so that a case's verdict never depends on which process
-        judged it or what ran there before), judged in a kernel host: the same case on other input values of the
-        same shapes, judged too. A kernel that reuses results (or state derived from its inputs) across calls by
-        shape alone is otherwise never given two different inputs of one shape in one process."""
+    def fresh_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any], expected: Mapping[str, Check],
+                     inputs: Mapping[str, Any] | None = None) -> list[Comparison]:
+        """For one case in FRESH_EVERY (chosen by its id, so that which cases get these runs never depends on which
+        process judged them), judged in a kernel host: two more runs, in an order drawn at random, each judged
+        against the oracle. One on other input values of the same shapes, drawn from an unpredictable seed (a
+        kernel that reuses results, or state derived from its inputs, across calls by shape alone is otherwise
+        never given two inputs of one shape in one process); one on the case's own inputs again (a kernel right
+        only on its first call with them). Neither is told apart from a first run by its buffers or its seed. The
+        seed and the order are recorded (`extra_runs` in the verdict's metrics) and a replay reuses them."""
         if getattr(self.adapter, "host", None) is None or not fresh_selected(self.case) \
                 or exercised(expected.values())["vacuous"]:
             return []
-        case = self.case.replace(seed=self.case.seed + 7919)
+        given = self.replayed or {}
+        seed = int(given.get("seed", secrets.randbits(31)))
+        order = list(given.get("order") or (["fresh", "repeat"] if secrets.randbits(1) else ["repeat", "fresh"]))
+        self.recorded["extra_runs"] = {"seed": seed, "order": order}
+        found = []
+        for what in order:
+            if what == "repeat" and inputs is not None:
+                out = self.kernel(inputs, spec.outputs(self.case, inputs), 0, "run on the same inputs again")
+                found += _renamed(oracle_checks(expected, out), "repeat", "on the same inputs again")
+            elif what == "fresh":
+                found += self.other_inputs(spec, conventions, seed)
+        return found
+
+    def other_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any], seed: int) -> list[Comparison]:
+        case = self.case.replace(seed=seed)
         with self.timed("inputs"):
             inputs = self.inputs(spec, case)
         with self.timed("oracle"), isolation.pristine():
             again = {c.name: c for c in spec.expected(case, inputs, conventions)}
         out = self.kernel(inputs, spec.outputs(case, inputs), 0, "run on other inputs of the same shapes", case)
-        found = []
-        for name, chk in again.items():
-            if name in out:
-                c = _compare(chk, out[name], out)
-                found.append(dataclasses.replace(c, name=f"fresh_inputs:{c.name}", reason=(
-                    f"on other inputs of the same shapes (seed {case.seed}): {c.reason}" if c.reason else "")))
-        return found
+        found = [_compare(chk, out[name], out) for name, chk in again.items() if name in out]
+        return _renamed(found, "fresh_inputs", f"on other inputs of the same shapes (seed {seed})")
 
     def batch_invariance(self, spec: ops.OpSpec, inputs: Mapping[str, torch.Tensor],
                          full: Mapping[str, torch.Tensor]) -> list[Comparison]:
@@ -924,6 +942,12 @@ class _Judging:
             found.append(_check(f"batch_invariant:{name}", same,
                                 "" if same else f"{name}: rows change when the other tokens of the batch change"))
         return found
+
+
+def _renamed(checks: list[Comparison], prefix: str, where: str) -> list[Comparison]:
+    """`checks` of an extra run, named `prefix:<check>`, their reasons saying which run."""
+    return [dataclasses.replace(c, name=f"{prefix}:{c.name}", reason=f"{where}: {c.reason}" if c.reason else "")
+            for c in checks]
 
 
 def oracle_checks(expected: Mapping[str, Check], outputs: Mapping[str, torch.Tensor]) -> list[Comparison]:
