@@ -32,7 +32,7 @@ DEFAULT_TIMEOUT_S = 300.0
 #: `error` verdicts that say nothing about the kernel's correctness at this commit: the harness could not build or
 #: judge the case, or the kernel could not be compiled (a build error skips the commit in a bisect)
 _UNTESTABLE_ERRORS = re.compile(
-    r"^harness could not build the case|^harness error while judging|"
+    r"^harness could not build the case|^harness error\b|"
     r"^kernel raised: (CompilationError|PTXASError|NVRTCError|OutOfResources|ModuleNotFoundError|ImportError)\b")
 
 
@@ -75,7 +75,8 @@ def _resolve_any(specs: list[str], device: str) -> tuple[Adapter | None, str]:
     return None, "adapter not importable here (" + "; ".join(problems) + ")"
 
 
-def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str) -> None:
+def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str,
+           extra_runs: dict[str, Any] | None = None) -> None:
     """Runs in the spawned process: resolve, detect, judge, send one message."""
     try:
         from harness.core.device import prepare_interpreter
@@ -102,7 +103,7 @@ def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str) 
             return
         if case.adapter != adapter.name:
             case = case.replace(adapter=adapter.name)
-        r = runner.judge(case, adapter, dev, unverifiable=unverifiable_here())
+        r = runner.judge(case, adapter, dev, unverifiable=unverifiable_here(), extra_runs=extra_runs)
         # as JSON text: plain values only, so that unpickling in the parent never imports torch (TorchVersion)
         conn.send({"status": "judged", "result": json.loads(json.dumps(r.to_dict())), "adapter": adapter.name})
     except BaseException as e:  # the harness itself failed here: nothing is known about the kernel
@@ -111,13 +112,20 @@ def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str) 
         conn.close()
 
 
+def _extra_runs(case_file: CaseFile) -> dict[str, Any] | None:
+    """The seed and order of the recorded verdict's extra runs (None: drawn anew)."""
+    metrics = case_file.recorded.get("metrics")
+    found = metrics.get("extra_runs") if isinstance(metrics, dict) else None
+    return found if isinstance(found, dict) else None
+
+
 def replay(case_file: CaseFile, *, adapter: str | None = None, device: str = "auto",
            timeout: float = DEFAULT_TIMEOUT_S) -> Outcome:
     """Judge the case of `case_file` in a spawned child process; never raises for what the kernel does."""
     specs = [adapter] if adapter else case_file.adapter_specs
     ctx = mp.get_context("spawn")  # never fork: the caller may hold a CUDA context
     receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(sender, case_file.case, specs, device), daemon=True)
+    proc = ctx.Process(target=_child, args=(sender, case_file.case, specs, device, _extra_runs(case_file)), daemon=True)
     t0 = time.perf_counter()
     proc.start()
     sender.close()

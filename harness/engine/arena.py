@@ -3,11 +3,17 @@
 A file in shared memory that both processes map: the judge allocates tensors in it (`Arena.put`, `Arena.empty`) and
 describes each with a `Slot` (offset, dtype, shape, strides); the host views the same bytes (`view`). Nothing but
 these descriptions crosses the pipe, and no tensor is pickled.
+
+The file has no name a process could open: a sealed memfd (Linux), handed to the host as a file descriptor over the
+pipe (`fd`). Its seals forbid shrinking it, so a kernel that truncates it cannot make the judge's next read of it
+fault (SIGBUS). Its memory is allocated when it is made: no shared memory left is an `ArenaSpaceError` then, never a
+fault later. The first tensor starts at a random offset, so no address in it is a stable sign of being judged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import secrets
@@ -74,33 +80,81 @@ def remove_stale(folder: str) -> None:
                     os.unlink(os.path.join(folder, name))
 
 
+class ArenaSpaceError(OSError):
+    """No shared memory left for an arena: the machine's, not a kernel's, problem."""
+
+
+#: seals of an arena's memfd: its size is fixed for good (a host cannot shrink it under the judge's reads)
+_SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
+
+
+def _sealable() -> bool:
+    import fcntl
+
+    return hasattr(os, "memfd_create") and all(hasattr(fcntl, s) for s in ("F_ADD_SEALS", *_SEALS))
+
+
+def _new_file() -> tuple[int, str]:
+    """An open file of shared memory that no path names, and what it lives in (for messages)."""
+    if _sealable():
+        return os.memfd_create(secrets.token_hex(4), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), "shared memory"
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    remove_stale(folder)  # arena files of older versions, which named them
+    path = os.path.join(folder, f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.unlink(path)
+    return fd, folder
+
+
+def _allocate(fd: int, size: int, where: str) -> None:
+    """Give the file `size` bytes of memory now (ArenaSpaceError when there is none), sealed where it can be."""
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise ArenaSpaceError(e.errno, f"no space in {where} for the arena ({-(-size // 2**20)} MiB needed)"
+                                  ) from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: touched later
+            raise
+    if _sealable():
+        import fcntl
+
+        seals = 0
+        for name in _SEALS:
+            seals |= getattr(fcntl, name)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+
+
 class Arena:
     """A file in shared memory that the judge and one host map: the tensors of one kernel run. The judge allocates
-    (`put`, `empty`), resets it before each run, and grows it into a new file when a run needs more."""
+    (`put`, `empty`), resets it before each run, and grows it into a new file when a run needs more. `fd` is the
+    open file a host is handed (`sent_to`: the pid of the host that has the current one)."""
 
     def __init__(self, size: int = 1 << 20):
-        self.size, self.used = 0, 0
-        self.path = ""
+        self.size, self.used, self.start = 0, 0, 0
+        self.fd = -1
+        self.sent_to: int | None = None
         self.buf: mmap.mmap | None = None
         self._grow(size)
 
     def _grow(self, size: int) -> None:
         self.close()
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        remove_stale(folder)
-        self.path = os.path.join(folder, f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.start = _ALIGN * secrets.randbelow(64)  # where the first tensor lies: nothing stable to recognise
+        size += self.start
+        fd, where = _new_file()
         try:
-            os.ftruncate(fd, size)
+            _allocate(fd, size, where)
             self.buf = mmap.mmap(fd, size)
-        finally:
+        except BaseException:
             os.close(fd)
-        self.size = size
+            raise
+        self.fd, self.size, self.used = fd, size, self.start
 
     def reserve(self, nbytes: int) -> None:
         """Make room for `nbytes` from the start (a new, larger file when needed); forgets what was allocated."""
-        self.used = 0
-        if nbytes > self.size:
+        self.used = self.start
+        if self.start + nbytes > self.size:
             self._grow(max(nbytes, 2 * self.size))
 
     def empty(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[torch.Tensor, Slot]:
@@ -124,10 +178,10 @@ class Arena:
             with contextlib.suppress(BufferError):  # a tensor still viewing it: the mapping goes with the process
                 self.buf.close()
             self.buf = None
-        if self.path:
+        if self.fd >= 0:
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
-            self.path = ""
+                os.close(self.fd)
+            self.fd, self.sent_to = -1, None
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:

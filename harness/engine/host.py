@@ -130,6 +130,7 @@ def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: 
     from harness.engine import hosted
 
     served = hosted.Served(device)
+    served.conn = conn  # an arena's file descriptor comes through it (`do_arena`)
     while True:
         try:
             msg = conn.recv()
@@ -152,7 +153,7 @@ def _context() -> Any:
     and never touched CUDA (forking the judge itself can deadlock on a lock a thread of its held); else spawn."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "harness.engine.hosted"])
+        ctx.set_forkserver_preload(["torch", "harness.engine.host_session", "harness.engine.hosted"])
         return ctx
     return mp.get_context("spawn")
 
@@ -236,11 +237,16 @@ class Host:
         theirs.close()
         self.conn = mine
 
-    def ask(self, msg: Any, *, deadline: float | None = None) -> dict[str, Any]:
+    def ask(self, msg: Any, *, deadline: float | None = None, fd: int | None = None) -> dict[str, Any]:
+        """`msg`'s answer; fd: an open file handed to the host right after the message (an arena's)."""
         if not self.alive():
             self.start()
         try:
             self.conn.send(msg)
+            if fd is not None:
+                from multiprocessing.reduction import send_handle
+
+                send_handle(self.conn, fd, self.proc.pid)
         except (OSError, BrokenPipeError) as e:
             self.kill()
             raise HostDied(f"the kernel host is gone ({e})") from None

@@ -7,6 +7,7 @@ undone), over tensors that lie in the arena the judge shares with this host.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import mmap
 import os
@@ -22,7 +23,7 @@ from harness import registry
 from harness.core import isolation, paths
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
-from harness.engine.arena import Slot, view
+from harness.engine.arena import Slot, _dtype, _span, view
 from harness.engine.interpreter_faults import interpreter_fault
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -133,6 +134,7 @@ def manifest(adapter: Adapter) -> dict[str, Any]:
         "from_spec": registry.FROM_SPEC.get(adapter.name),
         "import_changes": registry.IMPORT_CHANGES.get(adapter.name, []),
         "import_accepted": registry.IMPORT_ACCEPTED.get(adapter.name, []),
+        "tampered": registry.tampered(adapter.name),
     }
 
 
@@ -150,7 +152,8 @@ class Served:
 
             unverifiable_here()  # the interpreter's fidelity fixes, installed before any kernel module is imported
         self.adapters: dict[str, Adapter] = {}
-        self.path, self.buf = "", None
+        self.buf: Any = None
+        self.conn: Any = None  # the pipe to the judge (set by the host's loop)
 
     def adapter(self, spec: str) -> Adapter:
         if spec not in self.adapters:
@@ -215,26 +218,36 @@ class Served:
         lib = self.adapter(spec).library
         return {"ok": registry.import_library(lib) if lib is not None else ""}
 
-    def _map(self, path: str, size: int) -> Any:
-        if path != self.path:
-            fd = os.open(path, os.O_RDWR)
-            try:
-                self.buf = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-            self.path = path
-        return self.buf
+    def do_arena(self, size: int) -> dict[str, Any]:
+        """Map the arena whose file descriptor the judge sends right after this request."""
+        from multiprocessing.reduction import recv_handle
+
+        fd = recv_handle(self.conn)
+        try:
+            buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        if self.buf is not None:
+            with contextlib.suppress(BufferError):  # a tensor of a kernel still views it: unmapped with the process
+                self.buf.close()
+        self.buf = buf
+        return {"ok": True}
 
     def do_run(self, spec: str, case: Mapping[str, Any], arena: tuple[str, int], inputs: Mapping[str, Any],
                outputs: Mapping[str, Any]) -> dict[str, Any]:
         adapter = self.adapter(spec)
-        buf = self._map(*arena)
+        if why := registry.tampered(adapter.name):  # its declarations are not what the judge was told
+            return {"error": why}
+        buf = self.buf
+        if buf is None or len(buf) != arena[1]:
+            return {"error": "the judge's arena was not shared with this host"}
         shared_in = {k: view(buf, Slot(**v["slot"])) if "slot" in v else v["value"] for k, v in inputs.items()}
         shared_bands = {k: view(buf, Slot(**v["band"])) for k, v in outputs.items()}
         on_device = self.device.startswith("cuda")
         ins = {k: _to(t, self.device) if on_device and isinstance(t, torch.Tensor) else t for k, t in shared_in.items()}
         bands = {k: b.to(self.device) if on_device else b for k, b in shared_bands.items()}
-        outs = {k: bands[k].as_strided(tuple(v["shape"]), tuple(v["stride"]), v["start"]) for k, v in outputs.items()}
+        outs = {k: bands[k].as_strided(tuple(v["shape"]), tuple(v["stride"]), v["start"]) if on_device
+                else _output_view(buf, Slot(**v["band"]), v) for k, v in outputs.items()}
         # an empty tensor has no bytes to share; one of its own can be resized (Triton's interpreter does)
         ins = {k: _own_if_empty(t) for k, t in ins.items()}
         outs = {k: _own_if_empty(t) for k, t in outs.items()}
@@ -266,6 +279,14 @@ class Served:
             release_cached_memory(self.device)
         return reply
 
+def _output_view(buf: Any, band: Slot, out: Mapping[str, Any]) -> torch.Tensor:
+    """Output `out` over its band in the arena, as a tensor of its own storage (storage offset 0, no guard in it),
+    like one torch allocated: the guard stays around it in memory, and nothing in the tensor says it is judged."""
+    shape, stride = tuple(out["shape"]), tuple(out["stride"])
+    size = _dtype(band.dtype).itemsize
+    return view(buf, Slot(band.offset + out["start"] * size, band.dtype, shape, stride, _span(shape, stride) * size))
+
+
 def _own_if_empty(t: Any) -> Any:
     if isinstance(t, torch.Tensor) and t.numel() == 0:
         return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
@@ -296,7 +317,10 @@ def _take_returned(returned: Any, outs: dict[str, torch.Tensor]) -> dict[str, An
         target = outs.get(name)
         if (target is not None and type(t) is torch.Tensor and t.layout == torch.strided
                 and tuple(t.shape) == tuple(target.shape) and t.dtype == target.dtype):
-            target.copy_(t)
-            meta["copied"] = True
+            try:
+                target.copy_(t)
+                meta["copied"] = True
+            except Exception as e:  # a meta tensor has no values: the judge names that, this host goes on
+                meta["copy_error"] = f"{type(e).__name__}: {e}"[:300]
         found[str(name)] = meta
     return found

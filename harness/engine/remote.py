@@ -68,6 +68,7 @@ class RemoteAdapter(Adapter):
     host: Host | None = field(default=None, compare=False, repr=False)
     rule_kind: str | None = None  # None: no rule; "cell": the rule ignores shapes; "shapes": it takes them
     notes: tuple[str, ...] = ()  # what the host said its module changed on import (diagnostics)
+    tampered: str = ""  # how another module changed its declarations in the host (`registry.sealed`)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _asked(self, key: tuple, msg: tuple) -> dict[str, Any]:
@@ -144,7 +145,7 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
         interp_features=_interp(ref) if m.get("interp_features") else None, description=m.get("description", ""),
         test_aid=bool(m.get("test_aid")), conventions_for=_marker_conventions_for if m.get("conventions_for") else None,
         library=library, spec=spec, host=host, rule_kind=m.get("rule"),
-        notes=tuple([*m.get("import_changes", []), *m.get("import_accepted", [])]))
+        notes=tuple([*m.get("import_changes", []), *m.get("import_accepted", [])]), tampered=m.get("tampered") or "")
     ref.append(adapter)
     return adapter
 

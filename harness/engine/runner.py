@@ -14,6 +14,7 @@ import dataclasses
 import faulthandler
 import os
 import re
+import secrets
 import signal
 import sys
 import threading
@@ -203,15 +204,41 @@ def _run_adapter(adapter: Adapter, case: Case, inputs: Mapping[str, torch.Tensor
     before = isolation.take()
     try:
         returned = contained_call(adapter, case, inputs, outputs, device)
+    except Exception as e:
+        _by_kernel(e)
+        raise
     finally:
         if changed is not None:
             changed += [c for c in isolation.changes(before) if c not in changed]
         isolation.restore(before, rng=False)
     if returned is not None:
         if not isinstance(returned, Mapping):
-            raise TypeError(f"adapter {adapter.name} returned {type(returned).__name__}, expected a dict or None")
+            raise _by_kernel(TypeError(f"adapter {adapter.name} returned {type(returned).__name__}, expected a dict "
+                                       "or None"))
         outputs.update(returned)
     return outputs, bands
+
+
+class HarnessFault(RuntimeError):
+    """The judge's own work around a kernel run failed (its arena, its host's protocol): no kernel's fault."""
+
+
+def _by_kernel(e: Exception) -> Exception:
+    """`e`, marked as raised by the kernel's call (what is not marked was raised by the judge's own code)."""
+    with contextlib.suppress(AttributeError):
+        e.moe_harness_by_kernel = True  # type: ignore[attr-defined]
+    return e
+
+
+def _kernels(e: BaseException) -> bool:
+    """Whether exception `e` is the kernel's (raised in its host, or by its call here), not the judge's."""
+    return isinstance(e, (KernelRaised, HostDied)) or bool(getattr(e, "moe_harness_by_kernel", False))
+
+
+def harness_error(what: str, e: BaseException, **metrics: Any) -> tuple[str, str, dict[str, Any]]:
+    """(verdict, reason, metrics) of a case the judge could not judge because of its own failure: an `error` that
+    names the harness (`harness_error` in its metrics), never the kernel."""
+    return "error", f"harness error {what}: {type(e).__name__}: {e}", {"harness_error": True, **metrics}
 
 
 def _band_layout(spec: OutputSpec) -> tuple[tuple[int, ...], int, int]:
@@ -248,7 +275,16 @@ def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str
                                          tuple(stride)))
         msg_out[name] = {"band": dataclasses.asdict(slot), "start": guard, "shape": list(spec.shape),
                          "stride": list(stride)}
-    reply = host.ask(("run", adapter.spec, case.to_dict(), (arena.path, arena.size), msg_in, msg_out))
+    if not host.alive():
+        host.start()
+    if arena.sent_to != host.proc.pid:  # a new arena, or a new host: hand it the file
+        shared = host.ask(("arena", arena.size), fd=arena.fd)
+        if "error" in shared:
+            raise HarnessFault(f"the kernel host could not map the arena: {shared['error']}")
+        arena.sent_to = host.proc.pid
+    reply = host.ask(("run", adapter.spec, case.to_dict(), (0, arena.size), msg_in, msg_out))
+    if "error" in reply:
+        raise HarnessFault(f"the kernel host could not run the case: {reply['error']}")
     return reply, shared_bands, shared_in
 
 
@@ -256,7 +292,7 @@ def _reported_problems(meta: Mapping[str, Any], spec: OutputSpec, device: str) -
     """What is wrong with an output the kernel returned, from its host's description of it."""
     if meta.get("type") != "Tensor" or meta.get("layout") != str(torch.strided):
         return [f"a {meta.get('type')} with layout {meta.get('layout')}, not a plain strided torch.Tensor"]
-    problems = []
+    problems = [f"its values could not be read ({meta['copy_error']})"] if meta.get("copy_error") else []
     got, want = torch.device(meta["device"]), torch.device(device)
     if got.type != want.type or (want.index is not None and got.index != want.index):
         problems.append(f"on device {got}, the case runs on {device}")
@@ -488,7 +524,7 @@ def _deadline(seconds: float | None) -> Iterator[None]:
 
 def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set[str] | None = None,
           timeout: float | None = None, inputs: Mapping[str, Any] | None = None,
-          keep: dict[str, Any] | None = None) -> Result:
+          keep: dict[str, Any] | None = None, extra_runs: Mapping[str, Any] | None = None) -> Result:
     """Run `case` on `adapter` on `device` and judge it. Never raises for kernel misbehaviour.
 
     The oracle's expected outputs are computed before the kernel runs, with the torch and `reference` functions as
@@ -499,10 +535,11 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     inputs: the case's inputs, built already from its seed (`OpSpec.make_inputs`): the judge works on copies of them
     instead of building its own (a differential run hands the same tensors to two devices). keep: a dict the judge
     fills with the first run's outputs (`outputs`: CPU copies, by name) and the oracle's checks (`expected`).
+    extra_runs: the seed and order of the extra runs (`metrics.extra_runs` of a verdict: a replay's), else drawn.
     """
     t0 = time.perf_counter()
     before = isolation.take()
-    judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep)
+    judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep, replayed=extra_runs)
     try:
         with _deadline(_timeout_s(timeout)):
             result = judging.run()
@@ -584,10 +621,13 @@ class _Judging:
     """One case being judged: gates, inputs and oracle, the kernel's runs, the checks."""
 
     def __init__(self, case: Case, adapter: Adapter, device: DeviceInfo, unverifiable: set[str] | None, *,
-                 given: Mapping[str, Any] | None = None, keep: dict[str, Any] | None = None):
+                 given: Mapping[str, Any] | None = None, keep: dict[str, Any] | None = None,
+                 replayed: Mapping[str, Any] | None = None):
         device = adapter.device_for(device)  # a CPU-native kernel on a CPU machine: the `cpu` generation
         self.case, self.adapter, self.device, self.unverifiable = case, adapter, device, unverifiable
         self.given, self.keep = given, keep  # `judge`'s inputs and keep
+        self.replayed = replayed  # the seed and order of the extra runs of the verdict replayed (`fresh_inputs`)
+        self.recorded: dict[str, Any] = {}  # what the verdict's metrics record of how it was judged
         self.t0 = time.perf_counter()
         self.changed: list[str] = []
         self.notes: list[str] = []  # what a kernel host said it saw: diagnostics, never a verdict
@@ -622,6 +662,7 @@ class _Judging:
     def result(self, verdict: str, reason: str, checks: list[Comparison] | None = None, **metrics: Any) -> Result:
         if self.spent:
             metrics = {**metrics, "time_s": {k: round(v, 4) for k, v in self.spent.items()}}
+        metrics = {**self.recorded, **metrics}
         if self.adapter.library is not None:  # the library version that produced the verdict (provenance)
             metrics = {**metrics, "library": self.adapter.library.label()}
         if ":" in (spec := getattr(self.adapter, "spec", "")):  # how a replay finds it (`module:object[#name]`)
@@ -634,6 +675,8 @@ class _Judging:
     def gate(self) -> Result | None:
         """The verdict when the case is not judged at all (not this device, a broken rule, outside its limits)."""
         adapter, device = self.adapter, self.device
+        if tampered := getattr(adapter, "tampered", ""):  # its declarations cannot be trusted: judge nothing
+            return self.result("error", f"harness error: {tampered}", harness_error=True, tampered=True)
         if (whole := turned_away_whole(adapter, device)) is not None:
             return self.result(*whole)
         if adapter.library is not None and (broken := adapter.library_error()):
@@ -692,7 +735,13 @@ class _Judging:
                                                   which, self.changed)
         except HostDied as e:
             raise _KernelFailed(self.result("error", f"{e} (in the kernel's {run})", host_died=str(e))) from None
+        except _KernelFailed:  # a late write of the run before, found as this one started
+            raise
         except Exception as e:
+            if not _kernels(e):  # the judge's own code failed around the run: not the kernel's error
+                verdict, reason, metrics = harness_error(f"around the kernel's {run}", e)
+                raise _KernelFailed(self.result(verdict, reason, **metrics,
+                                                metrics_trace=traceback.format_exc(limit=4))) from None
             raise _KernelFailed(self.raised(e, run)) from None
         self.bands[run] = bands
         checks = _unchanged(after, snapshot) + _guard_checks(bands, run)
@@ -802,7 +851,8 @@ class _Judging:
             if not self.declared:  # e.g. the adapter's conventions do not apply to a cell it does not claim
                 return self.result("unsupported", f"undeclared cell ({self.why_not}) cannot be built with this "
                                    f"adapter's conventions: {type(e).__name__}: {e}", exception=f"{self.why_not}: {e}")
-            return self.result("error", f"harness could not build the case: {type(e).__name__}: {e}")
+            return self.result("error", f"harness could not build the case: {type(e).__name__}: {e}",
+                               harness_error=True)
         try:
             first = self.kernel(inputs, specs, 0, "first run")
             if self.keep is not None:
@@ -816,13 +866,13 @@ class _Judging:
                 checks = self.compare(spec, specs, expected, first, second)
             if "batch_invariant" in adapter.properties and spec.token_subset is not None:
                 checks += self.batch_invariance(spec, inputs, first)
-            checks += self.fresh_inputs(spec, conventions, expected)
+            checks += self.fresh_inputs(spec, conventions, expected, inputs)
             with self.timed("checks"):
                 self.late_writes(settle=True)
         except _KernelFailed as failed:
             return failed.result
         except Exception as e:
-            return self.result("error", f"harness error while judging: {type(e).__name__}: {e}",
+            return self.result(*harness_error("while judging", e)[:2], harness_error=True,
                                metrics_trace=traceback.format_exc(limit=4))
         reason, metrics = _summary(checks)
         return self.result("fail" if reason else "pass", reason, checks, exercised=exercised(expected.values()),
@@ -843,28 +893,40 @@ class _Judging:
             checks += _determinism_checks(specs, first, second, expected)
         return checks
 
-    def fresh_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any],
-                     expected: Mapping[str, Check]) -> list[Comparison]:
-        """For one case in FRESH_EVERY (chosen by its id, so that a case's verdict never depends on which process
-        judged it or what ran there before), judged in a kernel host: the same case on other input values of the
-        same shapes, judged too. A kernel that reuses results (or state derived from its inputs) across calls by
-        shape alone is otherwise never given two different inputs of one shape in one process."""
+    def fresh_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any], expected: Mapping[str, Check],
+                     inputs: Mapping[str, Any] | None = None) -> list[Comparison]:
+        """For one case in FRESH_EVERY (chosen by its id, so that which cases get these runs never depends on which
+        process judged them), judged in a kernel host: two more runs, in an order drawn at random, each judged
+        against the oracle. One on other input values of the same shapes, drawn from an unpredictable seed (a
+        kernel that reuses results, or state derived from its inputs, across calls by shape alone is otherwise
+        never given two inputs of one shape in one process); one on the case's own inputs again (a kernel right
+        only on its first call with them). Neither is told apart from a first run by its buffers or its seed. The
+        seed and the order are recorded (`extra_runs` in the verdict's metrics) and a replay reuses them."""
         if getattr(self.adapter, "host", None) is None or not fresh_selected(self.case) \
                 or exercised(expected.values())["vacuous"]:
             return []
-        case = self.case.replace(seed=self.case.seed + 7919)
+        given = self.replayed or {}
+        seed = int(given.get("seed", secrets.randbits(31)))
+        order = list(given.get("order") or (["fresh", "repeat"] if secrets.randbits(1) else ["repeat", "fresh"]))
+        self.recorded["extra_runs"] = {"seed": seed, "order": order}
+        found = []
+        for what in order:
+            if what == "repeat" and inputs is not None:
+                out = self.kernel(inputs, spec.outputs(self.case, inputs), 0, "run on the same inputs again")
+                found += _renamed(oracle_checks(expected, out), "repeat", "on the same inputs again")
+            elif what == "fresh":
+                found += self.other_inputs(spec, conventions, seed)
+        return found
+
+    def other_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any], seed: int) -> list[Comparison]:
+        case = self.case.replace(seed=seed)
         with self.timed("inputs"):
             inputs = self.inputs(spec, case)
         with self.timed("oracle"), isolation.pristine():
             again = {c.name: c for c in spec.expected(case, inputs, conventions)}
         out = self.kernel(inputs, spec.outputs(case, inputs), 0, "run on other inputs of the same shapes", case)
-        found = []
-        for name, chk in again.items():
-            if name in out:
-                c = _compare(chk, out[name], out)
-                found.append(dataclasses.replace(c, name=f"fresh_inputs:{c.name}", reason=(
-                    f"on other inputs of the same shapes (seed {case.seed}): {c.reason}" if c.reason else "")))
-        return found
+        found = [_compare(chk, out[name], out) for name, chk in again.items() if name in out]
+        return _renamed(found, "fresh_inputs", f"on other inputs of the same shapes (seed {seed})")
 
     def batch_invariance(self, spec: ops.OpSpec, inputs: Mapping[str, torch.Tensor],
                          full: Mapping[str, torch.Tensor]) -> list[Comparison]:
@@ -880,6 +942,12 @@ class _Judging:
             found.append(_check(f"batch_invariant:{name}", same,
                                 "" if same else f"{name}: rows change when the other tokens of the batch change"))
         return found
+
+
+def _renamed(checks: list[Comparison], prefix: str, where: str) -> list[Comparison]:
+    """`checks` of an extra run, named `prefix:<check>`, their reasons saying which run."""
+    return [dataclasses.replace(c, name=f"{prefix}:{c.name}", reason=f"{where}: {c.reason}" if c.reason else "")
+            for c in checks]
 
 
 def oracle_checks(expected: Mapping[str, Check], outputs: Mapping[str, torch.Tensor]) -> list[Comparison]:

@@ -27,7 +27,7 @@ from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
 from harness.core.paths import public_path
 from harness.core.text import one_line
-from harness.registry import provenance, sourcefiles
+from harness.registry import provenance, sealed, sourcefiles
 
 ENTRY_POINT_GROUP = "moe_harness.adapters"
 PROPERTIES = ("deterministic", "batch_invariant")
@@ -472,6 +472,7 @@ def _watched_import(origin: str) -> Iterator[list[Adapter]]:
                 IMPORT_CHANGES[a.name] = [f"{c} (on import of {origin})" for c in changed]
             if accepted:
                 IMPORT_ACCEPTED[a.name] = [f"{c} (on import of {origin})" for c in accepted]
+        sealed.seal(origin, defined + [_REGISTRY[n] for n in sorted(set(_REGISTRY) - names_before)], _REGISTRY)
 
 
 def _deadly(origin: str, failure: str, what: str) -> bool:
@@ -627,6 +628,11 @@ def expand(specs: Iterable[str]) -> list[str]:
             found = [spec]
         names += [n for n in found if n not in names]
     return names
+
+
+def tampered(name: str) -> str:
+    """Why adapter `name`'s declaration is not what its own module left ("" when it is): `sealed`."""
+    return sealed.tampered(name, _REGISTRY)
 
 
 def all_adapters(op: str | None = None) -> list[Adapter]:

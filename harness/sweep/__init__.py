@@ -152,9 +152,14 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
             continue
         if shard is not None:
             p = shard.of(p)
-        run.main.append_meta("adapter", adapter_record(adapter, p, run.device, profile))
+        record = adapter_record(adapter, p, run.device, profile)
+        if tampered := getattr(adapter, "tampered", ""):  # every case of it is a harness error (runner's gate)
+            record["tampered"] = tampered
+            if out is not None:
+                print(tampered, file=out, flush=True)
+        run.main.append_meta("adapter", record)
         planned.append((adapter, spec_name, p))
-        if runner.turned_away_whole(adapter, run.device):  # not this generation, not installed: no kernel host
+        if runner.turned_away_whole(adapter, run.device) or getattr(adapter, "tampered", ""):  # no kernel host
             for c in p.cases:
                 verdict = runner.gated_verdict(c, adapter, run.device)
                 assert verdict is not None  # the gate's first rules turn every case away
