@@ -15,6 +15,17 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+# all light (no torch at import): the names the rules accept come from the modules that own them
+from harness.commands.bench import SHAPES, bench_ops, parse_schemes
+from harness.commands.conventions import OP_ORDER
+from harness.commands.differential import TEST_SIDES_ENV
+from harness.commands.golden import stored
+from harness.commands.replay import EXIT_UNTESTABLE
+from harness.core.device import DEVICE_FORM, DEVICE_FORMS, cuda_absent
+from harness.core.sweep_args import parse_shard
+from harness.store.casefiles import read_case_file
+from harness.store.results import sweep_file, sweep_run_ids
+
 #: the exit status of a usage error (argparse's)
 EXIT_USAGE = 2
 
@@ -39,15 +50,11 @@ def check(args: argparse.Namespace) -> None:
 # -- devices -------------------------------------------------------------------------------------------------------
 
 def device_form(args: argparse.Namespace) -> None:
-    from harness.core.device import DEVICE_FORM, DEVICE_FORMS
-
     if not DEVICE_FORM.fullmatch(args.device):
         raise UsageError(f"--device must be {DEVICE_FORMS}, got {args.device!r}")
 
 
 def _gpu_here(device: str, code: int = EXIT_USAGE) -> None:
-    from harness.core.device import cuda_absent
-
     if device.startswith("cuda") and (why := cuda_absent()):
         raise UsageError(f"--device {device}: no CUDA device here ({why}); use auto or cpu", code)
 
@@ -60,15 +67,10 @@ def gpu_present(args: argparse.Namespace) -> None:
 
 def gpu_to_replay(args: argparse.Namespace) -> None:
     """replay and explain: a device that is not here means the case cannot be tested here (their exit 125)."""
-    from harness.commands.replay import EXIT_UNTESTABLE
-
     _gpu_here(args.device, EXIT_UNTESTABLE)
 
 
 def gpu_to_compare(args: argparse.Namespace) -> None:
-    from harness.commands.differential import TEST_SIDES_ENV
-    from harness.core.device import cuda_absent
-
     if not os.environ.get(TEST_SIDES_ENV, "").strip() and (why := cuda_absent()):
         raise UsageError(f"differential compares the interpreter with compiled kernels and needs a CUDA GPU: {why}")
 
@@ -76,8 +78,6 @@ def gpu_to_compare(args: argparse.Namespace) -> None:
 # -- what a sweep names --------------------------------------------------------------------------------------------
 
 def shard(args: argparse.Namespace) -> None:
-    from harness.core.sweep_args import parse_shard
-
     if args.shard is not None:
         try:
             parse_shard(args.shard)
@@ -107,8 +107,6 @@ def adapters(args: argparse.Namespace) -> None:
 
 
 def resume(args: argparse.Namespace) -> None:
-    from harness.store.results import sweep_file, sweep_run_ids
-
     if not args.resume or args.sources:
         return
     if not sweep_file(args.results_dir, args.resume).is_file():
@@ -155,8 +153,6 @@ def _parent_folder(flag: str, p: Path) -> None:
 
 def case_file(args: argparse.Namespace) -> None:
     """The CASE argument: a readable JSON case file (structure and case fields; no torch)."""
-    from harness.store.casefiles import read_case_file
-
     try:
         read_case_file(args.case)
     except ValueError as e:
@@ -192,15 +188,11 @@ def bisect_files(args: argparse.Namespace) -> None:
 # -- names the commands take ---------------------------------------------------------------------------------------
 
 def conventions_op(args: argparse.Namespace) -> None:
-    from harness.commands.conventions import OP_ORDER
-
     if args.op is not None and args.op not in OP_ORDER:
         raise UsageError(f"--op must be one of {', '.join(OP_ORDER)}, got {args.op!r}")
 
 
 def bench_names(args: argparse.Namespace) -> None:
-    from harness.commands.bench import SHAPES, bench_ops
-
     known = ["reference-experts", *bench_ops()]
     if args.op not in known:
         raise UsageError(f"--op must be one of {', '.join(known)}, got {args.op!r}")
@@ -209,8 +201,6 @@ def bench_names(args: argparse.Namespace) -> None:
 
 
 def bench_experts_options(args: argparse.Namespace) -> None:
-    from harness.commands.bench import parse_schemes
-
     given = [flag for flag, value in (("--quant", args.quant), ("--against-vllm", args.against_vllm),
                                       ("--m", args.m)) if value]
     if given and args.op != "experts":
@@ -227,8 +217,6 @@ def bench_experts_options(args: argparse.Namespace) -> None:
 
 def golden_names(args: argparse.Namespace) -> None:
     """Checking needs a stored file per name; a new case (--regenerate) is known only once its module is imported."""
-    from harness.commands.golden import stored
-
     if args.regenerate:
         return
     known = stored()
