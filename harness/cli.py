@@ -15,9 +15,10 @@ Commands (one module each in `harness.commands`):
 from __future__ import annotations
 
 import argparse
+import sys
 
 from harness import __version__
-from harness.commands import bench, bisect, conventions, diff, differential, explain, golden, matrix, replay
+from harness.commands import bench, bisect, conventions, diff, differential, explain, golden, matrix, replay, usage
 
 COMMANDS = (matrix, replay, explain, diff, bisect, bench, golden, conventions, differential)
 
@@ -38,4 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    try:  # before the command imports torch or starts a kernel host: a mistyped argument is told at once
+        usage.check(args)
+    except usage.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
     return int(args.func(args))

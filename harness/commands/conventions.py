@@ -17,7 +17,8 @@ import sys
 from typing import Any
 
 DEFAULT_OUT = "docs/CONVENTIONS.md"
-_OP_ORDER = ("routing", "grouped_routing", "align", "activation", "reduce", "group_quant", "act_quant", "experts")
+#: the ops documented, in this order (each must have a spec: `harness.ops.available()`)
+OP_ORDER = ("routing", "grouped_routing", "align", "activation", "reduce", "group_quant", "act_quant", "experts")
 
 
 def _cell(text: Any) -> str:
@@ -219,7 +220,7 @@ def render(only: str | None = None) -> str:
     """The conventions reference (markdown); `only`: one op."""
     from harness import ops
 
-    known = [op for op in _OP_ORDER if op in ops.available()]
+    known = [op for op in OP_ORDER if op in ops.available()]
     if only is not None and only not in known:
         raise ValueError(f"--op must be one of {', '.join(known)}, got {only!r}")
     lines = ["# Conventions reference", "",

@@ -7,7 +7,6 @@ reverse a code path the CPU run never took (or a declaration that does not hold 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -20,22 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands import positive
+from harness.core.device import cuda_absent
+from harness.core.sweep_args import PROFILES
 
 #: hidden test mode: JSON {"interp": {VAR: value|null}, "gpu": {...}}: both sides run on the interpreter, each host
 #: with these variables set (null: removed); no GPU needed
 TEST_SIDES_ENV = "MOE_HARNESS_DIFFERENTIAL_SIDES"
 #: the cases of one adapter a worker is sent at a time, at most
 CHUNK_MAX = 4
-
-
-def cuda_absent() -> str:
-    """Why this machine has no GPU to compare with, known without importing torch ("" when it may have one)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
-        return "CUDA_VISIBLE_DEVICES hides every GPU"
-    if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
-            or glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")):
-        return "no GPU driver on this machine"
-    return ""
 
 
 def _no_gpu(why: str) -> int:
@@ -397,7 +388,7 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--adapter", action="append", default=[],
                    help="only this adapter (repeatable; module:object ok; 'external': the third-party libraries' "
                    "adapters); default: every Triton adapter of kernels/adapters/ whose library is present")
-    d.add_argument("--profile", default="quick", choices=["quick", "full"],
+    d.add_argument("--profile", default="quick", choices=PROFILES,
                    help="which matrix plan's cases (default quick)")
     d.add_argument("--out", default=None,
                    help="output folder (default results/<generation>/differential/<run-id>/)")

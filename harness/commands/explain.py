@@ -220,8 +220,6 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Add the command to the `python -m harness` subparsers."""
-    from harness.commands.replay import _device_name
-
     r = sub.add_parser(
         "explain", help="which declared conventions would make a failing case pass",
         description="Run the case's kernel once, then judge its outputs again under every alternative value of "
@@ -232,7 +230,7 @@ def add_parser(sub: Any) -> None:
     r.add_argument("case", help="a case JSON file (<results-dir>/cases/<case-id>.json, a Case, or a result record)")
     r.add_argument("--adapter", help="run this adapter (name or module:object) instead of the case file's")
     r.add_argument("--out", help="where to save the tensors (default: <case-id>.explain.pt next to the case file)")
-    r.add_argument("--device", default="auto", type=_device_name,
+    r.add_argument("--device", default="auto",
                    help="auto (the GPU if there is one), cpu, cuda or cuda:N")
     r.add_argument("--timeout", type=positive(float), default=300.0,
                    help="seconds before a hanging kernel run is given up (default 300)")

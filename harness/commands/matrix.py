@@ -13,6 +13,7 @@ from typing import Any
 from harness import __version__
 from harness.commands import SkippedFiles, positive
 from harness.core.device import prepare_interpreter
+from harness.core.sweep_args import PROFILES
 
 # -- command line -------------------------------------------------------------------------------------------------
 
@@ -209,7 +210,7 @@ def add_parser(sub: Any) -> None:
                        "a per-case timeout), record every verdict, and render the support matrix (markdown and "
                        "JSON). With --from, render from existing result files without running anything.")
     m.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    m.add_argument("--profile", default="quick", choices=["quick", "full"],
+    m.add_argument("--profile", default="quick", choices=PROFILES,
                    help="quick: all cells of small ops, a pairwise covering set of large ones, 2 cases per cell; "
                    "full: every cell, up to 6 cases per cell")
     m.add_argument("--adapter", action="append", default=[],

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import platform
+import re
+import shutil
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -13,6 +17,28 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Generation labels, in the order the matrix shows them.
 GENERATIONS: tuple[str, ...] = ("interp", "cpu", "sm80", "sm89", "sm90", "sm100", "sm120")
+
+
+#: the forms a device argument takes (whether it exists here is another question)
+DEVICE_FORM = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+
+#: files a GPU driver leaves (NVIDIA's, ROCm's, WSL's, Jetson's): with none of them, torch sees no CUDA device
+_GPU_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg", "/dev/nvmap", "/dev/nvhost-ctrl-gpu")
+_GPU_GLOBS = ("/dev/nvidia[0-9]*",)
+
+
+def cuda_absent() -> str:
+    """Why torch would plainly see no CUDA device here, known without importing it; "" when one may be there
+    (any trace of a driver, nvidia-smi on the PATH, a system other than Linux): then torch decides."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return "CUDA_VISIBLE_DEVICES hides every GPU"
+    if not sys.platform.startswith("linux"):
+        return ""
+    if any(os.path.exists(f) for f in _GPU_FILES) or any(glob.glob(g) for g in _GPU_GLOBS) \
+            or shutil.which("nvidia-smi"):
+        return ""
+    return "no GPU driver on this machine"
 
 
 def generation_of(capability: tuple[int, int] | None, *, interpret: bool = False) -> str:
@@ -108,8 +134,8 @@ def detect(device: str = "auto") -> DeviceInfo:
     """Describe `device` ("auto", "cpu", "cuda" or "cuda:N"). "auto" picks CUDA when present."""
     import torch
 
-    if device not in ("auto", "cpu") and not device.startswith("cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    if not DEVICE_FORM.fullmatch(device):
+        raise ValueError(f"device must be {DEVICE_FORMS}, got {device!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):

@@ -34,6 +34,21 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
+#: how a matrix sweep's results file ends (`<run id>-main.jsonl`, in its results folder, written by its parent)
+SWEEP_FILE_SUFFIX = "-main.jsonl"
+
+
+def sweep_file(results_dir: str | os.PathLike, run_id: str) -> Path:
+    """Where sweep `run_id` writes its results (a `--resume` continues the run only if it exists)."""
+    return Path(results_dir) / f"{run_id}{SWEEP_FILE_SUFFIX}"
+
+
+def sweep_run_ids(results_dir: str | os.PathLike) -> list[str]:
+    """The sweeps whose results are in `results_dir`, newest first."""
+    found = sorted(Path(results_dir).glob(f"*{SWEEP_FILE_SUFFIX}"), key=lambda f: f.stat().st_mtime, reverse=True)
+    return [f.name.removesuffix(SWEEP_FILE_SUFFIX) for f in found]
+
+
 def _drop_partial_last_line(path: Path) -> None:
     """Cut an unterminated last line (a writer killed mid-line) so that appended lines do not continue it."""
     if not path.exists() or path.stat().st_size == 0:

@@ -27,7 +27,7 @@ from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
 from harness.engine import remote, runner
 from harness.engine.host import Host
-from harness.store.results import ResultStore, load_results, new_run_id
+from harness.store.results import ResultStore, load_results, new_run_id, sweep_file
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
 from harness.sweep.schedule import ChunkQueue
 from harness.sweep.selection import (
@@ -112,7 +112,7 @@ def _lock_run(results_dir: str, run_id: str) -> Any:
 def run_files(results_dir: str | os.PathLike, run_id: str) -> list[Path]:
     """The results file of sweep `run_id` (one, written by the sweep's parent): [] before it exists. Other files
     of the run's name in the folder are not the sweep's (something else wrote them) and are never read."""
-    path = Path(results_dir) / f"{run_id}-main.jsonl"
+    path = sweep_file(results_dir, run_id)
     return [path] if path.exists() else []
 
 

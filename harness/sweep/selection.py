@@ -20,7 +20,6 @@ merge into the same matrix as one unsharded run.
 from __future__ import annotations
 
 import json
-import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -30,9 +29,11 @@ from harness import ops
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
 from harness.core.sizes import scale
+from harness.core.sweep_args import check_shard, parse_shard
 from harness.engine import fitting
 from harness.engine.strategies import threshold_cases
 
+#: cases per cell of each plan profile (`harness.core.sweep_args.PROFILES`, which the command line offers)
 CASES_PER_CELL = {"quick": 2, "full": 6}
 #: ops with at most this many applicable cells run all of them in the quick profile
 QUICK_ALL_CELLS = 64
@@ -162,15 +163,11 @@ class Shard:
     count: int
 
     def __post_init__(self) -> None:
-        if self.count < 1 or not 1 <= self.index <= self.count:
-            raise ValueError(f"--shard must be K/N with 1 <= K <= N, got {self.index}/{self.count}")
+        check_shard(self.index, self.count)
 
     @classmethod
     def parse(cls, text: str) -> Shard:
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
-        if not m:
-            raise ValueError(f"--shard must be K/N (e.g. 1/4), got {text!r}")
-        return cls(int(m.group(1)), int(m.group(2)))
+        return cls(*parse_shard(text))
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"

@@ -41,7 +41,7 @@ def test_a_comparison_row_gets_its_time_over_each_named_adapter() -> None:
 
 
 def test_quant_schemes_by_name() -> None:
-    from harness.commands.bench.experts import SCHEMES, parse_schemes
+    from harness.commands.bench import SCHEMES, parse_schemes
 
     assert parse_schemes([]) == list(SCHEMES) == parse_schemes(["all"])
     assert parse_schemes(["fp8_w8a8:G128", "none"]) == [("none", "-"), ("fp8_w8a8", "G128")]

@@ -93,7 +93,7 @@ def test_markdown_cells_hold_no_raw_html() -> None:
 def test_replay_refuses_a_device_that_is_not_one(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "harness", "replay", str(tmp_path / "x.json"), "--device", "bogus"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "not a device" in done.stderr, done.stderr
+    assert done.returncode == 2 and "--device must be auto, cpu, cuda or cuda:N" in done.stderr, done.stderr
 
 
 def test_a_kernel_raising_a_base_exception_is_a_fail_of_its_case_in_replay(tmp_path: Path) -> None:

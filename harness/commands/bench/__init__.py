@@ -32,6 +32,23 @@ SHAPES = {
     "qwen3-30b-a3b": {"M": 4096, "E": 128, "k": 8, "K": 2048, "N": 768},
 }
 
+#: (quant_type, quant_format) of every experts scheme our kernel ships, unquantized first (here, not in
+#: the experts module, which imports torch: the command line checks --quant first)
+SCHEMES = (("none", "-"), ("fp8_w8a8", "G128"), ("fp8_w8a8", "A"), ("fp8_w8a8", "T"), ("int8_w8a8", "A"),
+           ("int8_w8a8", "T"), ("w8a16", "A"), ("w8a16", "G128"), ("w8a16_zp", "G128"), ("w4a16", "A"),
+           ("w4a16", "G128"), ("w4a16_zp", "G128"))
+
+
+def parse_schemes(values: list[str]) -> list[tuple[str, str]]:
+    """`--quant` values (`none`, `fp8_w8a8:G128`, ..., or `all`; default all) -> schemes, in SCHEMES order."""
+    if not values or "all" in values:
+        return list(SCHEMES)
+    known = {(f"{qt}:{qf}" if qt != "none" else "none"): (qt, qf) for qt, qf in SCHEMES}
+    bad = [v for v in values if v not in known]
+    if bad:
+        raise ValueError(f"--quant: unknown scheme(s) {bad}; known: all, {', '.join(known)}")
+    return [sch for key, sch in known.items() if key in values]
+
 
 @dataclass
 class BenchCase:
@@ -230,8 +247,6 @@ def _rates(c: BenchCase, row: dict[str, Any], bw: float, earlier: list[dict]) ->
 
 
 def main_bench(op: str, device: str, shapes: list[str], options: dict[str, Any] | None = None) -> int:
-    import sys
-
     from tabulate import tabulate
 
     if op == "reference-experts":
@@ -261,6 +276,7 @@ def exit_code(rows: list[dict]) -> int:
 # -- command line -------------------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
+    """The arguments were checked before (`harness.commands.usage`: op, shapes, the experts' options)."""
     prepare_interpreter(args.device)
 
     device = args.device
@@ -269,31 +285,14 @@ def run(args: argparse.Namespace) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     options: dict[str, Any] = {}
-    if args.quant or args.against_vllm or args.m:
-        if args.op != "experts":
-            print("error: --quant, --against-vllm and --m apply to --op experts only", file=sys.stderr)
-            return 2
-        experts = importlib.import_module("harness.commands.bench.experts")  # the op module imports this one
-        try:
-            options["schemes"] = experts.parse_schemes(args.quant)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    if args.op == "experts":
+        options["schemes"] = parse_schemes(args.quant)
         if args.against_vllm:
-            from pathlib import Path
-
-            if not Path(args.against_vllm).expanduser().exists():
-                print(f"error: --against-vllm: {args.against_vllm} does not exist", file=sys.stderr)
-                return 2
             options["against_vllm"] = args.against_vllm
         if args.m:
             options["m_values"] = tuple(args.m)
     if args.op not in ("reference-experts",) and args.shape == []:
         return main_bench(args.op, device, [], options)
-    unknown = [s for s in args.shape if s not in SHAPES]
-    if unknown:
-        print(f"error: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)
-        return 2
     return main_bench(args.op, device, args.shape or ["deepseek-v3"], options)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from harness.commands.bench import SHAPES, BenchCase, copy_bandwidth, do_bench
+from harness.commands.bench import SCHEMES, SHAPES, BenchCase, copy_bandwidth, do_bench
 from harness.core.case import Case
 from harness.core.compare import compare_bounded
 
@@ -45,23 +45,6 @@ M_VALUES = (1, 16, 64, 256, 1024, 4096)
 FAST = "triton-experts-fp8-fast"
 _FEATURES = {"format": "standard", "quant_type": "none", "quant_format": "-", "activation": "silu",
              "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
-#: (quant_type, quant_format) of every scheme our kernel ships, unquantized first
-SCHEMES = (("none", "-"), ("fp8_w8a8", "G128"), ("fp8_w8a8", "A"), ("fp8_w8a8", "T"), ("int8_w8a8", "A"),
-           ("int8_w8a8", "T"), ("w8a16", "A"), ("w8a16", "G128"), ("w8a16_zp", "G128"), ("w4a16", "A"),
-           ("w4a16", "G128"), ("w4a16_zp", "G128"))
-
-
-def parse_schemes(values: list[str]) -> list[tuple[str, str]]:
-    """`--quant` values (`none`, `fp8_w8a8:G128`, ..., or `all`; default all) -> schemes, in SCHEMES order."""
-    if not values or "all" in values:
-        return list(SCHEMES)
-    known = {(f"{qt}:{qf}" if qt != "none" else "none"): (qt, qf) for qt, qf in SCHEMES}
-    bad = [v for v in values if v not in known]
-    if bad:
-        raise ValueError(f"--quant: unknown scheme(s) {bad}; known: all, {', '.join(known)}")
-    return [sch for key, sch in known.items() if key in values]
-
-
 def _rate(device: str, fn: Callable[[], Any], n: int = 8192) -> float:
     return 2 * n**3 / do_bench(fn, device)
 

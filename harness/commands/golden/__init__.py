@@ -56,6 +56,11 @@ def cases() -> dict[str, GoldenFn]:
     return dict(sorted(_REGISTRY.items()))
 
 
+def stored() -> list[str]:
+    """The names of the stored golden files (`golden/<name>.pt`), sorted: known without importing a case."""
+    return sorted(p.stem for p in GOLDEN_DIR.glob("*.pt"))
+
+
 def path_of(name: str) -> Path:
     return GOLDEN_DIR / f"{name}.pt"
 
