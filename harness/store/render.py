@@ -44,7 +44,7 @@ from harness.core.causes import Fact, ran_without, separate, what_failed
 from harness.core.device import GENERATIONS
 from harness.core.paths import public_record
 from harness.core.text import one_line
-from harness.store import differential, seed_table
+from harness.store import differential, manifest, seed_table
 from harness.store.results import (
     FIDELITY,
     VERIFIED,
@@ -1023,14 +1023,26 @@ _BLOCK_START = re.compile(r"(?:[-*+>#]|\d+[.)])(?:\s|$)")
 def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, command: str = "",
                  strict: bool = True, shown_sources: Sequence[str] | None = None,
                  on_skip: Callable[[Path, str], None] | None = None,
-                 on_kept: Callable[[list[Path]], None] | None = None, history: bool = False) -> tuple[Path, Path, int]:
+                 on_kept: Callable[[list[Path]], None] | None = None, history: bool = False,
+                 on_left_out: Callable[[str], None] | None = None) -> tuple[Path, Path, int]:
     """Render result files into `out` (markdown), `out` with .json, and the failing cases' files; returns
     (markdown path, JSON path, number of verdicts shown). JSONL files of other data under the given folders are
-    skipped (`on_skip(path, why)`, default a warning). Case files the previous render into `out` wrote and this
-    one does not are removed, unless git tracks them: those are kept and passed to `on_kept`. `history`: render
-    every run, not only the current ones."""
+    skipped (`on_skip(path, why)`, default a warning). Only results files whose manifest matches are read
+    (`harness.store.manifest.Gate`): each file or part left out is named in one line to `on_left_out` (default a
+    warning). Case files the previous render into `out` wrote and this one does not are removed, unless git tracks
+    them: those are kept and passed to `on_kept`. `history`: render every run, not only the current ones."""
     found: list[Path] = []
-    results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found))
+    gate = manifest.Gate()
+    try:
+        results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found), gate=gate)
+    finally:
+        for note in gate.notes:
+            if on_left_out is not None:
+                on_left_out(note)
+            else:
+                import warnings
+
+                warnings.warn(note, stacklevel=2)
     if not results:
         raise ValueError(f"no results in {', '.join(map(str, paths))}")
     md_path = Path(out)
