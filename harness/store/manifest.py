@@ -163,12 +163,14 @@ class ManifestWriter:
 
 
 def seal(path: str | os.PathLike, key: bytes | None, run_id: str = "") -> Path:
-    """Write a final manifest vouching for every complete line of `path` as it is now (committed results that
-    predate manifests; `key` None: unsigned, checked by its hashes and git). Returns the manifest's path."""
+    """Write a final manifest vouching for every complete line of `path` as it is now but those its manifest, if any,
+    excludes (committed results that predate manifests; `key` None: unsigned, checked by its hashes and git).
+    Returns the manifest's path."""
     path = Path(path)
     writer = ManifestWriter(path, run_id or path.name.split(".")[0], key)
-    for line in _complete_lines(files.read_bytes(path)):
-        writer.add(line + b"\n")
+    skip = excluded_lines(path)
+    for i, line in enumerate(_complete_lines(files.read_bytes(path))):
+        writer.add(line + b"\n", vouched=i not in skip)
     writer.write(final=True)
     return manifest_path(path)
 
@@ -211,12 +213,12 @@ class Inspection:
 def excluded_lines(path: str | os.PathLike) -> set[int]:
     """The 0-based lines the manifest of `path` excludes (none when it has no readable manifest)."""
     try:
-        return {n - 1 for n in _numbers(_read_manifest(Path(path)).get("excluded", []))}
+        return {n - 1 for n in _numbers(read_manifest(Path(path)).get("excluded", []))}
     except (ValueError, TypeError):
         return set()
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path) -> dict[str, Any]:
     rec = json.loads(files.read_text(manifest_path(path), limit=files.MAX_BYTES))
     if not isinstance(rec, dict) or rec.get("kind") != KIND or rec.get("schema") != SCHEMA:
         raise ValueError("not a manifest of this schema")
@@ -232,7 +234,7 @@ def inspect(path: str | os.PathLike, data: bytes, key: bytes | None) -> Inspecti
     if not manifest_path(path).exists() and not manifest_path(path).is_symlink():
         return Inspection(path, "none")
     try:
-        rec = _read_manifest(path)
+        rec = read_manifest(path)
     except (ValueError, TypeError) as e:
         return Inspection(path, "unreadable", f"its manifest cannot be read: {e}")
     if rec.get("file") != manifest_path(path).name[:-len(SUFFIX)]:
@@ -290,7 +292,7 @@ def vouched_lines(path: str | os.PathLike, data: bytes, key: bytes | None) -> se
     nothing: continuing it would sign what someone else wrote)."""
     if key is None or not inspect(path, data, key).signed:
         return set()
-    rec = _read_manifest(Path(path))
+    rec = read_manifest(Path(path))
     want = [rec["line_digests"][i:i + DIGEST_HEX] for i in range(0, len(rec["line_digests"]), DIGEST_HEX)]
     got = [digest(line) for line in _complete_lines(data)]
     skip = _numbers(rec.get("excluded", []))
@@ -315,7 +317,7 @@ class Gate:
         """The 0-based lines of `path` (content `data`) to read, or None when the file is left out."""
         found = inspect(path, data, self.key)
         shown = _shown(path)
-        if found.matches and found.status == "unsigned" and not self._committed(path):
+        if found.matches and found.status == "unsigned" and not self.committed(path):
             found.status = "unsigned-uncommitted"
             found.detail = ("its manifest is not signed with this machine's key and git does not hold this file as "
                             "committed")
@@ -329,7 +331,7 @@ class Gate:
             self.notes.append(f"left out: {shown}: {_span(found.excluded)} (excluded by its manifest)")
         return found.usable
 
-    def _committed(self, path: Path) -> bool:
+    def committed(self, path: Path) -> bool:
         """Whether git's HEAD holds exactly this file (its raw bytes); outside any work tree, whether it is under the
         repository's results/ (a copy without git: integrity only)."""
         path = path.resolve()

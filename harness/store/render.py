@@ -123,6 +123,15 @@ def _cell(v: Any) -> str:
     return text.replace("&lt;sup&gt;", "<sup>").replace("&lt;/sup&gt;", "</sup>")
 
 
+def _prose(text: str) -> str:
+    """Markdown prose with no raw HTML from what results files hold (a kernel's message, an adapter's name or
+    description): `<`, `>` and `&` escaped outside code spans (a code span shows its text as it is)."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unclosed backtick: no code span, escape everything
+        return html.escape(text, quote=False)
+    return "`".join(p if i % 2 else html.escape(p, quote=False) for i, p in enumerate(parts))
+
+
 _AT = re.compile(r"\s\(at [^()]*:\d+(?: in [^()]*)?\)")  # source locations are in the case files
 _MARGIN = re.compile(r"outside the error bound \(margin ([^)]*)\)")
 #: a margin this large is an error over a bound of 0 (older records clamped the bound to 1e-300 instead of inf)
@@ -248,8 +257,10 @@ class _CaseFiles:
         label = re.sub(r"[^A-Za-z0-9.]+", "-", r.generation).strip("-")  # interp (Triton 3.9.0): interp-Triton-3.9.0
         stem = re.sub(r"[^A-Za-z0-9._-]", "_", f"{r.adapter}-{label}-{r.case.case_id}").lstrip(".")
         path = f"{self.folder}/{stem}.json"
-        self.files[path] = {"case": r.case.to_dict(), "generation": _base(r.generation), "verdict": r.verdict,
-                            "declared": r.declared, "reason": r.reason}
+        # the fields of a judge's case file that a replay reads (harness.store.casefiles): the adapter_object too
+        self.files[path] = {"case": r.case.to_dict(), "adapter_object": r.metrics.get("adapter_object"),
+                            "generation": _base(r.generation), "verdict": r.verdict, "declared": r.declared,
+                            "reason": r.reason}
         return path
 
     def add_differential(self, adapter: str, generation: str, content: dict[str, Any]) -> str:
@@ -761,7 +772,7 @@ def _sources_block(op_adapters: Sequence[Mapping[str, Any]]) -> list[str]:
         text = f"`{a['source']}`" if a["source"] else "(not recorded)"
         text += f" ({', '.join(a['libraries'])})" if a.get("libraries") else ""
         text += f": {_clip(one_line(a['description'], 10**6), 200)}" if a.get("description") else ""
-        lines.append(f"- {a['name']}: {text}")
+        lines.append(_prose(f"- {a['name']}: {text}"))
     return lines
 
 
@@ -769,7 +780,7 @@ def _notes_block(notes: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = []
     for n in notes:
         files = ", ".join(f"[{Path(p).stem.rsplit('-', 1)[-1]}]({p})" for p in n["case_files"])
-        lines.append(f"{n['id']}. {n['text']}" + (f"; case files: {files}" if files else ""))
+        lines.append(f"{n['id']}. {_prose(n['text'])}" + (f"; case files: {files}" if files else ""))
     return lines
 
 
@@ -861,7 +872,8 @@ def _runs_section(model: Mapping[str, Any]) -> list[str]:
     for r in rows:
         what = "" if r["sweep"] else " (no sweep record: the pytest plugin's verdicts, or older files)"
         cut = f"; not judged in full: {', '.join(r['incomplete'])}" if r["incomplete"] and r["sweep"] else ""
-        out.append(f"- {r['run']} on {r['generation']}{what}: {', '.join(r['kernels'])}; cells: {r['selection']}{cut}")
+        out.append(_prose(f"- {r['run']} on {r['generation']}{what}: {', '.join(r['kernels'])}; cells: "
+                          f"{r['selection']}{cut}"))
     return [*out, ""]
 
 
