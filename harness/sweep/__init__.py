@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness import registry
+from harness.core import files
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
 from harness.engine import remote, runner
 from harness.engine.host import Host
-from harness.core import files
 from harness.store import manifest
 from harness.store.results import ResultStore, load_results, new_run_id
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
@@ -155,7 +155,8 @@ def judged_before(results_dir: str, run_id: str, drop_bad_lines: bool = False) -
         bad = _bad_lines(found, lines)
         if not drop_bad_lines:
             raise ValueError(f"resume: {path}: {bad}: it does not match its manifest; nothing was changed (pass "
-                             "--drop-bad-lines to leave those lines out, kept in the file, and judge their cases again)")
+                             "--drop-bad-lines to leave those lines out, kept in the file, and judge their cases "
+                             "again)")
         notes.append(f"dropped: {path}: {bad} (kept in the file, excluded by its manifest; their cases are judged "
                      "again)")
         usable = sorted(manifest.vouched_lines(path, data, key))

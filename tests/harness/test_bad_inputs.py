@@ -76,6 +76,7 @@ def test_a_bad_input_is_one_line_and_exit_2_without_hanging(argv: list[str], wor
         args += ["--out", str(tmp_path / "out" / "M.md")]
     rc, err, spent = _cli(args, tmp_path)
     _one_line_usage_error(rc, err, words)
+    assert spent < TIMEOUT_S / 2, f"refused, but only after {spent:.0f} s"
     assert not (tmp_path / "out").exists()
     assert bad["file"].read_text() == "not a folder\n"
 

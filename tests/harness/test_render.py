@@ -14,8 +14,8 @@ import pytest
 from harness import cli
 from harness.core.case import Case
 from harness.core.result import Result
-from harness.store.render import build, dedupe, render_files, to_markdown
 from harness.store import manifest
+from harness.store.render import build, dedupe, render_files, to_markdown
 from harness.store.results import load_meta, load_results
 
 ROOT = Path(__file__).resolve().parents[2]
