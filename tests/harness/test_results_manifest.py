@@ -223,3 +223,38 @@ def test_case_files_of_the_rendered_matrix_name_the_adapter_object(tmp_path: Pat
              for p in (out.parent / "M.cases").glob("*.json")}
     assert found["canary"]["adapter_object"] == "tests.harness.fixtures.x:CANARY"
     assert "adapter_object" in found["other"] and found["other"]["adapter_object"] is None
+
+
+def test_a_file_the_judge_restored_from_its_record_still_matches_its_manifest(tmp_path: Path) -> None:
+    from harness.store import manifest
+
+    store = ResultStore(tmp_path, run_id="t")
+    store.append(Result(case=_case("canary", 1), verdict="fail", reason="out: wrong", generation="sm90"))
+    text = store.path.read_text(encoding="utf-8")
+    store.path.write_text(text.replace('"verdict": "fail"', '"verdict": "pass"'), encoding="utf-8")
+    store._seen = store._stamp()  # the rewrite fell in the same clock tick: found when the store closes
+    store.close()
+    gate = manifest.Gate()
+    results, meta = load([tmp_path], gate=gate)
+    assert [r.verdict for r in results] == ["fail"] and [m["kind"] for m in meta] == ["tampered"]
+    assert gate.notes == []
+
+
+def test_results_of_another_machine_are_read_once_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.store import sealing
+
+    monkeypatch.setenv("MOE_HARNESS_KEY_FILE", str(tmp_path / "gpu-machine-key"))
+    folder = tmp_path / "copied"
+    good = _run(folder, "matrix-sm90-real", "canary", "fail", 1000)
+    edited = _run(folder, "matrix-sm90-other", "other", "fail", 1000)
+    monkeypatch.setenv("MOE_HARNESS_KEY_FILE", str(tmp_path / "config" / "key"))
+    edited.write_text(edited.read_text(encoding="utf-8").replace('"fail"', '"pass"'), encoding="utf-8")
+    assert sealing.main(["--check", str(folder)]) == 1
+    assert sealing.main(["--committed", str(folder)]) == 0  # both have manifests: nothing to add
+    assert sealing.main(["--accept", str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert f"accepted: {good}" in out and f"not accepted: {edited} (does not match its manifest: 1 line" in out
+    rc, err = _render(folder, tmp_path / "out" / "M.md", capsys)
+    assert rc == 0 and _status(tmp_path / "out" / "M.md", "canary") == (1, 0), err
+    assert f"left out: {edited} (does not match its manifest" in err and str(good) not in err, err
