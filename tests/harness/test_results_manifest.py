@@ -258,3 +258,23 @@ def test_results_of_another_machine_are_read_once_accepted(tmp_path: Path, monke
     rc, err = _render(folder, tmp_path / "out" / "M.md", capsys)
     assert rc == 0 and _status(tmp_path / "out" / "M.md", "canary") == (1, 0), err
     assert f"left out: {edited} (does not match its manifest" in err and str(good) not in err, err
+
+
+def test_a_manifest_that_claims_this_machines_key_without_its_signature_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.store import manifest
+
+    folder = tmp_path / "results"
+    real = _run(folder, "matrix-sm90-real", "canary", "fail", 1000)
+    mine = json.loads(real.with_name(real.name + ".manifest").read_text())["key_id"]
+    monkeypatch.setenv("MOE_HARNESS_KEY_FILE", str(tmp_path / "forger-key"))
+    forged = _run(tmp_path / "forger", "matrix-sm90-later", "canary", "pass", 9000)
+    monkeypatch.setenv("MOE_HARNESS_KEY_FILE", str(tmp_path / "config" / "key"))
+    rec = json.loads(forged.with_name(forged.name + ".manifest").read_text())
+    rec["key_id"] = mine  # copied from a real manifest; the HMAC is still the forger's
+    shutil.copy(forged, folder / forged.name)
+    (folder / (forged.name + ".manifest")).write_text(json.dumps(rec))
+    rc, err = _render(folder, tmp_path / "out" / "M.md", capsys)
+    assert rc == 0 and _status(tmp_path / "out" / "M.md", "canary") == (1, 0), err
+    assert "matrix-sm90-later-main.jsonl (its manifest's signature does not match" in err, err
+    assert manifest.inspect(folder / forged.name, forged.read_bytes(), manifest.load_key()).status == "forged"
