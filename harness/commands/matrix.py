@@ -46,9 +46,46 @@ def _matrix_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
+def _left_out(note: str) -> None:
+    print(note, file=sys.stderr)
+
+
+def _results_dir_problem(path: str) -> str | None:
+    """Why `--results-dir` cannot hold results (None when it can: a folder, or one that can be made)."""
+    if os.path.isdir(path):
+        return None
+    if os.path.lexists(path):
+        return f"--results-dir {path!r} is not a folder (a file or a dangling link is there): name a folder"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"--results-dir {path!r} cannot be made: {e.strerror or e}"
+    return None
+
+
+def _resume_problem(args: argparse.Namespace) -> str | None:
+    from harness.sweep import check_run_id, judged_before
+
+    try:
+        check_run_id(args.resume)
+        judged_before(args.results_dir, args.resume, args.drop_bad_lines)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.sources:
         return _render_only(args)
+    if (problem := _results_dir_problem(args.results_dir)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.drop_bad_lines and not args.resume:
+        print("error: --drop-bad-lines is an option of --resume RUN_ID", file=sys.stderr)
+        return 2
+    if args.resume and (problem := _resume_problem(args)) is not None:  # before any worker or host is started
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     shard = None
     if args.shard:
         from harness.sweep import Shard
@@ -77,7 +114,7 @@ def _render_only(args: argparse.Namespace) -> int:
     skipped = SkippedFiles(args.verbose)
     try:
         md_path, json_path, n = render_files(args.sources, out, command=_matrix_command(args), on_skip=skipped,
-                                             on_kept=_note_kept, history=args.history)
+                                             on_kept=_note_kept, history=args.history, on_left_out=_left_out)
     except (ResultsFileError, ValueError) as e:
         skipped.report()
         print(f"error: {e}", file=sys.stderr)
@@ -137,7 +174,7 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     try:
         totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
                            case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard,
-                           planner=planner, pool=pool)
+                           planner=planner, pool=pool, drop_bad_lines=args.drop_bad_lines)
     except ValueError as e:  # --resume of a run that has no results here
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -172,7 +209,7 @@ def _render_run(args: argparse.Namespace, run_id: str, run_files: list[Path], ou
     skipped = SkippedFiles(args.verbose)
     folders = committed_folders(others)
     md_path, json_path, _ = render_files(run_files + others, out, command=command, on_skip=skipped,
-                                         on_kept=_note_kept, history=args.history,
+                                         on_kept=_note_kept, history=args.history, on_left_out=_left_out,
                                          shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
     skipped.report()
     print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
@@ -229,6 +266,10 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--resume", metavar="RUN_ID",
                    help="continue an interrupted sweep (e.g. matrix-sm90-20261121T074027-fa1972, the prefix of its "
                         "result files in --results-dir): cases it already judged are not run again")
+    m.add_argument("--drop-bad-lines", action="store_true",
+                   help="with --resume: lines of the run's file that do not match its manifest (edited, corrupt, "
+                        "added by someone else) are left out (kept in the file, excluded by its manifest) and their "
+                        "cases judged again; without it such a file is refused (exit 2)")
     m.add_argument("--only-this-run", action="store_true",
                    help="render only this sweep's results (default: also every committed result under results/, "
                         "so a CPU run keeps the GPU columns)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.core import files
 from harness.core.paths import public_record
 from harness.core.result import strict_json
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # imported lazily: the replay parent stays light (no torch)
 
 CASE_FILE_KIND = "moe-harness-case"
 CASE_FILE_SCHEMA = 1
+#: no case file is larger (a case holds no tensor: its inputs are regenerated from its seed)
+CASE_FILE_MAX_BYTES = 64 << 20
 #: verdicts that get a case file
 CASE_FILE_VERDICTS = ("fail", "error")
 
@@ -151,9 +154,8 @@ def parse_case_file(data: Any, *, validate: bool = True) -> CaseFile:
 
 def read_case_file(path: str | os.PathLike, *, validate: bool = True) -> CaseFile:
     """Read a case file; raises ValueError (with the path) when it cannot be read or is not a case."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+    try:  # a FIFO or a device named *.json is refused, never waited on (harness.core.files)
+        data = json.loads(files.read_text(path, limit=CASE_FILE_MAX_BYTES))
         return parse_case_file(data, validate=validate)
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:  # RecursionError: absurdly nested JSON
         raise ValueError(f"cannot read case file {str(path)!r}: {e}") from None

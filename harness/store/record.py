@@ -58,6 +58,10 @@ every verdict its workers sent, and the `error` verdicts of cases whose worker h
 kernel host also have one file per worker, `<run id>-w<pid>.jsonl`). The pytest plugin writes one file per xdist
 worker (`pytest-<id>-gw<N>.jsonl`).
 `harness.store.results.load_results` reads verdicts (folders recursively), `load_meta` the metadata records.
+Each verdict file has a manifest next to it (`<name>.jsonl.manifest`: its lines' hashes and counts, written by the
+judge): a render reads only files whose manifest matches and git holds as committed (or, uncommitted, that this
+machine's judge signed); `python scripts/seal_results.py --check results` names the rest, and
+docs/RESULTS_TRUST.md says what this stops.
 
 `docs/SUPPORT_MATRIX.md` is rendered from the verdicts here (`python -m harness matrix --help` says which runs a
 cell shows): `python -m harness matrix --from results/interp results/sm90 --out docs/SUPPORT_MATRIX.md`.

@@ -44,7 +44,7 @@ from harness.core.causes import Fact, ran_without, separate, what_failed
 from harness.core.device import GENERATIONS
 from harness.core.paths import public_record
 from harness.core.text import one_line
-from harness.store import differential, seed_table
+from harness.store import differential, manifest, seed_table
 from harness.store.results import (
     FIDELITY,
     VERIFIED,
@@ -121,6 +121,15 @@ def _cell(v: Any) -> str:
     message could hold some) but for the footnote markers this renderer adds (`<sup>`)."""
     text = html.escape(" ".join(str(v).split()), quote=False).replace("|", "\\|")
     return text.replace("&lt;sup&gt;", "<sup>").replace("&lt;/sup&gt;", "</sup>")
+
+
+def _prose(text: str) -> str:
+    """Markdown prose with no raw HTML from what results files hold (a kernel's message, an adapter's name or
+    description): `<`, `>` and `&` escaped outside code spans (a code span shows its text as it is)."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unclosed backtick: no code span, escape everything
+        return html.escape(text, quote=False)
+    return "`".join(p if i % 2 else html.escape(p, quote=False) for i, p in enumerate(parts))
 
 
 _AT = re.compile(r"\s\(at [^()]*:\d+(?: in [^()]*)?\)")  # source locations are in the case files
@@ -248,8 +257,10 @@ class _CaseFiles:
         label = re.sub(r"[^A-Za-z0-9.]+", "-", r.generation).strip("-")  # interp (Triton 3.9.0): interp-Triton-3.9.0
         stem = re.sub(r"[^A-Za-z0-9._-]", "_", f"{r.adapter}-{label}-{r.case.case_id}").lstrip(".")
         path = f"{self.folder}/{stem}.json"
-        self.files[path] = {"case": r.case.to_dict(), "generation": _base(r.generation), "verdict": r.verdict,
-                            "declared": r.declared, "reason": r.reason}
+        # the fields of a judge's case file that a replay reads (harness.store.casefiles): the adapter_object too
+        self.files[path] = {"case": r.case.to_dict(), "adapter_object": r.metrics.get("adapter_object"),
+                            "generation": _base(r.generation), "verdict": r.verdict, "declared": r.declared,
+                            "reason": r.reason}
         return path
 
     def add_differential(self, adapter: str, generation: str, content: dict[str, Any]) -> str:
@@ -761,7 +772,7 @@ def _sources_block(op_adapters: Sequence[Mapping[str, Any]]) -> list[str]:
         text = f"`{a['source']}`" if a["source"] else "(not recorded)"
         text += f" ({', '.join(a['libraries'])})" if a.get("libraries") else ""
         text += f": {_clip(one_line(a['description'], 10**6), 200)}" if a.get("description") else ""
-        lines.append(f"- {a['name']}: {text}")
+        lines.append(_prose(f"- {a['name']}: {text}"))
     return lines
 
 
@@ -769,7 +780,7 @@ def _notes_block(notes: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = []
     for n in notes:
         files = ", ".join(f"[{Path(p).stem.rsplit('-', 1)[-1]}]({p})" for p in n["case_files"])
-        lines.append(f"{n['id']}. {n['text']}" + (f"; case files: {files}" if files else ""))
+        lines.append(f"{n['id']}. {_prose(n['text'])}" + (f"; case files: {files}" if files else ""))
     return lines
 
 
@@ -861,7 +872,8 @@ def _runs_section(model: Mapping[str, Any]) -> list[str]:
     for r in rows:
         what = "" if r["sweep"] else " (no sweep record: the pytest plugin's verdicts, or older files)"
         cut = f"; not judged in full: {', '.join(r['incomplete'])}" if r["incomplete"] and r["sweep"] else ""
-        out.append(f"- {r['run']} on {r['generation']}{what}: {', '.join(r['kernels'])}; cells: {r['selection']}{cut}")
+        out.append(_prose(f"- {r['run']} on {r['generation']}{what}: {', '.join(r['kernels'])}; cells: "
+                          f"{r['selection']}{cut}"))
     return [*out, ""]
 
 
@@ -1023,14 +1035,26 @@ _BLOCK_START = re.compile(r"(?:[-*+>#]|\d+[.)])(?:\s|$)")
 def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, command: str = "",
                  strict: bool = True, shown_sources: Sequence[str] | None = None,
                  on_skip: Callable[[Path, str], None] | None = None,
-                 on_kept: Callable[[list[Path]], None] | None = None, history: bool = False) -> tuple[Path, Path, int]:
+                 on_kept: Callable[[list[Path]], None] | None = None, history: bool = False,
+                 on_left_out: Callable[[str], None] | None = None) -> tuple[Path, Path, int]:
     """Render result files into `out` (markdown), `out` with .json, and the failing cases' files; returns
     (markdown path, JSON path, number of verdicts shown). JSONL files of other data under the given folders are
-    skipped (`on_skip(path, why)`, default a warning). Case files the previous render into `out` wrote and this
-    one does not are removed, unless git tracks them: those are kept and passed to `on_kept`. `history`: render
-    every run, not only the current ones."""
+    skipped (`on_skip(path, why)`, default a warning). Only results files whose manifest matches are read
+    (`harness.store.manifest.Gate`): each file or part left out is named in one line to `on_left_out` (default a
+    warning). Case files the previous render into `out` wrote and this one does not are removed, unless git tracks
+    them: those are kept and passed to `on_kept`. `history`: render every run, not only the current ones."""
     found: list[Path] = []
-    results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found))
+    gate = manifest.Gate()
+    try:
+        results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found), gate=gate)
+    finally:
+        for note in gate.notes:
+            if on_left_out is not None:
+                on_left_out(note)
+            else:
+                import warnings
+
+                warnings.warn(note, stacklevel=2)
     if not results:
         raise ValueError(f"no results in {', '.join(map(str, paths))}")
     md_path = Path(out)

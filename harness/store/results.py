@@ -12,7 +12,6 @@ metadata records existed are read unchanged.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -25,9 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.core import files
 from harness.core.paths import public_record
 from harness.core.result import SCHEMA_VERSION, Result, strict_json
+from harness.store import manifest
 from harness.store.casefiles import write_case_file
+
+#: seconds between two checkpoints of a results file's manifest (and at every `pending` record: a kernel that kills
+#: its process right after leaves the record vouched for)
+CHECKPOINT_S = 1.0
 
 
 def new_run_id() -> str:
@@ -74,21 +79,46 @@ class ResultStore:
         self.tampered = 0  # times another process changed the file and it was restored (check_untouched)
         self._lines: list[str] = []
         self._seen: tuple[int, int, int] | None = None
+        self._manifest: manifest.ManifestWriter | None = None
+        self._checkpoint = 0.0
+
+    def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _drop_partial_last_line(self.path)  # a resumed run appends after a process killed mid-write
+        self._fh = open(self.path, "a", encoding="utf-8")
+        data = files.read_bytes(self.path)
+        self._lines = [data.decode("utf-8")] if data else []
+        self._seen = self._stamp()
+        key = manifest.load_key(create=True)
+        self._manifest = manifest.ManifestWriter(self.path, self.run_id, key)
+        vouched = manifest.vouched_lines(self.path, data, key) if data else set()
+        for i, line in enumerate(data.split(b"\n")[:-1]):
+            self._manifest.add(line + b"\n", vouched=i in vouched)
+        if self._manifest.excluded:
+            warnings.warn(f"{self.path}: {len(self._manifest.excluded)} line(s) written before were not the judge's "
+                          "or not vouched for by its manifest: kept in the file, excluded by its manifest",
+                          stacklevel=4)
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _drop_partial_last_line(self.path)  # a resumed run appends after a process killed mid-write
-            self._fh = open(self.path, "a", encoding="utf-8")
-            self._lines = [self.path.read_text(encoding="utf-8")] if self.path.stat().st_size else []
-            self._seen = self._stamp()
+            self._open()
         self.check_untouched()
         # results are committed and read elsewhere: no path of this machine in them (harness.core.paths)
         line = json.dumps(strict_json(public_record(record)), sort_keys=True, allow_nan=False) + "\n"
+        assert self._fh is not None and self._manifest is not None
         self._fh.write(line)
         self._fh.flush()
         self._lines.append(line)
+        self._manifest.add(line.encode("utf-8"))
         self._seen = self._stamp()
+        if record.get("kind") == "pending" or time.monotonic() - self._checkpoint >= CHECKPOINT_S:
+            self.checkpoint()
+
+    def checkpoint(self, final: bool = False) -> None:
+        """Write the manifest of what this store wrote so far (`final`: the run ended)."""
+        if self._manifest is not None:
+            self._manifest.write(final=final)
+            self._checkpoint = time.monotonic()
 
     def _stamp(self) -> tuple[int, int, int] | None:
         """The file's identity, size and change time (which no process can set back): another writer changes it."""
@@ -121,11 +151,14 @@ class ResultStore:
                            "note": "the file was changed by another process; rewritten from the judge's record"},
                           sort_keys=True) + "\n"
         self._lines.append(note)
+        if self._manifest is not None:
+            self._manifest.add(note.encode("utf-8"))
         tmp = self.path.with_name(self.path.name + ".restore")
         tmp.write_text("".join(self._lines), encoding="utf-8")
         os.replace(tmp, self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
         self._seen = self._stamp()
+        self.checkpoint()
         return False
 
     def append(self, result: Result) -> None:
@@ -139,7 +172,9 @@ class ResultStore:
         """A failure also becomes a replayable `<dir>/cases/<case-id>.json` (harness.store.casefiles); the line is kept
         even when that file cannot be written."""
         try:
-            write_case_file(result, self.directory / "cases")
+            path = write_case_file(result, self.directory / "cases")
+            if self._manifest is not None:
+                self._manifest.add_case_file(path)
         except (OSError, TypeError, ValueError) as e:
             import warnings
 
@@ -166,6 +201,7 @@ class ResultStore:
             self.check_untouched(full=True)
             self._fh.close()
             self._fh = None
+            self.checkpoint(final=True)
 
     def __enter__(self) -> ResultStore:
         return self
@@ -183,7 +219,11 @@ def resolve_pending(directory: str | os.PathLike, prefix: str, cause: str = "") 
     found: list[Result] = []
     for path in sorted(Path(directory).glob(f"{prefix}*.jsonl")):
         open_cases: dict[str, dict[str, Any]] = {}
-        for line in _read_lines(path):
+        data = _read_data(path)
+        vouched = manifest.vouched_lines(path, data, manifest.load_key())  # the judge's own records only
+        for i, line in enumerate(_decode(path, data)):
+            if i not in vouched:
+                continue
             try:
                 d = json.loads(line)
             except json.JSONDecodeError:
@@ -233,6 +273,8 @@ def result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
             files.extend(sorted([*p.rglob("*.jsonl"), *p.rglob("*.jsonl.gz")]))
         elif p.exists():
             files.append(p)
+        elif p.is_symlink():
+            raise ResultsFileError(f"results path {str(p)!r} is a dangling symbolic link (to {os.readlink(p)!r})")
         else:
             raise ResultsFileError(f"results path {str(p)!r} does not exist")
     return files
@@ -249,10 +291,46 @@ def _is_record(d: Any) -> bool:
     return isinstance(d, dict) and ("case" in d or "kind" in d)
 
 
+def _read_data(path: Path) -> bytes:
+    # committed archives may be gzipped (a full matrix sweep is tens of MB of JSONL); a FIFO, a device, a dangling
+    # link or a truncated archive is named, never waited on (harness.core.files)
+    try:
+        return files.read_bytes(path)
+    except files.UnreadableFile as e:
+        raise ResultsFileError(f"results file {e}") from None
+
+
+def _decode(path: Path, data: bytes) -> list[str]:
+    try:
+        return data.decode("utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise ResultsFileError(f"results file {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def _read_lines(path: Path) -> list[str]:
-    # committed archives may be gzipped (a full matrix sweep is tens of MB of JSONL)
-    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as fh:
-        return fh.read().split("\n")
+    """The lines of a results file, those its manifest excludes blank (a reader that does not authenticate)."""
+    data = _read_data(path)
+    lines = _decode(path, data)
+    for i in manifest.excluded_lines(path):
+        if i < len(lines):
+            lines[i] = ""
+    return lines
+
+
+def _gated_lines(path: Path, gate: manifest.Gate | None) -> list[str] | None:
+    """The lines of a results file a reader may use (None: left out by `gate`; see `_read_lines` without one).
+    Files of other data (tuning sweeps) are returned whole: the caller skips them."""
+    if gate is None:
+        return _read_lines(path)
+    data = _read_data(path)
+    lines = _decode(path, data)
+    if not_a_results_file(lines):
+        return lines
+    usable = gate.admit(path, data)
+    if usable is None:
+        return None
+    keep = set(usable)
+    return [line if i in keep else "" for i, line in enumerate(lines)]
 
 
 def not_a_results_file(lines: list[str]) -> str | None:
@@ -270,16 +348,20 @@ def not_a_results_file(lines: list[str]) -> str | None:
 
 
 def _iter_records(paths: Iterable[str | os.PathLike], strict: bool,
-                  on_skip: Callable[[Path, str], None] | None) -> Iterator[Result | dict[str, Any]]:
-    for _, rec in _iter_file_records(paths, strict, on_skip):
+                  on_skip: Callable[[Path, str], None] | None,
+                  gate: manifest.Gate | None = None) -> Iterator[Result | dict[str, Any]]:
+    for _, rec in _iter_file_records(paths, strict, on_skip, gate):
         yield rec
 
 
 def _iter_file_records(paths: Iterable[str | os.PathLike], strict: bool,
-                       on_skip: Callable[[Path, str], None] | None) -> Iterator[tuple[Path, Result | dict[str, Any]]]:
-    """(file, record) of every record of the files, in file order."""
+                       on_skip: Callable[[Path, str], None] | None,
+                       gate: manifest.Gate | None = None) -> Iterator[tuple[Path, Result | dict[str, Any]]]:
+    """(file, record) of every record of the files, in file order (with `gate`: of the lines it admits)."""
     for path in result_files(paths):
-        lines = _read_lines(path)
+        lines = _gated_lines(path, gate)
+        if lines is None:
+            continue
         why = not_a_results_file(lines)
         if why:
             if on_skip is None:
@@ -310,12 +392,14 @@ def _iter_file_records(paths: Iterable[str | os.PathLike], strict: bool,
 
 
 def load(paths: Iterable[str | os.PathLike], *, strict: bool = True,
-         on_skip: Callable[[Path, str], None] | None = None) -> tuple[list[Result], list[dict[str, Any]]]:
+         on_skip: Callable[[Path, str], None] | None = None,
+         gate: manifest.Gate | None = None) -> tuple[list[Result], list[dict[str, Any]]]:
     """(results, metadata records) of files and folders, read once. A JSONL file that holds other data (see
-    `not_a_results_file`) is skipped: `on_skip(path, why)` is told (default: a warning)."""
+    `not_a_results_file`) is skipped: `on_skip(path, why)` is told (default: a warning). With `gate`, only the
+    lines of results files whose manifest it accepts are read (`gate.notes` names the rest)."""
     results: list[Result] = []
     meta: list[dict[str, Any]] = []
-    for rec in _iter_records(paths, strict, on_skip):
+    for rec in _iter_records(paths, strict, on_skip, gate):
         (results if isinstance(rec, Result) else meta).append(rec)
     return results, meta
 

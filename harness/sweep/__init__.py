@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness import registry
+from harness.core import files
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
 from harness.engine import remote, runner
 from harness.engine.host import Host
+from harness.store import manifest
 from harness.store.results import ResultStore, load_results, new_run_id, sweep_file
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
 from harness.sweep.schedule import ChunkQueue
@@ -116,14 +118,55 @@ def run_files(results_dir: str | os.PathLike, run_id: str) -> list[Path]:
     return [path] if path.exists() else []
 
 
-def _judged_before(results_dir: str, run_id: str) -> dict[str, Result]:
-    """Cases run `run_id` already judged (for --resume), by case id."""
+def _bad_lines(found: manifest.Inspection, lines: list[str]) -> str:
+    """The lines of a results file that do not match its manifest, in words (the first few named)."""
+    words = []
+    for n in found.changed[:3]:
+        try:
+            json.loads(lines[n - 1])
+            words.append(f"line {n} changed")
+        except (ValueError, IndexError):
+            words.append(f"line {n} is not a valid result record")
+    if len(found.changed) > 3:
+        words.append(f"{len(found.changed) - 3} more line(s) changed")
+    if found.missing:
+        words.append(f"{found.missing} line(s) removed")
+    return ", ".join(words)
+
+
+def judged_before(results_dir: str, run_id: str, drop_bad_lines: bool = False) -> tuple[dict[str, Result], list[str]]:
+    """Cases run `run_id` already judged (for --resume), by case id, and the lines to tell the user (what was left
+    out). Only what the run's manifest, signed on this machine, vouches for is used; ValueError (one line) when the
+    file has no such manifest, or when some line does not match it and `drop_bad_lines` is off."""
     previous = run_files(results_dir, run_id)
     if not previous:
         raise ValueError(f"resume: no results of run {run_id!r} in {results_dir}")
+    path = previous[0]
+    data = files.read_bytes(path)
+    key = manifest.load_key()
+    found = manifest.inspect(path, data, key)
+    if not found.signed:
+        why = found.why() if not found.matches else "its manifest is not signed with this machine's key"
+        raise ValueError(f"resume: {path} ({why}): a run resumes only from what this machine's judge wrote")
+    lines = data.decode("utf-8", "replace").split("\n")
+    notes = []
+    usable = found.usable
+    if found.status == "mismatch":
+        bad = _bad_lines(found, lines)
+        if not drop_bad_lines:
+            raise ValueError(f"resume: {path}: {bad}: it does not match its manifest; nothing was changed (pass "
+                             "--drop-bad-lines to leave those lines out, kept in the file, and judge their cases "
+                             "again)")
+        notes.append(f"dropped: {path}: {bad} (kept in the file, excluded by its manifest; their cases are judged "
+                     "again)")
+        usable = sorted(manifest.vouched_lines(path, data, key))
+    elif found.tail:
+        notes.append(f"left out: {path}: {len(found.tail)} line(s) written after its manifest's last checkpoint "
+                     "(their cases are judged again)")
+    results = [Result.from_dict(d) for d in (json.loads(lines[i]) for i in usable if lines[i].strip())
+               if isinstance(d, dict) and "case" in d]
     # a case marked "not run" (its workers never started it) was never judged: a resume runs it
-    return {r.case.case_id: r for r in load_results(previous, strict=False)
-            if not _never_judged(r)}
+    return {r.case.case_id: r for r in results if not _never_judged(r)}, notes
 
 
 def _never_judged(r: Result) -> bool:
@@ -222,14 +265,15 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
               command: str = "", out: IO[str] | None = sys.stderr,
               on_plan: Callable[[str, Plan], None] | None = None, resume: bool = False,
               shard: Shard | None = None, planner: Host | None = None,
-              pool: WorkerPool | None = None) -> dict[str, Counter]:
+              pool: WorkerPool | None = None, drop_bad_lines: bool = False) -> dict[str, Counter]:
     """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter.
 
     `adapter_specs` are registered names or module:object specs (workers resolve them the same way).
     Results go to `<results_dir>/<run_id>-main.jsonl`, written by this process alone (the workers send it their
     verdicts): metadata, every verdict, and the verdicts of cases whose worker hung or died.
     resume: continue run `run_id` (its files in results_dir): cases it already judged are counted, not re-run,
-    so a sweep cut short (a time limit, a lost machine) finishes in a later call.
+    so a sweep cut short (a time limit, a lost machine) finishes in a later call (`judged_before`: only what its
+    manifest vouches for; `drop_bad_lines` leaves out the lines that do not match it instead of refusing).
     shard: judge only this shard of the cells (the metadata still describes the whole plan, so shards merge).
     planner: a CPU host that has the adapters imported (remote.expand's), to plan in; closed once the plan is made.
     pool: workers started for this run before it was planned (`worker_pool(..., start=n)`); stopped at the end.
@@ -246,8 +290,11 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
             pool.stop(kill=True)
         raise
     try:
+        done, notes = judged_before(results_dir, run_id, drop_bad_lines) if resume else ({}, [])
+        for note in notes if out is not None else ():
+            print(note, file=out, flush=True)
         return _sweep_locked(adapter_specs, device, results_dir, run_id, profile, jobs, case_timeout, command, out,
-                             on_plan, resume, shard, planner, pool)
+                             on_plan, resume, done, shard, planner, pool)
     finally:
         if pool is not None:  # started early: stopped here even when planning failed (a no-op after its run)
             pool.stop(kill=True)
@@ -258,9 +305,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
 
 def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str, run_id: str, profile: str,
                   jobs: int | None, case_timeout: float, command: str, out: IO[str] | None,
-                  on_plan: Callable[[str, Plan], None] | None, resume: bool, shard: Shard | None,
-                  planner: Host | None, pool: WorkerPool | None) -> dict[str, Counter]:
-    done = _judged_before(results_dir, run_id) if resume else {}
+                  on_plan: Callable[[str, Plan], None] | None, resume: bool, done: dict[str, Result],
+                  shard: Shard | None, planner: Host | None, pool: WorkerPool | None) -> dict[str, Counter]:
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
     commit, dirty = git_state()
     run.main.append_meta("run", {"generation": device.generation, "device": device.to_dict(), "profile": profile,

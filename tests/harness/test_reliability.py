@@ -36,7 +36,7 @@ def test_resume_judges_the_cases_of_an_adapter_that_could_not_be_loaded(tmp_path
     with ResultStore(tmp_path, run_id="r", worker="main") as store:
         store.append(_result("error", "adapter could not be loaded in the worker: ImportError", marker="unloadable"))
         store.append(_result("error", "not run: worker processes fail to start", marker="died"))
-    assert sweep._judged_before(str(tmp_path), "r") == {}
+    assert sweep.judged_before(str(tmp_path), "r")[0] == {}
 
 
 def test_two_sweeps_of_one_run_id_cannot_run_at_once(tmp_path: Path) -> None:

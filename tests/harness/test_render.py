@@ -14,6 +14,7 @@ import pytest
 from harness import cli
 from harness.core.case import Case
 from harness.core.result import Result
+from harness.store import manifest
 from harness.store.render import build, dedupe, render_files, to_markdown
 from harness.store.results import load_meta, load_results
 
@@ -22,6 +23,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 RESULTS = FIXTURES / "matrix_results.jsonl"
 EXPECTED = FIXTURES / "expected_matrix.md"
 COMMAND = "python -m harness matrix --from tests/harness/fixtures/matrix_results.jsonl"
+
+
+def _sealed(path: Path) -> Path:
+    """A hand-written results file, given the manifest the judge of this machine would write (a render reads only
+    results files whose manifest matches)."""
+    manifest.seal(path, manifest.load_key(create=True))
+    return path
 
 
 def _model() -> dict:
@@ -195,11 +203,13 @@ def test_a_render_deletes_only_its_own_stale_case_files_and_never_committed_ones
         if "case" in d:
             d["case"]["seed"] += 100
     other.write_text("".join(json.dumps(d) + "\n" for d in lines), encoding="utf-8")
+    _sealed(other)
     assert cli.main(["matrix", "--from", str(other), "--out", str(out)]) == 0
     second = set((tmp_path / "docs" / "MATRIX.cases").iterdir()) - set(committed) - {foreign}
     assert second and all(p.exists() for p in committed)  # committed: kept although no longer listed
     passing = tmp_path / "passing.jsonl"
     passing.write_text("".join(json.dumps(d) + "\n" for d in lines if d.get("verdict") == "pass"), encoding="utf-8")
+    _sealed(passing)
     assert cli.main(["matrix", "--from", str(passing), "--out", str(out)]) == 0
     assert not any(p.exists() for p in second)  # its own stale outputs, never committed: removed
     assert all(p.exists() for p in committed) and foreign.exists()
@@ -224,6 +234,7 @@ def test_from_skips_other_jsonl_in_result_folders_with_a_note(tmp_path: Path, ca
     folder = tmp_path / "results"
     (folder / "tune").mkdir(parents=True)
     (folder / "run.jsonl").write_text(RESULTS.read_text(encoding="utf-8"), encoding="utf-8")
+    _sealed(folder / "run.jsonl")
     for name in ("split.jsonl", "tune.jsonl"):
         (folder / "tune" / name).write_text('{"shape": "deepseek-v3", "M": 1, "us": 65.0}\n', encoding="utf-8")
     out = tmp_path / "MATRIX.md"
@@ -244,6 +255,9 @@ def test_from_skips_other_jsonl_in_result_folders_with_a_note(tmp_path: Path, ca
 
     lines = RESULTS.read_text(encoding="utf-8").splitlines()
     (folder / "run.jsonl").write_text("\n".join([lines[0], '{"case": 1}', *lines[1:]]) + "\n", encoding="utf-8")
+    assert cli.main(["matrix", "--from", str(folder), "--out", str(out)]) == 2  # a line added: left out
+    assert "run.jsonl (does not match its manifest: 1 line changed)" in capsys.readouterr().err
+    _sealed(folder / "run.jsonl")  # a judge that wrote a corrupt line: refused, naming it
     assert cli.main(["matrix", "--from", str(folder), "--out", str(out)]) == 2
     assert "run.jsonl:2: not a valid result record" in capsys.readouterr().err
 
@@ -258,6 +272,7 @@ def test_an_adapter_name_cannot_steer_case_files_out_of_their_folder(tmp_path: P
         lines.append(json.dumps(d))
     results = tmp_path / "hostile.jsonl"
     results.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _sealed(results)
     out = tmp_path / "deep" / "docs" / "MATRIX.md"
     assert cli.main(["matrix", "--from", str(results), "--out", str(out)]) == 0
     written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.json"))

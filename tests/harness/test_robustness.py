@@ -25,6 +25,7 @@ from harness.core.case import Case
 from harness.core.device import detect
 from harness.engine import runner
 from harness.registry import Adapter
+from harness.store import manifest
 from harness.store.results import load_results
 from tests.harness import signals
 
@@ -205,6 +206,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for name, content in paths.items():
         found[name] = str(d / f"{name}.jsonl")
         Path(found[name]).write_text("\n".join(content) + "\n")
+        manifest.seal(found[name], manifest.load_key(create=True))  # as the judge wrote them: read, then refused
     found["case_trunc"] = str(d / "trunc.json")
     Path(found["case_trunc"]).write_text('{"op": "activation", ')
     found["case_fields"] = str(d / "fields.json")

@@ -13,6 +13,7 @@ import pytest
 
 from harness import ops, registry, sweep
 from harness.core.device import detect
+from harness.store import manifest
 from harness.store.results import load_meta, load_results
 from tests.harness import signals
 
@@ -143,6 +144,7 @@ def test_resume_finishes_an_interrupted_run_without_judging_twice(tmp_path: Path
     meta, verdicts = _split(main.read_text().splitlines())
     kept = verdicts[: len(verdicts) // 2]
     main.write_text("\n".join(meta + kept) + "\n")
+    manifest.seal(main, manifest.load_key(create=True))  # as its judge's last checkpoint left it
     out = io.StringIO()
     totals = sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=out, resume=True)
     assert f"{len(kept)} of {len(planned)} cases already judged" in out.getvalue()
@@ -236,6 +238,7 @@ def test_resume_runs_the_cases_marked_not_run(tmp_path: Path) -> None:
             d.update(verdict="error", reason="not run: worker processes fail to start (exit code 1)",
                      metrics={"marker": "died"})
             fh.write(json.dumps(d) + "\n")
+    manifest.seal(main, manifest.load_key(create=True))  # the parent's own lines: vouched for
     out = io.StringIO()
     totals = sweep.run_sweep([name], detect("cpu"), str(tmp_path), run_id="r", jobs=1, out=out, resume=True)
     assert "2 of " in out.getvalue() and totals[name]["pass"] == len(lines)
