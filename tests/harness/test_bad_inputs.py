@@ -65,8 +65,8 @@ def bad(tmp_path: Path) -> dict[str, Path]:
     (["matrix", "--from", "{gz}"], "cut.jsonl.gz' is a truncated or corrupt gzip file"),
     (["replay", "{case_fifo}"], "is a FIFO"),
     (["replay", "{case_zero}"], "is a character device"),
-    (["matrix", "--results-dir", "{file}", "--adapter", "reference-activation"], "is not a folder"),
-    (["matrix", "--results-dir", "{file}"], "is not a folder"),
+    (["matrix", "--results-dir", "{file}", "--adapter", "reference-activation"], "is a file, not a folder"),
+    (["matrix", "--results-dir", "{file}"], "is a file, not a folder"),
 ], ids=["from-fifo", "from-dev-zero", "from-dangling-link", "from-truncated-gz", "replay-fifo", "replay-dev-zero",
         "results-dir-file", "results-dir-file-all-adapters"])
 def test_a_bad_input_is_one_line_and_exit_2_without_hanging(argv: list[str], words: str, bad: dict[str, Path],
