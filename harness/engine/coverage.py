@@ -13,7 +13,7 @@ declares:
   each case builds (`ValueClass.present`, on the CPU);
 - `expert map`: each map shape the adapter declares (`expert_maps`), in cells with an expert map;
 - `boundary`: no token, one token row, no local expert, where the op's boundary cases of the declared cells have
-  them;
+  them (n/a where the adapter's limits leave none, e.g. a token count that must be a multiple of 4);
 - `threshold`: each size past a declared internal threshold (`cross_<dim>`), in the cells it names.
 
 A row that cannot apply (a value no declared cell holds on the generation, a class whose `applies` holds for none
@@ -38,6 +38,7 @@ from harness.core import limits as limit_table
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
 from harness.core.sizes import limit
+from harness.engine import fitting
 from harness.engine import strategies as hs
 from harness.engine.fixed import VACUOUS_KINDS, explicit_examples
 from harness.ops.base import ValueClass
@@ -269,11 +270,22 @@ def _map_rows(counted: _Counted, raw: Sequence[Mapping[str, Any]]) -> list[Row]:
     return rows
 
 
-def _boundary_rows(counted: _Counted, raw: Sequence[Mapping[str, Any]]) -> list[Row]:
+def _allowed_kind(adapter: Adapter, cells: Sequence[Mapping[str, str]], matches: Callable[..., bool]) -> bool:
+    """Whether a boundary case of this kind, fitted to the adapter's limits, is left in some cell (of the first 64,
+    as the generic test looks for its vacuous cases): a token dim that must be a multiple of 4 has no one-row
+    case."""
+    return any(matches(b) for cell in cells[:64] for b in fitting.boundary(adapter, cell))
+
+
+def _boundary_rows(counted: _Counted, cells: Sequence[Mapping[str, str]],
+                   raw: Sequence[Mapping[str, Any]]) -> list[Row]:
     rows = []
     for i, (kind, matches) in enumerate(BOUNDARY_KINDS.items()):
         if any(matches(b) for b in raw):
-            rows.append(counted.row("boundary", kind, lambda c, m=matches: m(_fields(c)), (i,)))
+            r = counted.row("boundary", kind, lambda c, m=matches: m(_fields(c)), (i,))
+            if r.status == "gap" and not _allowed_kind(counted.adapter, cells, matches):
+                r.why = "the adapter's limits leave no boundary case of this kind"
+            rows.append(r)
     return rows
 
 
@@ -343,7 +355,7 @@ def adapter_coverage(adapter: Adapter, device: DeviceInfo, profile: settings) ->
     raw = _raw_boundary(adapter, cells)
     out.cells, out.drawn, out.fixed = len(cells), len(kept["drawn"]), len(kept["fixed"])
     out.rows = [*_axis_rows(counted, cells, device.generation), *_value_class_rows(counted, cells),
-                *_map_rows(counted, raw), *_boundary_rows(counted, raw), *_threshold_rows(counted, cells)]
+                *_map_rows(counted, raw), *_boundary_rows(counted, cells, raw), *_threshold_rows(counted, cells)]
     out.dims = _dim_stats(adapter, kept["drawn"] + kept["fixed"])
     out.seconds = round(time.perf_counter() - t0, 2)
     return out
