@@ -195,9 +195,11 @@ class _Counted:
 
     def present(self, vc: ValueClass, case: Case) -> bool:
         """Whether the inputs of `case` hold `vc`; a test written for the class's own cases that cannot read
-        another case's inputs (fewer experts than it compares) finds it absent."""
+        another case's inputs (fewer experts than it compares) finds it absent. Inputs that cannot be built raise:
+        the generic test would fail that case."""
+        inputs = self.inputs(case)
         try:
-            return bool(vc.present(case, self.inputs(case)))
+            return bool(vc.present(case, inputs))
         except (IndexError, KeyError, RuntimeError, ValueError):
             return False
 
