@@ -6,7 +6,9 @@ adapters published under the `moe_harness.adapters` entry point.
 test_declared_cases_pass: the explicit examples, then hypothesis' draws, inside the adapter's declared support on
 this device; every verdict is recorded in the results store; a case its shape rule excludes is recorded
 unsupported, as in the matrix. A fail or error does not end the search: the test fails once at the end, with every
-distinct cause of failure found, each with its case JSON and the command that replays it.
+distinct cause of failure found, each with its case JSON and the command that replays it. Its fixed cases are
+`harness.engine.fixed`'s, its search `harness.engine.strategies.property_test`: the coverage report
+(`python -m harness coverage`) counts the same plan.
 test_undeclared_cells_rejected_cleanly: cells the adapter does not declare must be rejected cleanly (the runner's
 `rejects_cleanly`, the rule the matrix applies too), or pass ("works but not claimed"), never crash or return
 wrong results.
@@ -26,8 +28,8 @@ from harness.core.result import Result
 from harness.core.text import one_line
 from harness.engine import fitting, runner
 from harness.engine import strategies as hs
-from harness.engine.fixed import REGRESSIONS, explicit_examples  # noqa: F401 (REGRESSIONS: read here by tests)
-from harness.engine.fixed import vacuous_boundary_cases as _vacuous_boundary_cases  # noqa: F401
+from harness.engine.fixed import explicit_examples
+from harness.engine.fixed import vacuous_boundary_cases as _vacuous_boundary_cases  # noqa: F401 (tests use it)
 from harness.plugin import VERIFIED_PROPERTY
 
 pytestmark = pytest.mark.moe_generic
