@@ -9,6 +9,7 @@ Commands (one module each in `harness.commands`):
   bench    time the kernels (or the oracle) on this device
   golden   check or regenerate the committed golden vectors
   conventions  every convention key and value, and the inputs' layouts, per op
+  coverage  what a profile's generic test exercises of each adapter's declarations (no kernel runs)
   differential  judge the Triton kernels on the interpreter and on this GPU, and compare (a GPU machine)
 """
 
@@ -18,9 +19,21 @@ import argparse
 import sys
 
 from harness import __version__
-from harness.commands import bench, bisect, conventions, diff, differential, explain, golden, matrix, replay, usage
+from harness.commands import (
+    bench,
+    bisect,
+    conventions,
+    coverage,
+    diff,
+    differential,
+    explain,
+    golden,
+    matrix,
+    replay,
+    usage,
+)
 
-COMMANDS = (matrix, replay, explain, diff, bisect, bench, golden, conventions, differential)
+COMMANDS = (matrix, replay, explain, diff, bisect, bench, golden, conventions, coverage, differential)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -234,5 +234,6 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "bench": (device_form, bench_names, bench_experts_options, gpu_present),
     "golden": (golden_names,),
     "conventions": (conventions_op, _out_file),
+    "coverage": (adapters, conventions_op, _out_file),
     "differential": (adapters, _out_folder, gpu_to_compare),
 }

@@ -7,9 +7,12 @@ every declared value, one case per value class and family (`value_class_cases`),
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import random
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
+from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 from harness import ops
@@ -57,6 +60,35 @@ def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]],
         last = (cell, fields)
     seed = draw(st.integers(min_value=0, max_value=2**31 - 1))
     return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
+
+
+class Searcher(Protocol):
+    """What a property test hands each drawn case to (`prop`)."""
+
+    def prop(self, case: Case) -> None: ...
+
+
+def property_test(adapter: Adapter, cells: Sequence[Mapping[str, str]], device: DeviceInfo | None,
+                  profile: settings, search: Searcher, shard: tuple[int, int] = (0, 1),
+                  name: str | None = None) -> Callable[[], None]:
+    """The generic test's hypothesis search over the cases of `cells` under `profile`, each draw handed to
+    `search.prop`: shard `index` of `count` draws its share of the examples under a seed of its own (from `name`,
+    the adapter's name by default); unsharded, a derandomized profile's seed is hypothesis' own, which it derives
+    from the source of `prop` below, so the generic test and the coverage report (`harness.engine.coverage`) draw
+    the same cases; a profile that is not derandomized takes one random seed for every rerun of the search (its
+    draws repeat, judged once)."""
+
+    def prop(case):  # type: ignore[no-untyped-def]
+        search.prop(case)
+
+    test = given(case=cases(adapter, cells, device))(prop)
+    index, count = shard
+    if count > 1:
+        examples = max(4, -(-profile.max_examples // count))
+        return seed(zlib.crc32(f"{name or adapter.name}/{index}".encode()))(
+            settings(profile, max_examples=examples, derandomize=False, database=None)(test))
+    test = settings(profile)(test)
+    return test if profile.derandomize else seed(random.getrandbits(64))(test)
 
 
 def thresholds(adapter: Adapter) -> list[tuple[str, tuple[int, ...], Mapping[str, tuple[str, ...]]]]:

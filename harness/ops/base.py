@@ -113,6 +113,9 @@ class OpSpec:
     #: the oracle's intermediate values of a case under conventions, by name (GEMM1 output per slot, ...), for a
     #: reader (`python -m harness explain` saves them); None: the expected outputs are all there is
     stages: Callable[[Case, Mapping[str, torch.Tensor], Mapping[str, Any]], dict[str, torch.Tensor]] | None = None
+    #: the inputs the value classes' `present` read, where they are cheaper to build than all of them (the
+    #: coverage report asks every planned case); None: `make_inputs`
+    class_inputs: Callable[[Case, str], dict[str, torch.Tensor]] | None = None
 
     def estimated_input_elements(self, case: Case) -> int:
         if self.input_elements is not None:

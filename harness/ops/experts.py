@@ -74,6 +74,17 @@ def _batched(case: Case) -> bool:
 
 
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
+    found = unquantized_inputs(case, device)
+    sch = xq.scheme(case, {})
+    if sch is not None:
+        xq.quantize_weights(found, sch, device)
+        xq.calibrate_act_global_scales(case, found, sch)
+    return found
+
+
+def unquantized_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
+    """The inputs before the weights are quantized (tokens, routing, expert map, counts as `make_inputs` builds
+    them): what the value classes read, without the cost of quantizing every expert's weights."""
     e, hidden, n = case.shape("E"), case.shape("K"), case.shape("N")
     dt = case.dtype("x")
     e_local = case.params.get("local_experts", e)
@@ -91,10 +102,6 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
             _order_sensitive(case, found)
     xq.tie_rows(case, found["x"])
     _boundary_values(case, found)
-    sch = xq.scheme(case, {})
-    if sch is not None:
-        xq.quantize_weights(found, sch, device)
-        xq.calibrate_act_global_scales(case, found, sch)
     return found
 
 
@@ -718,4 +725,4 @@ def input_elements(case: Case) -> int:
 SPECS = {"experts": OpSpec(name="experts", title="Fused experts", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                            expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable,
                            value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER),
-                           input_elements=input_elements, stages=stages)}
+                           input_elements=input_elements, stages=stages, class_inputs=unquantized_inputs)}

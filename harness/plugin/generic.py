@@ -6,7 +6,9 @@ adapters published under the `moe_harness.adapters` entry point.
 test_declared_cases_pass: the explicit examples, then hypothesis' draws, inside the adapter's declared support on
 this device; every verdict is recorded in the results store; a case its shape rule excludes is recorded
 unsupported, as in the matrix. A fail or error does not end the search: the test fails once at the end, with every
-distinct cause of failure found, each with its case JSON and the command that replays it.
+distinct cause of failure found, each with its case JSON and the command that replays it. Its fixed cases are
+`harness.engine.fixed`'s, its search `harness.engine.strategies.property_test`: the coverage report
+(`python -m harness coverage`) counts the same plan.
 test_undeclared_cells_rejected_cleanly: cells the adapter does not declare must be rejected cleanly (the runner's
 `rejects_cleanly`, the rule the matrix applies too), or pass ("works but not claimed"), never crash or return
 wrong results.
@@ -14,12 +16,9 @@ wrong results.
 
 from __future__ import annotations
 
-import random
-import zlib
 from collections.abc import Callable, Iterable
 
 import pytest
-from hypothesis import given, seed, settings
 from hypothesis.errors import Flaky
 
 from harness import registry
@@ -29,26 +28,11 @@ from harness.core.result import Result
 from harness.core.text import one_line
 from harness.engine import fitting, runner
 from harness.engine import strategies as hs
+from harness.engine.fixed import explicit_examples
+from harness.engine.fixed import vacuous_boundary_cases as _vacuous_boundary_cases  # noqa: F401 (tests use it)
 from harness.plugin import VERIFIED_PROPERTY
 
 pytestmark = pytest.mark.moe_generic
-
-#: Pinned regressions (run first, every time, before the drawn cases): cases that once failed, by adapter.
-REGRESSIONS: dict[str, list[Case]] = {
-    # H200: the grouped-routing oracle built its group mask on the CPU for CUDA logits (device mismatch).
-    "reference-grouped-routing": [Case(
-        op="grouped_routing", adapter="reference-grouped-routing", seed=3, routing="nonfinite",
-        features={"scoring": "softmax", "correction_bias": "N", "renormalize": "Y", "scaling_placement": "weights",
-                  "logits_dtype": "bfloat16", "nonfinite_rows": "Y"},
-        shapes={"M": 1, "E": 256, "k": 8}, dtypes={"router_logits": "bfloat16"},
-        params={"num_groups": 8, "topk_group": 4, "routed_scaling_factor": 1.0})],
-    # H200: gelu's fp32 tail (1 + erf cancels) exceeded a bound relative to the tiny result.
-    "reference-activation": [Case(
-        op="activation", adapter="reference-activation", seed=1, features={"activation": "gelu_and_mul",
-                                                                            "dtype": "bfloat16"},
-        shapes={"N": 63, "T": 1}, dtypes={"x": "bfloat16"})],
-}
-
 
 #: verdicts that verified nothing: the case could not be judged here (an unfaithful interpreter, a missing library)
 UNVERIFIED = ("not-verifiable", "not-installed")
@@ -123,19 +107,7 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
         deliberate.add(pinned.case_id)
         search.example(pinned)
 
-    def prop(case):  # type: ignore[no-untyped-def]
-        search.prop(case)
-
-    test = given(case=hs.cases(adapter, cells, moe_device))(prop)
-    if count > 1:  # the examples are divided too, each shard with its own reproducible seed
-        examples = max(4, -(-moe_profile.max_examples // count))
-        test = seed(zlib.crc32(f"{moe_adapter_name}/{index}".encode()))(
-            settings(moe_profile, max_examples=examples, derandomize=False, database=None)(test))
-    else:
-        test = settings(moe_profile)(test)
-        if not moe_profile.derandomize:  # one seed for every rerun of the search: its draws repeat, judged once
-            test = seed(random.getrandbits(64))(test)
-    search.run(test)
+    search.run(hs.property_test(adapter, cells, moe_device, moe_profile, search, moe_shard, moe_adapter_name))
     if report := search.report():
         pytest.fail(report, pytrace=False)
     _fail_on_vacuous_cells(search.judged, deliberate)
@@ -256,34 +228,6 @@ def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]]
     for cell in cells:
         case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fitting.boundary(adapter, cell)[0])
         results.append(runner.judge(case, adapter, device))
-
-
-def explicit_examples(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
-    """Cases run first, every time, before the drawn ones: the adapter's pinned regressions, the vacuous boundary
-    cases hypothesis never draws, a few small cases that cover every declared value of every axis, one case of each
-    of the op's value classes per family (zero groups, counts at block multiples...), and one case past each of
-    the kernel's declared internal thresholds, at the cheapest shape that crosses it (the planted-bug suite runs
-    the same)."""
-    return [*REGRESSIONS.get(adapter.name, []), *_vacuous_boundary_cases(adapter, cells),
-            *hs.value_covering_cases(adapter, cells), *hs.value_class_cases(adapter, cells),
-            *hs.threshold_cases(adapter, cells)]
-
-
-def _vacuous_boundary_cases(adapter: registry.Adapter, cells: list[dict[str, str]]) -> list[Case]:
-    """The op's boundary cases with no token (M or T = 0) and with no local expert, the first of each kind among
-    the cells: their expected output is empty or all zeros, so hypothesis never draws them, but a kernel must still
-    handle them (write its zeros, not crash)."""
-    kinds = {"no token": lambda f: 0 in (f["shapes"].get("M"), f["shapes"].get("T")),
-             "no local expert": lambda f: f.get("params", {}).get("local_experts") == 0}
-    found: dict[str, Case] = {}
-    for cell in cells[:64]:
-        for fields in fitting.boundary(adapter, cell):
-            for kind, matches in kinds.items():
-                if kind not in found and matches(fields):
-                    found[kind] = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields)
-        if len(found) == len(kinds):
-            break
-    return list(found.values())
 
 
 def _fail_on_vacuous_cells(judged: list[Result], deliberate: set[str]) -> None:
