@@ -669,8 +669,10 @@ def _block_counts_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> boo
                 return False
             ids = inputs["expert_map"].cpu().long()[ids]
         counts, poisoned = torch.bincount(ids[ids >= 0].reshape(-1)), True
-    block = 32  # the interpreter's block_M (its half is the split tail's tile)
-    return poisoned and near_multiple_counts(counts, block) and near_multiple_counts(counts, block // 2)
+    # the case is built around its adapter's block_M, which this check cannot see: any power-of-two block of a
+    # GEMM's rows (32 on our kernels' interpreter) and its half (the split tail's tile)
+    return poisoned and any(near_multiple_counts(counts, b) and near_multiple_counts(counts, b // 2)
+                            for b in (16, 32, 64, 128))
 
 
 def _tensor_scale_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:

@@ -21,13 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: gaps of today's plan, each with why; a new gap fails, and so does an entry here that is covered again
 KNOWN_GAPS = {
-    # block_counts' `present` asks for counts near multiples of 32 and 16 (the block_M of our Triton kernels on
-    # the interpreter); its case for an adapter without block_M 32 holds counts near its own block and half-block
-    # (16 and 8 by default on the small scale), so the class is never held for these adapters
-    ("naive-batched-experts", "value class", "block_counts (format=batched, expert_map=N)"),
-    ("reference-experts", "value class", "block_counts (format=standard, expert_map=N)"),
-    ("reference-experts", "value class", "block_counts (format=standard, expert_map=Y)"),
-    ("reference-experts", "value class", "block_counts (format=batched, expert_map=N)"),
     # no fixed case has every expert local, and the 8 draws of its expert-map cells take none
     ("triton-experts-fp8-fast", "expert map", "identity"),
 }
