@@ -181,7 +181,10 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
 def _judge_tie_break(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[str, Any],
                      sel: torch.Tensor, ids: torch.Tensor, judged_rows: torch.Tensor, policy: str) -> Any:
     """The declared lower-index tie rule: rows whose choice is valid with no tolerance (a swap of exactly tied
-    scores at most) must choose what the lower-index rule chooses."""
+    scores at most) must choose what the lower-index rule chooses. Only rows whose exact ties all come from
+    identical inputs are judged: those tie in any arithmetic, while scores that round to the same value from
+    different logits (saturated sigmoids, one-ulp nudges) may differ in the kernel's."""
+    judged_rows = judged_rows & _ties_from_identical_inputs(case, inputs, policy)
     if case.op == "grouped_routing":
         exact = ref.valid_grouped_topk_selection(inputs["router_logits"], ids,
                                                  **_route_kwargs(case, inputs, conventions),
@@ -196,6 +199,30 @@ def _judge_tie_break(case: Case, inputs: Mapping[str, torch.Tensor], conventions
     return custom("topk_ids", False, f"topk_ids: {int((~ok).sum())} rows break exact ties away from the lower "
                   f"expert index (declared tie_break=lower_index); first row {r}: got {sorted(ids[r].tolist())}, the "
                   f"lower-index choice is {sorted(lower.tolist())}", bad_rows=int((~ok).sum()))
+
+
+def _ties_from_identical_inputs(case: Case, inputs: Mapping[str, torch.Tensor], policy: str) -> torch.Tensor:
+    """Per row: every run of exactly equal (biased, ungrouped) scores holds experts of bit-identical logits and
+    correction biases."""
+    logits = inputs["router_logits"].detach().cpu()
+    m, e = logits.shape
+    if m == 0 or e < 2:
+        return torch.ones(m, dtype=torch.bool)
+    pre = unbiased_scores(case, inputs, policy).to(torch.float64)
+    key = logits.to(torch.float64)
+    bias = inputs.get("correction_bias")
+    if bias is not None and case.features.get("scoring") != "llama4_top1":
+        pre = pre + bias.detach().cpu().to(torch.float64)[None, :]
+        key = torch.stack([key, bias.detach().cpu().to(torch.float64)[None, :].expand(m, e)], dim=-1)
+    if case.features.get("scoring") == "llama4_top1":
+        pre = logits.to(torch.float64)
+    order = torch.sort(pre, dim=1, stable=True).indices
+    s = pre.gather(1, order)
+    k = key.gather(1, order) if key.dim() == 2 else key.gather(1, order[..., None].expand(m, e, 2))
+    tied = (s[:, 1:] == s[:, :-1]) & s[:, 1:].isfinite()
+    same = k[:, 1:] == k[:, :-1]
+    same = same if same.dim() == 2 else same.all(dim=-1)
+    return ~(tied & ~same).any(dim=1)
 
 
 def _renormalized(want: torch.Tensor, policy: str, eps: float) -> torch.Tensor:
