@@ -15,4 +15,4 @@ except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (the sweep's SweepInterrupte
 finally:
     with stopping.uninterrupted():  # what the run started ends with it (fork servers, hosts, their children)
         stopping.end_tree()
-sys.exit(code)
+stopping.exit_now(code)
