@@ -333,7 +333,11 @@ def _wait_ended(hosts: list[Host], seconds: float) -> list[Host]:
     end = time.monotonic() + seconds
     pending = [h for h in hosts if h.alive()]
     while pending and time.monotonic() < end:
-        wait([h.proc.sentinel for h in pending], timeout=max(0.0, end - time.monotonic()))
+        sentinels = [getattr(h.proc, "sentinel", None) for h in pending]
+        if None in sentinels:  # a stand-in process (tests): polled
+            time.sleep(0.02)
+        else:
+            wait(sentinels, timeout=max(0.0, end - time.monotonic()))
         pending = [h for h in pending if h.alive()]
     return pending
 
