@@ -145,3 +145,32 @@ def test_the_eta_is_never_0_while_a_case_is_left() -> None:
     assert "ETA 4s" in progress.line(), progress.line()  # 3.5 s measured a case (in_host is part of the run)
     progress.record(2, "pass", True, {"first_run": 0.001})
     assert "ETA 0s" in progress.line()
+
+
+# --------------------------------------------------------------------------------------------------- pytest's end
+
+_SLOW_WORKER_END = '''
+import gc, os, time
+
+def pytest_unconfigure(config):
+    # an xdist worker slow to finish after its tests (a large heap collected on a loaded machine): xdist sends it
+    # SIGINT after 5 s, which lands where the worker is, here in a gc callback as in hypothesis' own
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        gc.callbacks.append(lambda phase, info: time.sleep(0.05))
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            gc.collect()
+'''
+
+
+def test_a_passing_xdist_run_prints_no_traceback_when_a_worker_is_slow_to_finish(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(_SLOW_WORKER_END)
+    (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--moe-adapter",
+           "reference-activation", "--moe-results-dir", str(tmp_path / "results"), "-k", "test_quick",
+           str(tmp_path / "test_quick.py")]  # the plugin is active (--moe-adapter); its generic tests deselected
+    p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                       timeout=300, preexec_fn=signals.as_from_a_shell)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "1 passed" in out, out[-3000:]
+    assert "KeyboardInterrupt" not in out and "Traceback" not in out, out[-3000:]
