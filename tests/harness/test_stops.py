@@ -8,6 +8,7 @@ re-parented to init) or by its session (the run is started in a new one)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -29,18 +30,23 @@ LIMIT_S = 5.0
 
 
 class _Run:
-    """`python -m harness matrix` for one adapter on the CPU, in a session of its own, its output in a file."""
+    """`python -m harness ARGS` in a session of its own, its output in a file; `matrix`: one adapter's sweep on the
+    CPU (two workers)."""
 
-    def __init__(self, tmp_path: Path, adapter: str, *extra: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str) -> None:
         self.mark, self.pidfile, self.log = uuid.uuid4().hex, tmp_path / "pids", tmp_path / "log"
         self.results = tmp_path / "results"
-        cmd = [sys.executable, "-m", "harness", "matrix", "--adapter", adapter, "--device", "cpu", "--jobs", "2",
-               "--results-dir", str(self.results), "--out", "", *extra]
+        cmd = [sys.executable, "-m", "harness", *args]
         env = dict(os.environ, PYTHONPATH=str(ROOT), MOE_TEST_PIDFILE=str(self.pidfile),
                    **{signals.MARK_ENV: self.mark})
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=signals.as_from_a_shell)
+
+    @classmethod
+    def matrix(cls, tmp_path: Path, adapter: str, *extra: str) -> _Run:
+        return cls(tmp_path, "matrix", "--adapter", adapter, "--device", "cpu", "--jobs", "2", "--results-dir",
+                   str(tmp_path / "results"), "--out", "", *extra)
 
     def text(self) -> str:
         return self.log.read_text()
@@ -89,7 +95,7 @@ def runs():  # type: ignore[no-untyped-def]
 
 def test_sigterm_while_planning_ends_the_sweep_and_prints_how_to_resume(tmp_path: Path, runs: list[_Run]) -> None:
     """The adapter's support rule hangs in the planning host: SIGTERM to the sweep (as a job's time limit sends)."""
-    run = _Run(tmp_path, f"{FAKES}:SLOW_PLAN")
+    run = _Run.matrix(tmp_path, f"{FAKES}:SLOW_PLAN")
     runs.append(run)
     run.wait_for(run.kernel_started, "planning")
     run.proc.send_signal(signal.SIGTERM)
@@ -103,7 +109,7 @@ def test_sigterm_while_planning_ends_the_sweep_and_prints_how_to_resume(tmp_path
 
 def test_ctrl_c_while_judging_ends_the_sweep_and_everything_it_started(tmp_path: Path, runs: list[_Run]) -> None:
     """Every case hangs in its kernel host: Ctrl-C reaches the terminal's whole process group."""
-    run = _Run(tmp_path, f"{FAKES}:HANGS", "--case-timeout", "300")
+    run = _Run.matrix(tmp_path, f"{FAKES}:HANGS", "--case-timeout", "300")
     runs.append(run)
     run.wait_for(run.kernel_started, "kernel run")
     os.killpg(run.proc.pid, signal.SIGINT)
@@ -114,12 +120,29 @@ def test_ctrl_c_while_judging_ends_the_sweep_and_everything_it_started(tmp_path:
 
 
 def test_a_finished_shard_exits_within_seconds_of_its_last_verdict(tmp_path: Path, runs: list[_Run]) -> None:
-    run = _Run(tmp_path, "reference-activation", "--shard", "1/2")
+    run = _Run.matrix(tmp_path, "reference-activation", "--shard", "1/2")
     runs.append(run)
     # the adapter's counts are printed with its last verdict, before the workers stop
     judged = run.wait_for(lambda: "reference-activation: 26 pass" in run.text(), "last verdict")
     code = run.ended_within(judged)
     assert code == 0 and "judged 26 cases in" in run.text(), run.text()[-3000:]
+
+
+def test_sigterm_ends_a_replay_and_its_kernel_host(tmp_path: Path, runs: list[_Run]) -> None:
+    from harness.core.case import Case
+    from harness.store.casefiles import CASE_FILE_KIND
+
+    case = Case(op="activation", adapter="fake-hangs", features={"activation": "silu_and_mul", "dtype": "float32"},
+                shapes={"T": 5, "N": 16}, dtypes={"x": "float32"}, seed=1)
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({"kind": CASE_FILE_KIND, "case": case.to_dict(), "adapter": "fake-hangs",
+                                "adapter_object": f"{FAKES}:HANGS"}))
+    run = _Run(tmp_path, "replay", str(path))
+    runs.append(run)
+    run.wait_for(run.kernel_started, "kernel run")
+    run.proc.send_signal(signal.SIGTERM)
+    code = run.ended_within(time.monotonic())
+    assert code == 130 and "Traceback" not in run.text(), run.text()[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------------------- ETA
