@@ -1,8 +1,8 @@
 """Ending a run and everything it started: signals as interrupts, and the process tree ended at exit.
 
 A run (`python -m harness ...`, a pytest session) starts processes that outlive their parent unless ended: fork
-servers and resource trackers of `multiprocessing`, sweep workers, kernel hosts (each in a session of its own) and
-whatever a kernel started. Each of them exits by itself once its parent is gone, but only when it next looks
+servers and resource trackers of `multiprocessing`, sweep workers, kernel hosts (each leading its own process session)
+and whatever a kernel started. Each of them exits by itself once its parent is gone, but only when it next looks
 (a fork server still importing torch, a resource tracker waiting for every holder of its pipe): tens of seconds on a
 busy machine, with the terminal's pipe held open all that time. So the process that owns a run marks its
 environment (`own_tree`), which every process it starts inherits, and at its end (`end_tree`) kills every process

@@ -127,7 +127,10 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
     conn.send(("ready", os.getpid()))
     while True:
         msg = conn.recv()
-        if msg is None:
+        if msg is None:  # the sweep is over: its kernel hosts end together, within one deadline
+            remote.close_all()
+            if spare is not None:
+                spare.close()
             break
         spec, items = msg
         for other in [k for k in resolved if k != spec]:  # one kernel host at a time

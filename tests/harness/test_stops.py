@@ -30,7 +30,7 @@ LIMIT_S = 5.0
 
 
 class _Run:
-    """`python -m harness ARGS` in a session of its own, its output in a file; `matrix`: one adapter's sweep on the
+    """`python -m harness ARGS` in a new process session, its output in a file; `matrix`: one adapter's sweep on the
     CPU (two workers)."""
 
     def __init__(self, tmp_path: Path, *args: str) -> None:
