@@ -270,16 +270,18 @@ def owns_process(config: pytest.Config) -> bool:
 
 def _own_process(config: pytest.Config) -> None:
     """The session ends what it started: its kernel hosts, all together and within a deadline, then every process
-    left that descends from it or carries its mark (fork servers, resource trackers, what a kernel started). On the
-    xdist controller SIGTERM interrupts the session as Ctrl-C does; a worker, once its tests are over, ignores the
-    SIGINT that xdist sends a worker slow to finish (a traceback from wherever it lands, a hypothesis gc callback)."""
+    left that descends from it or carries its mark (fork servers, resource trackers, what a kernel started). SIGTERM
+    interrupts it as Ctrl-C does (but for a supervised session, whose parent relays the signal and ends what is left);
+    a worker, once its tests are over, ignores the SIGINT that xdist sends a worker slow to finish (a traceback from
+    wherever it lands, a hypothesis gc callback)."""
     import atexit
 
     from harness.core import stopping
     from harness.engine import remote
+    from harness.plugin import supervise
 
     stopping.own_tree()
-    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+    if not hasattr(config, "workerinput") and not supervise.supervised():  # a supervised one dies by the signal
         stopping.interrupt_on_signals()
 
     def end() -> None:
@@ -526,23 +528,23 @@ def _run_id() -> str:
     return supervise.run_id() or os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12]
 
 
-def pytest_keyboard_interrupt(excinfo: Any) -> None:
-    """Ctrl-C or SIGTERM on the xdist controller: its workers and everything they started end now (not after xdist's
-    grace periods, seconds for each worker that is still in a test)."""
-    from harness.core import stopping
-
-    if stopping.owns_tree() and not os.environ.get("PYTEST_XDIST_WORKER"):
-        with stopping.uninterrupted():
-            stopping.end_tree()
-
-
 @pytest.hookimpl(tryfirst=True, specname="pytest_sessionfinish")
-def pytest_sessionfinish_in_a_worker(session: pytest.Session, exitstatus: int) -> None:
-    """In an xdist worker whose tests are over: SIGINT is ignored from now on (see `_own_process`)."""
-    if hasattr(session.config, "workerinput") and is_active(session.config):
+def pytest_sessionfinish_first(session: pytest.Session, exitstatus: int) -> None:
+    """In an xdist worker whose tests are over: SIGINT is ignored from now on (see `_own_process`). In a session
+    interrupted by Ctrl-C or SIGTERM that owns its process: its xdist workers and everything it started end now,
+    before xdist's grace periods (seconds for each worker still in a test)."""
+    config = session.config
+    if not is_active(config):
+        return
+    if hasattr(config, "workerinput"):
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    elif exitstatus == pytest.ExitCode.INTERRUPTED and owns_process(config):
+        from harness.core import stopping
+
+        with stopping.uninterrupted():
+            stopping.end_tree()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

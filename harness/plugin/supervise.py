@@ -68,6 +68,11 @@ def _die_with_parent() -> None:
 _channel: int | None = _take_channel()
 
 
+def supervised() -> bool:
+    """Whether this process is the session a watching parent started (which relays SIGTERM to it)."""
+    return _channel is not None
+
+
 def wanted(config: pytest.Config) -> bool:
     """A one-process session started from the command line, not turned off (read from the early options)."""
     early = config.known_args_namespace
