@@ -132,13 +132,33 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     # listed in a host (which probes the imports first: one that ends the process from C code is named), so that
     # this process, which renders the verdicts, never imports an adapter module; the sweep plans in the same host
     planner = Host("cpu")
+    begun: dict[str, Any] = {}  # the run id and device, once chosen (what an interrupt's message needs)
     try:
-        return _sweep_with(args, shard, out, started, planner)
+        return _sweep_with(args, shard, out, started, planner, begun)
+    except KeyboardInterrupt as e:
+        from harness.sweep import SweepInterrupted
+
+        if isinstance(e, SweepInterrupted) or "run_id" not in begun:
+            raise
+        raise SweepInterrupted(_stopped_early(args, shard, begun, str(e) or "SIGINT")) from None
     finally:
         planner.close()
 
 
-def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, planner: Any) -> int:
+def _stopped_early(args: argparse.Namespace, shard: Any, begun: dict[str, Any], how: str) -> str:
+    """What an interrupt before the judging says: how many cases were judged, and the command that continues the run
+    (its results file is made now when it was stopped before its planning, so that the command works)."""
+    from harness.sweep import open_run
+
+    run_id = begun["run_id"]
+    judged = open_run(args.results_dir, run_id, begun["device"], args.profile, _matrix_command(args), shard)
+    what = f"{judged} case(s) judged so far" if judged else "nothing was judged"
+    return (f"the sweep was stopped ({how}) before its judging began; {what}; the same command with --resume {run_id} "
+            "continues it")
+
+
+def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, planner: Any,
+                begun: dict[str, Any]) -> int:
     from harness.core.device import detect
     from harness.engine import remote
     from harness.store.results import new_run_id
@@ -151,15 +171,18 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
         dev = detect(args.device)
         suffix = f"-shard{shard.index}of{shard.count}" if shard else ""
         run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}{suffix}"
+        begun.update(run_id=run_id, device=dev)
         if not args.adapter:  # every adapter: a worker per job, started now so that their start overlaps the listing
             pool = worker_pool(dev, args.results_dir, run_id, args.jobs, args.case_timeout,
                                start=args.jobs or default_jobs(dev))
         listed = time.monotonic()
         specs = remote.expand(list(args.adapter or []), probe=True, host=planner).specs
         listed = time.monotonic() - listed
-    except (ValueError, remote.HostError) as e:
+    except (ValueError, remote.HostError, KeyboardInterrupt) as e:
         if pool is not None:
             pool.stop(kill=True)
+        if isinstance(e, KeyboardInterrupt):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"moe-harness {__version__}: sweeping {len(specs)} adapter(s) on {dev.generation} ({dev.device_name}), "

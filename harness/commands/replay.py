@@ -130,7 +130,7 @@ def replay(case_file: CaseFile, *, adapter: str | None = None, device: str = "au
     proc.start()
     sender.close()
     msg: dict[str, Any] | None = None
-    timed_out = False
+    timed_out, answered = False, False
     try:
         if receiver.poll(timeout):  # data, or EOF when the child died without sending
             try:
@@ -139,9 +139,10 @@ def replay(case_file: CaseFile, *, adapter: str | None = None, device: str = "au
                 msg = None
         else:
             timed_out = True
+        answered = True
     finally:
         receiver.close()
-        if timed_out:
+        if timed_out or not answered:  # hung, or this process was interrupted (Ctrl-C, SIGTERM): no waiting for it
             proc.kill()
         proc.join(timeout=60)
         if proc.is_alive():  # hung in teardown after reporting

@@ -304,27 +304,67 @@ class Host:
         return n
 
     def kill(self) -> None:
-        if self.proc is not None:
-            pid = self.proc.pid
-            with contextlib.suppress(Exception):
-                self.proc.kill()
-                self.proc.join(5)
-            if pid is not None:
-                kill_session(pid)
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-        self.proc = self.conn = None
+        _kill_all([self])
 
     def close(self) -> None:
-        if self.alive():
+        close_hosts([self])
+
+
+#: seconds the hosts asked to stop have to end, all of them together, before they are killed
+CLOSE_GRACE_S = 2.0
+#: seconds killed hosts are waited for, all together (one the kernel cannot end at once is left to end by itself)
+KILL_WAIT_S = 1.0
+
+
+def close_hosts(hosts: list[Host], grace: float = CLOSE_GRACE_S) -> None:
+    """Stop `hosts` together: ask every one to stop, wait once (`grace` seconds at most in all), then kill the rest
+    and what each started (its session). Never one after another: a judging process that holds several hosts (a
+    pytest worker at its exit) would otherwise wait for each in turn."""
+    live = [h for h in hosts if h.alive()]
+    for h in live:
+        with contextlib.suppress(Exception):
+            h.conn.send(None)
+    _wait_ended(live, grace)
+    _kill_all(hosts)
+    for h in hosts:
+        if h.arena is not None:
+            h.arena.close()
+            h.arena = None
+
+
+def _wait_ended(hosts: list[Host], seconds: float) -> list[Host]:
+    """Wait until `hosts` have ended, `seconds` at most all together; the ones still running."""
+    from multiprocessing.connection import wait
+
+    end = time.monotonic() + seconds
+    pending = [h for h in hosts if h.alive()]
+    while pending and time.monotonic() < end:
+        sentinels = [getattr(h.proc, "sentinel", None) for h in pending]
+        if None in sentinels:  # a stand-in process (tests): polled
+            time.sleep(0.02)
+        else:
+            wait(sentinels, timeout=max(0.0, end - time.monotonic()))
+        pending = [h for h in pending if h.alive()]
+    return pending
+
+
+def _kill_all(hosts: list[Host]) -> None:
+    """SIGKILL the hosts and their sessions, wait for them together (`KILL_WAIT_S` at most), drop their handles."""
+    for h in hosts:
+        if h.proc is not None:
             with contextlib.suppress(Exception):
-                self.conn.send(None)
-                self.proc.join(2)
-        self.kill()
-        if self.arena is not None:
-            self.arena.close()
-            self.arena = None
+                h.proc.kill()
+    _wait_ended([h for h in hosts if h.proc is not None], KILL_WAIT_S)
+    for h in hosts:
+        if h.proc is not None:
+            with contextlib.suppress(Exception):
+                h.proc.join(0)  # reaped when it has ended
+            if h.proc.pid is not None:
+                kill_session(h.proc.pid)
+        if h.conn is not None:
+            with contextlib.suppress(Exception):
+                h.conn.close()
+        h.proc = h.conn = None
 
 
 def _ended(code: int | None) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
-from harness.engine.host import Host, HostDied
+from harness.engine.host import Host, HostDied, close_hosts
 from harness.registry import Adapter, Library, SupportRuleError
 
 
@@ -203,9 +203,11 @@ def close_adapter(spec: str, device: str) -> None:
 
 @atexit.register
 def close_all() -> None:
-    for key in list(_OPEN):
-        with contextlib.suppress(Exception):
-            close_adapter(*key[:2])
+    """Stop every open host together, within one deadline (harness.engine.host.close_hosts)."""
+    hosts = [a.host for a in _OPEN.values() if a.host is not None]
+    _OPEN.clear()
+    with contextlib.suppress(Exception):
+        close_hosts(list({id(h): h for h in hosts}.values()))
 
 
 @dataclass

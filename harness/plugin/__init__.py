@@ -230,6 +230,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "moe_generic: a generic test of an MoE kernel adapter (moe-harness)")
     if not is_active(config):
         return
+    if owns_process(config):
+        _own_process(config)
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
     _check_options(config)
     if not hasattr(config, "workerinput"):
@@ -254,6 +256,40 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.cuda.set_device(int(device.split(":")[1]))  # kernels that allocate on "cuda" follow the worker
+
+
+def owns_process(config: pytest.Config) -> bool:
+    """Whether this session is the whole of its process: an xdist worker, or pytest run from the command line (not
+    a `pytest.main()` call inside another program, whose processes are not this session's to end)."""
+    if hasattr(config, "workerinput"):
+        return True
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    from_command_line = argv0.name in ("pytest", "py.test") or argv0.parts[-2:] == ("pytest", "__main__.py")
+    return from_command_line and tuple(sys.argv[1:]) == tuple(config.invocation_params.args)
+
+
+def _own_process(config: pytest.Config) -> None:
+    """The session ends what it started: its kernel hosts, all together and within a deadline, then every process
+    left that descends from it or carries its mark (fork servers, resource trackers, what a kernel started). SIGTERM
+    interrupts it as Ctrl-C does (but for a supervised session, whose parent relays the signal and ends what is left);
+    a worker, once its tests are over, ignores the SIGINT that xdist sends a worker slow to finish (a traceback from
+    wherever it lands, a hypothesis gc callback)."""
+    import atexit
+
+    from harness.core import stopping
+    from harness.engine import remote
+    from harness.plugin import supervise
+
+    stopping.own_tree()
+    if not hasattr(config, "workerinput") and not supervise.supervised():  # a supervised one dies by the signal
+        stopping.interrupt_on_signals()
+
+    def end() -> None:
+        with stopping.uninterrupted():
+            remote.close_all()
+            stopping.end_tree()
+
+    atexit.register(end)  # after remote's own (atexit runs last registered first): this one closes the hosts
 
 
 def _hand_out_one_at_a_time(config: pytest.Config) -> None:
@@ -490,6 +526,25 @@ def _run_id() -> str:
     from harness.plugin import supervise
 
     return supervise.run_id() or os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12]
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_sessionfinish")
+def pytest_sessionfinish_first(session: pytest.Session, exitstatus: int) -> None:
+    """In an xdist worker whose tests are over: SIGINT is ignored from now on (see `_own_process`). In a session
+    interrupted by Ctrl-C or SIGTERM that owns its process: its xdist workers and everything it started end now,
+    before xdist's grace periods (seconds for each worker still in a test)."""
+    config = session.config
+    if not is_active(config):
+        return
+    if hasattr(config, "workerinput"):
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    elif exitstatus == pytest.ExitCode.INTERRUPTED and owns_process(config):
+        from harness.core import stopping
+
+        with stopping.uninterrupted():
+            stopping.end_tree()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -68,6 +68,11 @@ def _die_with_parent() -> None:
 _channel: int | None = _take_channel()
 
 
+def supervised() -> bool:
+    """Whether this process is the session a watching parent started (which relays SIGTERM to it)."""
+    return _channel is not None
+
+
 def wanted(config: pytest.Config) -> bool:
     """A one-process session started from the command line, not turned off (read from the early options)."""
     early = config.known_args_namespace
@@ -92,9 +97,15 @@ def start(config: pytest.Config) -> None:
     folder = getattr(config.known_args_namespace, "moe_results_dir", None) or config.getini("moe_results_dir")
     sys.stdout.flush()
     sys.stderr.flush()
+    from harness.core import stopping
+
+    stopping.own_tree()  # the child and all it starts carry this process's mark
+    env[stopping.TREE_ENV] = os.environ[stopping.TREE_ENV]
     child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env=env, pass_fds=(write_end,))
     os.close(write_end)
-    os._exit(_watch(child, read_end, lambda code: _record_the_dead_case(folder, chosen, code)))
+    code = _watch(child, read_end, lambda code: _record_the_dead_case(folder, chosen, code))
+    stopping.end_tree()  # what a child ended by a signal left running (its kernel hosts, fork servers)
+    os._exit(code)
 
 
 def _record_the_dead_case(folder: str, run_id: str, code: int) -> None:

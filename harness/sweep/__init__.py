@@ -45,7 +45,7 @@ from harness.sweep.selection import (
 from harness.sweep.workers import SweepInterrupted, WorkerPool, _Chunk, default_jobs, judge_safely
 
 __all__ = ["CASES_PER_CELL", "QUICK_ALL_CELLS", "Plan", "Shard", "SweepInterrupted", "VerdictsLost", "adapter_record",
-           "default_jobs", "pairwise_cover", "plan", "run_sweep", "select_cells", "sweep"]
+           "default_jobs", "open_run", "pairwise_cover", "plan", "run_sweep", "select_cells", "sweep"]
 
 
 @dataclass
@@ -174,6 +174,27 @@ def _never_judged(r: Result) -> bool:
     be loaded (a resume judges it, whatever was broken may be fixed)."""
     marker = r.metrics.get("marker")
     return bool(marker) and (marker == "unloadable" or r.reason.startswith("not run"))
+
+
+def run_record(device: DeviceInfo, profile: str, command: str, shard: Shard | None) -> dict[str, Any]:
+    """The metadata a sweep's results file opens with (its `run` record)."""
+    commit, dirty = git_state()
+    return {"generation": device.generation, "device": device.to_dict(), "profile": profile, "command": command,
+            "commit": os.environ.get("MOE_HARNESS_COMMIT", commit), "dirty": dirty,
+            "quick_all_cells": QUICK_ALL_CELLS, "cases_per_cell": CASES_PER_CELL[profile], "shard": str(shard or "")}
+
+
+def open_run(results_dir: str, run_id: str, device: DeviceInfo, profile: str, command: str,
+             shard: Shard | None) -> int:
+    """Make sure run `run_id` has its results file (so that `--resume run_id` continues it, even when it was stopped
+    before its planning began); the number of verdicts the file holds."""
+    files = run_files(results_dir, run_id)
+    if not files:
+        store = ResultStore(os.path.abspath(results_dir), run_id=run_id, worker="main")
+        store.append_meta("run", run_record(device, profile, command, shard))
+        store.close()
+        return 0
+    return len(load_results(files, strict=False))
 
 
 def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard: Shard | None,
@@ -308,11 +329,7 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
                   on_plan: Callable[[str, Plan], None] | None, resume: bool, done: dict[str, Result],
                   shard: Shard | None, planner: Host | None, pool: WorkerPool | None) -> dict[str, Counter]:
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
-    commit, dirty = git_state()
-    run.main.append_meta("run", {"generation": device.generation, "device": device.to_dict(), "profile": profile,
-                                 "command": command, "commit": os.environ.get("MOE_HARNESS_COMMIT", commit),
-                                 "dirty": dirty, "quick_all_cells": QUICK_ALL_CELLS,
-                                 "cases_per_cell": CASES_PER_CELL[profile], "shard": str(shard or "")})
+    run.main.append_meta("run", run_record(device, profile, command, shard))
     planner = planner or Host("cpu")
     planning_s = time.monotonic()
     try:
@@ -324,7 +341,8 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     for_workers = sum(c.case_id not in done and c.case_id not in run.gated for _, _, p in planned for c in p.cases)
     chunk_size = max(2, math.ceil(for_workers / (CHUNKS_PER_WORKER * n_jobs)))
     chunks, finished = _chunk_cases(planned, run, done, chunk_size)
-    run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out)
+    run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out,
+                            workers=n_jobs)
     _announce(out, planned, run, profile, n_jobs, case_timeout, shard, planning_s)
     if out is not None and resume:
         before = sum(not written for *_, written in finished)

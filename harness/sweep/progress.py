@@ -3,7 +3,6 @@ the worker processes' Python warnings kept out of it (logged next to the results
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import Counter
@@ -29,11 +28,44 @@ def counted_as(verdict: str, declared: bool) -> str:
     return verdict if declared or verdict != "pass" else "pass (undeclared)"
 
 
+#: time_s entries that are parts of others (summing them would count their seconds twice)
+_PARTS = ("in_host", "first_run_excess")
+
+
+def case_seconds(spent: Mapping[str, float]) -> float:
+    """The seconds one case took, from its measured phases (metrics.time_s)."""
+    return sum(float(v) for k, v in spent.items() if k not in _PARTS)
+
+
+def eta_seconds(left: Mapping[str, int], measured: Mapping[str, tuple[float, int]], workers: int) -> float | None:
+    """Seconds until the cases still `left` (a count per adapter) are judged by `workers` in parallel: each adapter's
+    cases at its own measured seconds per case (`measured`: adapter -> (seconds, cases)), an adapter not measured
+    yet at the mean of all measured cases. None before any case was measured; never under a second while a case is
+    left (0 only once none is)."""
+    cases_left = sum(n for n in left.values() if n > 0)
+    if cases_left == 0:
+        return 0.0
+    seconds, cases = sum(s for s, _ in measured.values()), sum(n for _, n in measured.values())
+    if cases == 0:
+        return None
+    mean = seconds / cases
+
+    def per_case(adapter: str) -> float:
+        s, n = measured.get(adapter, (0.0, 0))
+        return s / n if n else mean
+
+    work = sum(n * per_case(a) for a, n in left.items() if n > 0)
+    return max(1.0, work / max(1, min(workers, cases_left)))
+
+
 class Progress:
     """Cells done, verdict counts and ETA: a redrawn bar on a terminal, a plain line now and then otherwise."""
 
-    def __init__(self, total_cases: int, cells_of: Mapping[int, tuple], out: IO[str] | None):
+    def __init__(self, total_cases: int, cells_of: Mapping[int, tuple], out: IO[str] | None, workers: int = 1):
         self.total = total_cases
+        self.workers = workers
+        self.left_of = Counter(cell[0] for cell in cells_of.values())  # cases left per adapter
+        self.measured: dict[str, tuple[float, int]] = {}  # adapter -> (seconds, cases) of the cases judged here
         self.out = out
         self.tty = bool(out is not None and hasattr(out, "isatty") and out.isatty())
         self.cell_left = Counter(cells_of.values())
@@ -54,8 +86,12 @@ class Progress:
             self.spent.update({k: float(v) for k, v in spent.items()})
             if "second_run" in spent:  # what the first run took beyond the second: compiles, first-call set-up
                 self.spent["first_run_excess"] += max(0.0, spent.get("first_run", 0.0) - spent["second_run"])
+            adapter = self.cells_of[index][0]
+            s, n = self.measured.get(adapter, (0.0, 0))
+            self.measured[adapter] = (s + case_seconds(spent), n + 1)
         self.done += 1
         self.cell_left[self.cells_of[index]] -= 1
+        self.left_of[self.cells_of[index][0]] -= 1
         self.counts[counted_as(verdict, declared)] += 1
         self.show()
 
@@ -64,9 +100,9 @@ class Progress:
 
     def line(self) -> str:
         elapsed = self.elapsed()
-        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        eta = eta_seconds(self.left_of, self.measured, self.workers)
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items()))
-        eta_s = "?" if math.isnan(eta) else f"{eta:.0f}s"
+        eta_s = "?" if eta is None else duration(eta)
         return (f"{self.cells_done}/{self.cells_total} cells, {self.done}/{self.total} cases ({counts or 'none yet'})"
                 f" {elapsed:.0f}s elapsed, ETA {eta_s}{self._compiling()}")
 
@@ -78,7 +114,7 @@ class Progress:
 
     def _judging_total(self) -> float:
         """The judging seconds summed (`in_host` and the first-run excess are parts of the kernel runs)."""
-        return sum(v for k, v in self.spent.items() if k not in ("in_host", "first_run_excess"))
+        return case_seconds(self.spent)
 
     def account(self) -> str:
         """Where the judging time went, summed over the workers ("" before any case was timed)."""

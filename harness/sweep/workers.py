@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from harness.core import stopping
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, detect, threads_for, usable_cpus
 from harness.core.exits import INTERRUPT_SIGNALS
@@ -126,7 +127,10 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
     conn.send(("ready", os.getpid()))
     while True:
         msg = conn.recv()
-        if msg is None:
+        if msg is None:  # the sweep is over: its kernel hosts end together, within one deadline
+            remote.close_all()
+            if spare is not None:
+                spare.close()
             break
         spec, items = msg
         for other in [k for k in resolved if k != spec]:  # one kernel host at a time
@@ -171,13 +175,7 @@ def _context() -> Any:
 def _stop_on_signals() -> dict[int, Any]:
     """SIGTERM and SIGHUP stop the sweep like Ctrl-C (a KeyboardInterrupt naming the signal) rather than end this
     process at once; the handlers they replace (main thread only: elsewhere signals cannot be handled)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    return {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    return stopping.interrupt_on_signals()
 
 
 @dataclass
@@ -457,12 +455,36 @@ class WorkerPool:
                     slot.conn.send(None)
                 except OSError:
                     pass
-        for slot in self.slots:
-            if slot.proc is not None:
-                if kill and slot.proc.is_alive():
-                    slot.proc.kill()
-                slot.proc.join(5)
-                if slot.proc.is_alive():
-                    slot.proc.kill()
-                    slot.proc.join(5)
+        procs = [slot.proc for slot in self.slots if slot.proc is not None]
+        if kill:
+            for proc in procs:
+                with contextlib.suppress(Exception):
+                    proc.kill()
+        # all at once, within one deadline: a worker that has not ended by then is killed (never one after another)
+        _join_all(procs, STOP_GRACE_S if not kill else 0.0)
         self._lifeline_w.close()
+
+
+#: seconds the workers asked to finish (their results files close, their kernel hosts end) have, all together
+STOP_GRACE_S = 3.0
+
+
+def _join_all(procs: list[Any], grace: float) -> None:
+    """Wait until `procs` have ended, `grace` seconds at most all together; kill the rest and wait a little more for
+    them (a process the kernel cannot end at once is left to end by itself)."""
+    end = time.monotonic() + grace
+    pending = [p for p in procs if p.is_alive()]
+    while pending and time.monotonic() < end:
+        wait([p.sentinel for p in pending], timeout=max(0.0, end - time.monotonic()))
+        pending = [p for p in pending if p.is_alive()]
+    for p in pending:
+        with contextlib.suppress(Exception):
+            p.kill()
+    end = time.monotonic() + 2.0
+    while pending and time.monotonic() < end:
+        wait([p.sentinel for p in pending], timeout=max(0.0, end - time.monotonic()))
+        pending = [p for p in pending if p.is_alive()]
+    for p in procs:
+        if p not in pending:
+            with contextlib.suppress(Exception):
+                p.join(0)

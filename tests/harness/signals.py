@@ -20,3 +20,43 @@ def state() -> str:
             return " ".join(line.strip() for line in f if line.startswith(("SigIgn", "SigBlk")))
     except OSError:
         return "(no /proc)"
+
+
+#: the environment variable that marks every process of a run a test starts (their environment keeps it even when
+#: they are re-parented to init)
+MARK_ENV = "MOE_TEST_STOPS"
+
+
+def leftovers(mark: str, session: int) -> list[str]:
+    """Live processes (zombies left out) of session `session` or carrying `MOE_TEST_STOPS=mark` in their environment:
+    "pid command" each."""
+    import os
+
+    found = []
+    wanted = f"{MARK_ENV}={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            continue
+        if fields[0] != "Z" and (int(fields[3]) == session or wanted in env):
+            found.append(f"{entry} {command}")
+    return found
+
+
+def kill_leftovers(mark: str, session: int) -> None:
+    """SIGKILL whatever `leftovers` finds (a test's cleanup: nothing it started outlives it)."""
+    import os
+
+    for line in leftovers(mark, session):
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass

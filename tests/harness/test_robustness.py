@@ -149,14 +149,17 @@ HANGS = "tests.harness.fixtures.fake_adapters:HANGS"
 
 def _stopped_session(tmp_path: Path, extra: list[str], sig: int, to_group: bool) -> tuple[int, str]:
     """A pytest run of the generic test for an adapter whose every case hangs, stopped with `sig` (sent to its
-    whole process group, as Ctrl-C or `timeout` do, or to the pytest process alone) once a case is running."""
+    whole process group, as Ctrl-C or `timeout` do, or to the pytest process alone) once a case is running. It must
+    end within 5 s of the signal, leaving nothing it started running (xdist workers, kernel hosts, fork servers)."""
+    import uuid
+
     from harness.plugin import is_installed
 
-    pidfile, log = tmp_path / "pids", tmp_path / "log"
+    pidfile, log, mark = tmp_path / "pids", tmp_path / "log", uuid.uuid4().hex
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *([] if is_installed() else ["-p",
            "harness.plugin"]), "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir",
            str(tmp_path / "results"), "--moe-adapter", HANGS, *extra]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MOE_TEST_PIDFILE=str(pidfile))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MOE_TEST_PIDFILE=str(pidfile), **{signals.MARK_ENV: mark})
     env.pop("MOE_HARNESS_SUPERVISE", None)
     with open(log, "w") as out:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -167,19 +170,26 @@ def _stopped_session(tmp_path: Path, extra: list[str], sig: int, to_group: bool)
             assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         os.killpg(p.pid, sig) if to_group else p.send_signal(sig)
-        p.wait(timeout=120)
-    finally:
         try:
-            os.killpg(p.pid, signal.SIGKILL)  # whatever is left of the session
-        except ProcessLookupError:
-            pass
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("still running 5 s after the signal:\n" + "\n".join(signals.leftovers(mark, p.pid))
+                                 + "\n" + log.read_text()[-3000:]) from None
+        left = signals.leftovers(mark, p.pid)
+        assert not left, "processes outlived the stopped session:\n" + "\n".join(left)
+    finally:
+        signals.kill_leftovers(mark, p.pid)  # whatever is left of the session
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     return p.returncode, log.read_text()
 
 
 @pytest.mark.parametrize(("extra", "sig", "to_group", "status"), [
     (["-n", "2"], signal.SIGINT, True, pytest.ExitCode.INTERRUPTED),  # Ctrl-C in an xdist session
     ([], signal.SIGTERM, False, 128 + signal.SIGTERM),  # a supervised one-process session, its parent terminated
-], ids=["ctrl-c-xdist", "sigterm-supervised"])
+    (["-n", "2"], signal.SIGTERM, False, pytest.ExitCode.INTERRUPTED),  # an xdist session's controller terminated
+], ids=["ctrl-c-xdist", "sigterm-supervised", "sigterm-xdist"])
 def test_an_interrupted_session_blames_no_kernel(tmp_path: Path, extra: list[str], sig: int, to_group: bool,
                                                  status: int) -> None:
     code, out = _stopped_session(tmp_path, extra, sig, to_group)
