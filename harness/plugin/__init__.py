@@ -231,6 +231,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_active(config):
         return
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
+    from harness.engine.interpreter import QUIET_NUMERICS
+
+    config.addinivalue_line("filterwarnings", QUIET_NUMERICS)  # kernel hosts filter the same (harness.engine.host)
     _check_options(config)
     if not hasattr(config, "workerinput"):
         _hand_out_one_at_a_time(config)
