@@ -12,6 +12,9 @@ The generic tests join the collection when pytest collects its default paths (no
 `--moe-profile` (the hypothesis profile of the generic tests only: ci, dev, gpu, thorough), `--moe-shards`,
 `--moe-results-dir`. Fixtures for a repository's own tests: `moe_device` (the `DeviceInfo` this worker verifies
 on), `moe_results` (its `ResultStore`), `moe_unverifiable` (interpreter features that could not be made faithful).
+A session says at once what it is doing before its first test and, once collected, how long its tests are expected
+to take (`harness.plugin.progress`); Triton's interpreter's own numerical RuntimeWarnings are filtered, in the test
+process and in the kernel hosts.
 """
 
 from __future__ import annotations
