@@ -13,8 +13,10 @@ import os
 
 import pytest
 
+import harness.plugin
 from harness.engine.profiles import load_profile, register_profiles
 from harness.plugin import is_installed
+from tests.quick import area_of
 
 register_profiles()  # before hypothesis' own plugin loads --hypothesis-profile NAME
 if not is_installed():
@@ -29,6 +31,16 @@ def pytest_configure(config: pytest.Config) -> None:
     from harness.engine.interpreter import unverifiable_here
 
     unverifiable_here()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the quick subset (tests/quick.py) before `-m` deselects. The plugin adds the generic tests in a hook of
+    its own that may run after this one; adding them is idempotent, so it is done here first."""
+    harness.plugin.pytest_collection_modifyitems(session, config, items)
+    for item in items:
+        if area_of(item.nodeid) is not None:
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture(scope="session")

@@ -251,8 +251,10 @@ def dependencies() -> set[str]:
     return set(re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block.group(1), re.M)) if block else set()
 
 
-def run_step(step: Step, tree: Path) -> str | None:
-    """None when the step works as written, else what went wrong."""
+def parse_problem(step: Step, tree: Path) -> str | None:
+    """What is wrong with a step that can be told without running it (None: nothing): an install names a folder to
+    install or a dependency, a tox environment exists, a script parses, a `python -m harness` command passes its
+    argument parser. `pytest` commands are checked by collecting them (run_step)."""
     what = kind(step)
     if what == "install":
         missing = [t for t in install_targets(step.argv[2:]) if not (tree / step.cwd / t / "pyproject.toml").exists()
@@ -267,6 +269,25 @@ def run_step(step: Step, tree: Path) -> str | None:
             return f"no script {step.argv[1]}"
         done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60)
         return None if done.returncode == 0 else f"bash -n: {done.stderr[-1000:]}"
+    if what == "harness":
+        try:
+            build_parser().parse_args(step.argv[3:])
+        except SystemExit as e:
+            return f"the argument parser refuses it (exit {e.code})"
+        return None
+    return None if what == "pytest" else "not a command this test knows how to check (add it to kind())"
+
+
+def parse_problems(doc: Path, tree: Path) -> list[str]:
+    return [f"`{command}`: {why}" for command in commands(doc) for step in steps(command)
+            if (why := parse_problem(step, tree))]
+
+
+def run_step(step: Step, tree: Path) -> str | None:
+    """None when the step works as written, else what went wrong."""
+    what = kind(step)
+    if (why := parse_problem(step, tree)) is not None or what in ("install", "tox", "script"):
+        return why
     examples = sorted(str(p.parent) for p in (tree / "examples").glob("*/pyproject.toml"))
     env = {**os.environ, **step.env, "PYTHONPATH": os.pathsep.join(
         [str(tree), *examples, os.environ.get("PYTHONPATH", "")])}
@@ -274,10 +295,6 @@ def run_step(step: Step, tree: Path) -> str | None:
         env.pop(key, None)  # the commands run as the user's own sessions, not as our workers
     if what == "harness":
         args = step.argv[3:]
-        try:
-            build_parser().parse_args(args)
-        except SystemExit as e:
-            return f"the argument parser refuses it (exit {e.code})"
         if not is_cheap(args):
             return None
         prepare(args, tree / step.cwd)
@@ -287,8 +304,6 @@ def run_step(step: Step, tree: Path) -> str | None:
         # collected in one process: `-n 0` after the command's own `-n` (still parsed) starts no xdist workers
         argv = [sys.executable, "-m", "pytest", *step.argv[1:], "--co", "-q", "-p", "no:cacheprovider", "-n", "0"]
         allowed = (0,)
-    else:
-        return "not a command this test knows how to check (add it to kind())"
     done = subprocess.run(argv, cwd=tree / step.cwd, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode not in allowed:
         return f"exit {done.returncode}:\n{(done.stdout + done.stderr)[-2000:]}"
@@ -344,6 +359,22 @@ def test_a_broken_command_is_caught(tmp_path: Path) -> None:
     assert "nothing installable" in run_step(Step(["pip", "install", "-e", "examples/none"]), tree)
     assert "nothing installable" in run_step(Step(["pip", "install", "torchh", "--index-url", "https://x"]), tree)
     assert run_step(Step(["pip", "install", "torch", "--index-url", "https://x/whl/cpu"]), tree) is None
+
+
+def test_every_command_parses() -> None:
+    """The quick form of the next test: nothing runs, every command that can be checked without running passes."""
+    problems = [f"{doc.relative_to(ROOT)}: {why}" for doc in documents() for why in parse_problems(doc, ROOT)]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_command_that_does_not_parse_is_caught(tmp_path: Path) -> None:
+    doc = tmp_path / "README.md"
+    doc.write_text("```bash\npython -m harness matrix --adapter triton-routing\n"
+                   "python -m harness matrix --no-such-flag\ntox -e no-such-env\n```\n", encoding="utf-8")
+    problems = parse_problems(doc, ROOT)
+    assert len(problems) == 2, problems
+    assert "--no-such-flag`: the argument parser refuses it" in problems[0]
+    assert "tox.ini has no [testenv:no-such-env]" in problems[1]
 
 
 @pytest.mark.parametrize("item", items(), ids=str)

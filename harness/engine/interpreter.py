@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +45,18 @@ VERIFIED_VERSIONS: frozenset[str] = frozenset({"3.6.0", "3.7.0", "3.7.1", "3.8.0
 #: the same, as the requirement pip understands (pyproject.toml declares it; a test keeps the two equal)
 SUPPORTED_SPEC = "triton>=3.6,<3.10"
 _VERIFIED = f"verified: {', '.join(sorted(VERIFIED_VERSIONS))}"
+
+#: the module whose numpy arithmetic runs a kernel in Triton's interpreter: its RuntimeWarnings (overflow in exp or a
+#: cast, an all-NaN reduction) are what a GPU computes silently on large or non-finite inputs, which cases draw on
+#: purpose; shown, they only interleave with pytest's progress
+INTERPRETER_MODULE = r"triton\.runtime\.interpreter$"
+#: the same filter in pytest's `filterwarnings` form
+QUIET_NUMERICS = f"ignore::RuntimeWarning:{INTERPRETER_MODULE}"
+
+
+def quiet_numerics() -> None:
+    """Hide the interpreter's own numerical RuntimeWarnings in this process; every other warning still shows."""
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=INTERPRETER_MODULE)
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,15 @@ The generic tests join the collection when pytest collects its default paths (no
 `--moe-profile` (the hypothesis profile of the generic tests only: ci, dev, gpu, thorough), `--moe-shards`,
 `--moe-results-dir`. Fixtures for a repository's own tests: `moe_device` (the `DeviceInfo` this worker verifies
 on), `moe_results` (its `ResultStore`), `moe_unverifiable` (interpreter features that could not be made faithful).
+A session says at once what it is doing before its first test and, once collected, how long its tests are expected
+to take (`harness.plugin.progress`); Triton's interpreter's own numerical RuntimeWarnings are filtered, in the test
+process and in the kernel hosts.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import sys
 import uuid
@@ -167,16 +171,36 @@ _CATALOGS: dict[tuple[str, ...], Any] = {}
 ENTRY_POINTS = "@entry-points"
 
 
+#: the key of xdist's workerinput under which the controller hands its workers the adapters' listing
+_CATALOG_INPUT = "moe_harness_catalog"
+
+
 def _catalog(config: pytest.Config) -> Any:
     from harness.engine import remote
 
     specs = tuple(adapter_specs(config)) or (ENTRY_POINTS,)
+    given = json.loads(getattr(config, "workerinput", {}).get(_CATALOG_INPUT) or "{}")
+    if specs not in _CATALOGS and given.pop("specs_asked", None) == list(specs):
+        _CATALOGS[specs] = remote.Catalog(**given)  # the controller's listing: no kernel host of our own for it
     if specs not in _CATALOGS:
         try:
             _CATALOGS[specs] = remote.expand(list(specs))
         except (ValueError, remote.HostError) as e:
             raise pytest.UsageError(f"--moe-adapter: {e}") from None
     return _CATALOGS[specs]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """On the xdist controller, for each worker it starts: the adapters' listing it made, so that the worker does not
+    start a kernel host to list them again (seconds of importing before its first test, on every worker)."""
+    config = node.config
+    if not is_active(config):
+        return
+    from dataclasses import asdict
+
+    specs = list(adapter_specs(config)) or [ENTRY_POINTS]
+    node.workerinput[_CATALOG_INPUT] = json.dumps({"specs_asked": specs, **asdict(_catalog(config))})
 
 
 def selected_adapters(config: pytest.Config) -> list[str]:
@@ -216,6 +240,9 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
     if supervise.wanted(early_config):
         supervise.start(early_config)  # this process only waits for the same session run as its child
+    from harness.plugin import progress
+
+    progress.say_starting(early_config)  # before the seconds of imports, listing and collecting
     # The interpreter must be chosen before a conftest or test module imports triton.
     _prepare(early_config)
 
@@ -233,10 +260,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if owns_process(config):
         _own_process(config)
     _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
+    from harness.engine.interpreter import QUIET_NUMERICS
+
+    config.addinivalue_line("filterwarnings", QUIET_NUMERICS)  # kernel hosts filter the same (harness.engine.host)
     _check_options(config)
     if not hasattr(config, "workerinput"):
         _hand_out_one_at_a_time(config)
         config.pluginmanager.register(_VerifiedCount(), "moe-harness-verified")
+        _expect_time(config)
         if record := config.getoption("moe_record_durations"):
             from harness.plugin.schedule import DurationRecorder
 
@@ -299,6 +330,17 @@ def _hand_out_one_at_a_time(config: pytest.Config) -> None:
     free takes the next."""
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "maxschedchunk", 0) is None:
         config.option.maxschedchunk = 1
+
+
+def _expect_time(config: pytest.Config) -> None:
+    """Say, once the tests are collected, how long they are expected to take (harness.plugin.progress)."""
+    from harness.plugin import progress
+    from harness.plugin.schedule import read_durations
+
+    if progress.wanted(config) and (path := durations_file(config)) is not None:
+        shown = Path(path).relative_to(config.rootpath) if Path(path).is_relative_to(config.rootpath) else path
+        expected = progress.ExpectedTime(read_durations(path), shown, xdist_workers(config))
+        config.pluginmanager.register(expected, "moe-harness-expected-time")
 
 
 def _share_cores(workers: int) -> None:
@@ -451,12 +493,18 @@ def pytest_collection_modifyitems_longest_first(session: pytest.Session, config:
         return
     from harness.plugin import schedule
 
+    path = durations_file(config)
+    schedule.order_longest_first(items, schedule.read_durations(path) if path else {})
+
+
+def durations_file(config: pytest.Config) -> str | Path | None:
+    """The measured durations of this suite: --moe-durations, else the ini's file for this kind of device."""
     path = config.getoption("moe_durations")
     if path is None and (pattern := config.getini("moe_durations")):
         kind = "cuda" if worker_device(config).startswith("cuda") else "cpu"
         found = config.rootpath / pattern.replace("{kind}", kind)
         path = found if found.is_file() else None
-    schedule.order_longest_first(items, schedule.read_durations(path) if path else {})
+    return path
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -38,12 +38,12 @@ def order_longest_first(items: list[pytest.Item], durations: Mapping[str, float]
     """Sort `items` in place, longest expected first (a stable sort: ties keep the collected order)."""
     if durations:
         default = statistics.median(durations.values())
-        items.sort(key=lambda item: -_expected(item.nodeid, durations, default))
+        items.sort(key=lambda item: -expected_seconds(item.nodeid, durations, default))
     else:
         items.sort(key=lambda item: getattr(item, "originalname", item.name) != PROPERTY_TEST)
 
 
-def _expected(nodeid: str, durations: Mapping[str, float], default: float) -> float:
+def expected_seconds(nodeid: str, durations: Mapping[str, float], default: float) -> float:
     """The measured time of a test, or of the same property test measured unsplit (its `-shard0` item)."""
     if nodeid in durations:
         return durations[nodeid]
