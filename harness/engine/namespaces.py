@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import select
 import signal
@@ -40,6 +41,7 @@ class SetupError(OSError):
     """A step of the sandbox's setup was refused; the message names the step."""
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]

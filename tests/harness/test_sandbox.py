@@ -38,19 +38,24 @@ TWO_HOSTS = ("from harness.engine.host import Host\n"
              "    for h in hosts: h.close()\n")
 
 
+_FALLBACK_SEEN: list[bool] = []
+
+
 def _judge_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (sandbox.PROBED_ENV, sandbox.ENV)}
-    return {**env, "PYTHONPATH": str(ROOT)}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])}
 
 
 def _require_sandbox() -> None:
     """Skip where the OS refuses namespaces, once it is seen that the refusal is said once and hosts still run."""
     if sandbox.availability().ok:
         return
-    done = subprocess.run([sys.executable, "-c", TWO_HOSTS], cwd=ROOT, env=_judge_env(), capture_output=True,
-                          text=True, timeout=300)
-    said = [line for line in done.stderr.splitlines() if "kernel hosts: not sandboxed" in line]
-    assert len(said) == 1 and "answered 2" in done.stdout, (done.stdout, done.stderr)
+    if not _FALLBACK_SEEN:
+        done = subprocess.run([sys.executable, "-c", TWO_HOSTS], cwd=ROOT, env=_judge_env(), capture_output=True,
+                              text=True, timeout=300)
+        said = [line for line in done.stderr.splitlines() if "kernel hosts: not sandboxed" in line]
+        assert len(said) == 1 and "answered 2" in done.stdout, (done.stdout, done.stderr)
+        _FALLBACK_SEEN.append(True)
     pytest.skip(f"the OS refuses the kernel host's namespaces: {sandbox.availability().reason}")
 
 
