@@ -265,7 +265,7 @@ def real_host(outer: int) -> int | None:
 
 def kill_left_behind(outer: int) -> int:
     """SIGKILL what the kernels of sandboxed host `outer` left running: every process of its namespace but its
-    init (1) and the host (2), a process that made a session of its own included; how many there were."""
+    init (1) and the host (2), one that started a new session included; how many there were."""
     found = [p for p in descendants(outer) if _inner_pid(p) not in ("", "1", "2")]
     for pid in found:
         with contextlib.suppress(OSError):

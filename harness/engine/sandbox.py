@@ -1,6 +1,6 @@
 """Kernel hosts sealed by the operating system: a PID and a mount namespace of their own (Linux).
 
-A process a kernel starts in a session of its own escapes the kill of its host's session; in the host's PID
+A process a kernel starts in a new session escapes the kill of its host's session; in the host's PID
 namespace it cannot outlive the host: when the host ends, the kernel (the operating system's) kills every process
 of the namespace, and after each run the judge kills every one but the host. In the host's mount namespace the
 checkout (or, installed, the judge's packages) and the results folders are read-only, but for the caches and
@@ -35,6 +35,8 @@ READONLY_ENV = "MOE_HARNESS_READONLY"
 #: the probe's finding, for the processes this one starts ("plain", "user" or "off: <reason>"): probed once
 PROBED_ENV = "MOE_HARNESS_SANDBOX_PROBED"
 LOG_PREFIX = "moe-harness-host-"
+#: in a host's environment: its pid as its judge sees it (inside a sandbox, `os.getpid()` is its namespace's)
+HOST_PID_ENV = "MOE_HARNESS_HOST_PID"
 #: what a host's death quotes of its log
 TAIL_LINES, TAIL_CHARS = 20, 2000
 
@@ -243,11 +245,12 @@ def _make_writable(paths: tuple[str, ...], env_log: str) -> None:
                 os.makedirs(path, exist_ok=True)
 
 
-def enter(plan: Launch, judge: int, env: Mapping[str, str]) -> bool:
+def enter(plan: Launch, judge: int, env: dict[str, str]) -> bool:
     """First steps of a new host process: its output to its log, then (sandboxed) namespaces of its own. Returns in
     the process that is to run the host's loop: True when that one is sandboxed (it cannot see its judge: the process
-    that called this watches the judge and never returns), False when not."""
+    that called this watches the judge and never returns), False when not. `env` (the host's) gets HOST_PID_ENV."""
     _to_log(plan.log)
+    env[HOST_PID_ENV] = str(os.getpid())
     if not plan.how:
         return False
     from harness.engine import namespaces

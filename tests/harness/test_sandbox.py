@@ -1,5 +1,5 @@
-"""A kernel host sealed by the operating system (harness.engine.sandbox): a process a kernel starts in a session of
-its own dies with its run and its host, the checkout and the results folders are read-only to kernels, a host's
+"""A kernel host sealed by the operating system (harness.engine.sandbox): a process a kernel starts in a new session
+dies with its run and its host, the checkout and the results folders are read-only to kernels, a host's
 output goes to its log, not the judge's console. Where the OS refuses namespaces the tests that need them skip, after
 checking that the refusal is said once and the hosts run as before.
 """
@@ -99,7 +99,7 @@ def _untouched(results: Path, mark: Path) -> None:
     assert not mark.exists(), f"a kernel wrote {mark}"
 
 
-def test_a_grandchild_in_a_session_of_its_own_dies_with_the_run_and_writes_nothing(targets) -> None:  # type: ignore[no-untyped-def]
+def test_a_grandchild_in_a_new_session_dies_with_the_run_and_writes_nothing(targets) -> None:  # type: ignore[no-untyped-def]
     _require_sandbox()
     results, locks, mark = targets
     spec = f"{FIXTURE}:ESCAPE"
