@@ -127,7 +127,11 @@ def _render_only(args: argparse.Namespace) -> int:
 def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     started = time.monotonic()
     prepare_interpreter(args.device)
+    from harness.engine import sandbox
     from harness.engine.host import Host
+
+    # read-only to every kernel host of the run, the planner's included (started before the sweep)
+    sandbox.protect(args.results_dir, *([os.path.dirname(os.path.abspath(out))] if out else []))
 
     # listed in a host (which probes the imports first: one that ends the process from C code is named), so that
     # this process, which renders the verdicts, never imports an adapter module; the sweep plans in the same host

@@ -11,7 +11,10 @@ with `json.loads` (a pickle would run code in the judge). On a GPU the host copi
 runs the kernel there and copies the outputs (and the inputs, so that a kernel that writes into them is seen) back.
 
 The host leads a process group of its own (setsid): whatever it starts is ended with it (`kill_session`); it dies with
-its judge (PR_SET_PDEATHSIG, and a thread that watches the judge's pid). Its own process-state checks
+its judge (PR_SET_PDEATHSIG, and a thread that watches the judge's pid). Where the OS allows it, the host runs in a
+PID and a mount namespace of its own (`harness.engine.sandbox`): a process a kernel starts in another session dies
+with the host too, and the checkout and the results folders are read-only to it. Its stdout and stderr go to its log
+(`Host.log`), never the judge's console. Its own process-state checks
 (`harness.core.isolation`) are diagnostics: the reply names what a kernel changed, and the host restores it before the
 next case, but no verdict depends on what a host says about itself beyond its output tensors.
 """
@@ -27,12 +30,13 @@ import signal
 import sys
 import time
 import traceback
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from harness.engine import compile_once_env
+from harness.engine import compile_once_env, namespaces, sandbox
 from harness.engine.arena import Arena
 
 #: largest reply a judge reads from a host (a reply is JSON: descriptions, never tensors)
@@ -106,13 +110,22 @@ def _watch_judge(judge: int) -> None:
     threading.Thread(target=watch, name="moe-harness-judge-watch", daemon=True).start()
 
 
+def _host_start(plan: sandbox.Launch, conn: Any, device: str, threads: int, env: dict[str, str], path: list[str],
+                cwd: str, judge: int) -> None:
+    """A new host process: its output to its log, its namespaces where it is sandboxed, then the host's loop."""
+    inside = sandbox.enter(plan, judge, env)  # sandboxed: returns in the namespace's host process only
+    _host_main(conn, device, threads, env, path, cwd, None if inside else judge)
+
+
 def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: list[str], cwd: str,
-               judge: int) -> None:
-    """The host's loop: answer the judge's requests until it says stop or goes away."""
+               judge: int | None) -> None:
+    """The host's loop: answer the judge's requests until it says stop or goes away. judge: the pid to watch (None:
+    a sandboxed host cannot see it; the process outside its namespace watches it)."""
     with contextlib.suppress(OSError):
         os.setsid()  # a group of its own: what it starts is found and ended with it
     _die_with_parent()
-    _watch_judge(judge)
+    if judge is not None:
+        _watch_judge(judge)
     for sig in (signal.SIGINT, signal.SIGTERM):  # the judge decides when a host ends
         signal.signal(sig, signal.SIG_DFL)
     # the judge's environment, import path and folder as they are now (a fork server started earlier has older ones)
@@ -220,15 +233,27 @@ class Host:
         self.conn: Any = None
         self.arena: Arena | None = None
         self.left_behind = 0  # processes the host's kernels started and left running, killed with it
+        self.log: str | None = None  # the host's stdout and stderr (one file across its restarts)
+        self.plan: sandbox.Launch | None = None
+        self._inner: int | None = None  # a sandboxed host: the pid of the process that runs its loop
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
     def start(self) -> None:
+        if self.log is None:
+            self.log = sandbox.new_log()
+            weakref.finalize(self, sandbox.remove_log, self.log)
+        env = dict(os.environ)
+        try:
+            self.plan = sandbox.launch(env, self.log)
+        except sandbox.SandboxUnavailable as e:
+            raise HostDied(str(e)) from None
         ctx = _context()
         mine, theirs = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_host_main, name="moe-harness-kernel-host",
-                                args=(theirs, self.device, self.threads, dict(os.environ), list(sys.path), os.getcwd(),
+        self._inner = None
+        self.proc = ctx.Process(target=_host_start, name="moe-harness-kernel-host",
+                                args=(self.plan, theirs, self.device, self.threads, env, list(sys.path), os.getcwd(),
                                       os.getpid()))
         config = mp.current_process()._config  # type: ignore[attr-defined]
         daemon = config.get("daemon")
@@ -240,6 +265,25 @@ class Host:
                 config["daemon"] = daemon
         theirs.close()
         self.conn = mine
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.plan is not None and bool(self.plan.how)
+
+    def worker_pid(self) -> int | None:
+        """The pid of the process that runs the host's loop (a sandboxed host's is inside its namespace, below the
+        process the judge started); None when not running."""
+        if self.proc is None or self.proc.pid is None:
+            return None
+        if not self.sandboxed:
+            return self.proc.pid
+        if self._inner is None:
+            self._inner = namespaces.real_host(self.proc.pid)
+        return self._inner if self._inner is not None else self.proc.pid
+
+    def _died(self, what: str) -> HostDied:
+        tail = sandbox.log_tail(self.log)
+        return HostDied(f"{what}; the last lines of its output:\n{tail}" if tail else what)
 
     def ask(self, msg: Any, *, deadline: float | None = None, fd: int | None = None) -> dict[str, Any]:
         """`msg`'s answer; fd: an open file handed to the host right after the message (an arena's)."""
@@ -268,8 +312,8 @@ class Host:
             if not self.proc.is_alive():
                 code = self.proc.exitcode
                 self.kill()
-                raise HostDied(_ended(code))
-            if limit is not None and (rss := _rss_mb(self.proc.pid)) > limit:
+                raise self._died(_ended(code))
+            if limit is not None and (rss := _rss_mb(self.worker_pid() or self.proc.pid)) > limit:
                 self.kill()
                 raise HostDied(f"the kernel host used {rss:.0f} MiB, past the limit of {limit:g} MiB "
                                f"({HOST_MEMORY_MB_ENV}); killed")
@@ -282,7 +326,7 @@ class Host:
             self.proc.join(5)
             code = self.proc.exitcode
             self.kill()
-            raise HostDied(_ended(code) if code is not None else f"the kernel host is gone ({e!r})") from None
+            raise self._died(_ended(code) if code is not None else f"the kernel host is gone ({e!r})") from None
         try:
             reply = json.loads(raw)
         except ValueError:
@@ -303,7 +347,7 @@ class Host:
         """Kill what the host started and left running; how many there were."""
         if self.proc is None or self.proc.pid is None:
             return 0
-        n = kill_session(self.proc.pid)
+        n = namespaces.kill_left_behind(self.proc.pid) if self.sandboxed else kill_session(self.proc.pid)
         self.left_behind += n
         return n
 

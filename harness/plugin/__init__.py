@@ -142,10 +142,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lib = catalog.manifests.get(name, {}).get("library")
         if lib is not None and lib.get("missing") is not None:
             missing.setdefault(f"{lib['distribution']} {lib['written_for']}: {lib['install']}", []).append(name)
+    from harness.engine import sandbox
     from harness.engine.interpreter import version_notice
 
     notice = version_notice()  # None unless Triton's interpreter is in use and its release is not verified
-    return [notice] * (notice is not None) + [
+    return [f"moe-harness: {sandbox.describe()}"] + [notice] * (notice is not None) + [
         f"moe-harness: not installed here, recorded as not-installed: {', '.join(names)} ({how})"
         for how, names in sorted(missing.items())]
 
@@ -276,6 +277,10 @@ def pytest_configure(config: pytest.Config) -> None:
             # the xdist controller chooses the run's uid now, so that it knows its workers' results files
             config.option.testrunuid = uuid.uuid4().hex
     os.environ["HARNESS_CASE_TIMEOUT"] = f"{config.getoption('moe_case_timeout'):g}"  # xdist workers inherit it
+    from harness.engine import sandbox
+
+    # the results folder is read-only to every kernel host of the session (xdist workers inherit the setting)
+    sandbox.protect(config.getoption("moe_results_dir") or config.getini("moe_results_dir"))
     # workers and kernel hosts that need one new kernel variant at once compile it once (harness.engine.compile_once)
     from harness.engine import compile_once_env
 

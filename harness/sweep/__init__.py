@@ -26,7 +26,7 @@ from harness.core import files
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
-from harness.engine import remote, runner
+from harness.engine import remote, runner, sandbox
 from harness.engine.host import Host
 from harness.store import manifest
 from harness.store.results import ResultStore, load_results, new_run_id, sweep_file
@@ -181,7 +181,8 @@ def run_record(device: DeviceInfo, profile: str, command: str, shard: Shard | No
     commit, dirty = git_state()
     return {"generation": device.generation, "device": device.to_dict(), "profile": profile, "command": command,
             "commit": os.environ.get("MOE_HARNESS_COMMIT", commit), "dirty": dirty,
-            "quick_all_cells": QUICK_ALL_CELLS, "cases_per_cell": CASES_PER_CELL[profile], "shard": str(shard or "")}
+            "quick_all_cells": QUICK_ALL_CELLS, "cases_per_cell": CASES_PER_CELL[profile], "shard": str(shard or ""),
+            "kernel_hosts": sandbox.describe()}
 
 
 def open_run(results_dir: str, run_id: str, device: DeviceInfo, profile: str, command: str,
@@ -271,6 +272,7 @@ def _announce(out: IO[str] | None, planned: list[tuple[Any, str, Plan]], run: _R
         return
     assert run.progress is not None
     where = f", shard {shard}" if shard is not None else ""
+    print(sandbox.describe(), file=out, flush=True)
     gated = f" ({len(run.gated)} judged in planning: not installed, or not for this generation)" if run.gated else ""
     print(f"{len(planned)} adapter(s), {run.progress.cells_total} cells, {len(run.cases)} cases{gated}, profile "
           f"{profile}{where}, {jobs} worker(s), case timeout {case_timeout:g}s; planned in {planning_s:.1f}s",
@@ -303,6 +305,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     """
     run_id = run_id or f"matrix-{device.generation}-{new_run_id()}"
     results_dir = os.path.abspath(results_dir)  # fixed now: a kernel that changes the cwd cannot move the results
+    sandbox.protect(results_dir)  # read-only to the kernel hosts started from now on
     try:
         check_run_id(run_id)
         lock = _lock_run(results_dir, run_id)

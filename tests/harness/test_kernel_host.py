@@ -135,7 +135,7 @@ def test_a_host_past_its_memory_limit_is_killed(tmp_path: Path, monkeypatch: pyt
     device = detect("cpu")
     honest = remote.open_adapter(f"{FIXTURE}:HONEST", "cpu")
     assert honest.host is not None and honest.host.proc is not None
-    baseline = host_mod._rss_mb(honest.host.proc.pid)  # a loaded host's size with this torch build
+    baseline = host_mod._rss_mb(honest.host.worker_pid())  # a loaded host's size with this torch build
     monkeypatch.setenv(host_mod.HOST_MEMORY_MB_ENV, str(int(baseline + 400)))
     leak = remote.open_adapter(f"{FIXTURE}:LEAK", "cpu")
     case = Case(op="activation", adapter="x", features={"activation": "silu_and_mul", "dtype": "float32"},

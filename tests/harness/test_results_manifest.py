@@ -187,9 +187,9 @@ def test_committed_results_render_on_another_machine_and_uncommitted_forgeries_d
 
 
 def test_every_committed_results_file_has_a_manifest_that_matches() -> None:
-    from harness.store import manifest
-
     import subprocess
+
+    from harness.store import manifest
 
     tracked = set(subprocess.run(["git", "ls-files", "results", "tests/harness/fixtures"], cwd=ROOT, text=True,
                                  capture_output=True, check=True).stdout.split())

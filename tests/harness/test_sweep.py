@@ -356,6 +356,8 @@ def _alive(pid: int) -> bool:
 
 def test_results_a_kernel_removes_are_restored_from_the_judges_record(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind the sandbox (which makes the results folder read-only to kernels): a kernel of an unsandboxed host."""
+    monkeypatch.setenv("MOE_HARNESS_SANDBOX", "off")
     monkeypatch.setenv("MOE_TEST_RESULTS", str(tmp_path))
     spec = "tests.harness.fixtures.fake_adapters:DELETES_RESULTS"
     totals = sweep.run_sweep([spec], detect("cpu"), str(tmp_path), profile="quick", run_id="t", jobs=1,
@@ -367,7 +369,9 @@ def test_results_a_kernel_removes_are_restored_from_the_judges_record(tmp_path: 
 
 
 def test_verdicts_missing_from_the_files_fail_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The last safeguard, should a results file lose verdicts anyway: the sweep fails rather than render it."""
+    """The last safeguard, should a results file lose verdicts anyway (here: to a kernel of an unsandboxed host): the
+    sweep fails rather than render it."""
+    monkeypatch.setenv("MOE_HARNESS_SANDBOX", "off")
     monkeypatch.setattr(sweep.ResultStore, "check_untouched", lambda self, full=False: True)  # no repair
     monkeypatch.setenv("MOE_TEST_RESULTS", str(tmp_path))
     with pytest.raises(sweep.VerdictsLost, match="verdicts counted by this sweep are missing"):
