@@ -50,6 +50,8 @@ def _seen_from_outside(host: Host) -> list[tuple[str, bool]]:
 def check(device: str = "cpu") -> int:
     """Print how kernel hosts run here; 0 when what `describe()` says holds on a live host."""
     print(sandbox.describe())
+    info = detect(device)
+    device = info.device  # "cuda" names its index (cuda:0): a host takes one device
     started = time.monotonic()
     host = Host(device)
     try:
@@ -63,7 +65,7 @@ def check(device: str = "cpu") -> int:
         host.close()
     adapter = remote.open_adapter("reference-activation", device)
     try:
-        result = runner.judge(_CASE, adapter, detect(device))
+        result = runner.judge(_CASE, adapter, info)
     finally:
         remote.close_adapter("reference-activation", device)
     print(f"one case judged through a host: {result.verdict}{f' ({result.reason})' if result.reason else ''}")
