@@ -45,6 +45,7 @@ def test_under_pytest_the_interpreters_overflow_is_quiet_and_a_kernels_own_warni
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "2 passed" in done.stdout, out[-3000:]
     assert OVERFLOW not in out, out[-3000:]
-    # the test process's own warning is in pytest's summary, the host's on the session's stderr
+    # the test process's own warning is in pytest's summary; a kernel host's output goes to its own log, never
+    # between the dots (harness.engine.sandbox), so neither of its warnings reaches the session's console
     assert f"UserWarning: {OWN}" in done.stdout, out[-3000:]
-    assert f"UserWarning: {OWN}" in done.stderr, out[-3000:]
+    assert f"UserWarning: {OWN}" not in done.stderr, out[-3000:]
