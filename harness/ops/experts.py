@@ -598,7 +598,9 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
                           "dtypes": {"x": cell["dtype"]}, "params": dict(qparams)})
             continue
         k = 1 if yes(cell["apply_weight_on_input"]) else k
-        params = map_fields(adapter, e, e // 2 if m != 3 else 0) if yes(cell["expert_map"]) else {}
+        # under a map: half the experts local, every one (the identity map, a DP-only rank), or none
+        local = {3: 0, 9: e}.get(m, e // 2)
+        params = map_fields(adapter, e, local) if yes(cell["expert_map"]) else {}
         found.append({"shapes": {"M": m, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
                       "routing": rout, "params": {**params, **qparams}})
     return found

@@ -20,10 +20,7 @@ from tests.harness.fixtures import coverage_adapters as planted
 ROOT = Path(__file__).resolve().parents[2]
 
 #: gaps of today's plan, each with why; a new gap fails, and so does an entry here that is covered again
-KNOWN_GAPS = {
-    # no fixed case has every expert local, and the 8 draws of its expert-map cells take none
-    ("triton-experts-fp8-fast", "expert map", "identity"),
-}
+KNOWN_GAPS: set[tuple[str, str, str]] = set()
 
 
 def _gaps(report: dict) -> set[tuple[str, str, str]]:
