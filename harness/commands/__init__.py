@@ -55,3 +55,13 @@ def _rel(p: Path) -> str:
     except ValueError:  # another drive
         return str(p)
     return str(p) if rel.startswith("..") else rel
+
+
+def emit(text: str, out: str | None) -> None:
+    """`text` written to the file `out` (saying so), or to stdout where there is none."""
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)

@@ -16,6 +16,8 @@ import inspect
 import sys
 from typing import Any
 
+from harness.commands import emit
+
 DEFAULT_OUT = "docs/CONVENTIONS.md"
 #: the ops documented, in this order (each must have a spec: `harness.ops.available()`)
 OP_ORDER = ("routing", "grouped_routing", "align", "activation", "reduce", "group_quant", "act_quant", "experts")
@@ -250,12 +252,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"wrote {args.out}")
-    else:
-        sys.stdout.write(text)
+    emit(text, args.out)
     return 0
 
 

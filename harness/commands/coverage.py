@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from harness.commands import emit
+
 DEFAULT_GENERATION = "interp"
 
 
@@ -131,12 +133,7 @@ def run(args: argparse.Namespace) -> int:
     text = (json.dumps({"profile": args.profile, "generation": args.generation, "summary": line,
                         "adapters": [r.to_dict() for r in reports]}, indent=1) + "\n" if args.json
             else render(reports, args.profile, args.generation))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"wrote {args.out}")
-    else:
-        sys.stdout.write(text)
+    emit(text, args.out)
     print(line)
     return 1 if any(r.gaps() for r in reports) else 0
 

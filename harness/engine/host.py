@@ -170,7 +170,7 @@ def _context() -> Any:
     and never touched CUDA (forking the judge itself can deadlock on a lock a thread of its held); else spawn."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "harness.engine.host_session", "harness.engine.hosted"])
+        ctx.set_forkserver_preload(["torch", "harness.engine.forkserver_detach", "harness.engine.hosted"])
         return ctx
     return mp.get_context("spawn")
 
