@@ -135,3 +135,63 @@ def test_the_masked_path_gives_each_group_whole_blocks(monkeypatch, device_info)
     (chk,) = spec.expected(case, inputs, dg.MASKED.conventions_of(case, device_info))
     got = compare_bounded("out", out, chk.expected, chk.bound, mask=chk.mask)
     assert got.passed, got.reason
+
+
+class _ExactContiguousDeepGemm:
+    """A CPU stand-in for DeepGEMM's contiguous grouped GEMM: exact products of the dequantized operands per expert
+    block (psum layout: each expert's end row), recording the `disable_ue8m0_cast` it is given."""
+
+    casts: list[bool] = []
+    scales: list[torch.Tensor] = []
+
+    @staticmethod
+    def get_mk_alignment_for_contiguous_layout() -> int:
+        return 128
+
+    @staticmethod
+    def get_theoretical_mk_alignment_for_contiguous_layout(_: int) -> int:
+        return 128
+
+    @staticmethod
+    def set_mk_alignment_for_contiguous_layout(_: int) -> None:
+        pass
+
+    @classmethod
+    def m_grouped_fp8_gemm_nt_contiguous(cls, a, b, d, ends, disable_ue8m0_cast=True, use_psum_layout=False) -> None:  # type: ignore[no-untyped-def]
+        cls.casts.append(disable_ue8m0_cast)
+        (qa, sa), (qb, sb) = a, b
+        cls.scales.append(sa[sa > 0])
+        k = qa.shape[1]
+        start = 0
+        for e, end in enumerate(ends.tolist()):
+            start = -(-start // 128) * 128
+            if end > start:
+                xa = qa[start:end].float() * sa[start:end].repeat_interleave(128, 1)[:, :k]
+                wb = qb[e].float() * sb[e].repeat_interleave(128, 0).repeat_interleave(128, 1)[: qb.shape[1], :k]
+                d[start:end] = (xa @ wb.T).to(d.dtype)
+            start = end
+
+
+@pytest.mark.parametrize("planted", (False, True), ids=("as-declared", "float-scales"))
+def test_the_ue8m0_variant_quantizes_with_power_of_two_scales(monkeypatch, device_info, planted) -> None:  # type: ignore[no-untyped-def]
+    # vLLM's default on sm90 (FLOAT32_CEIL_UE8M0): power-of-two activation scales for both GEMMs and DeepGEMM's
+    # ue8m0 cast allowed; the result within the oracle's bound under the variant's conventions
+    from harness import ops
+    from harness.core.compare import compare_bounded
+
+    monkeypatch.setattr(dg, "deep_gemm", lambda: _ExactContiguousDeepGemm)
+    _ExactContiguousDeepGemm.casts, _ExactContiguousDeepGemm.scales = [], []
+    case = dataclasses.replace(_case(dg.CONTIGUOUS_UE8M0), shapes={"M": 24, "E": 4, "k": 2, "K": 256, "N": 256})
+    spec = ops.get("experts")
+    conventions = dg.CONTIGUOUS_UE8M0.conventions_of(case, device_info)
+    case = dataclasses.replace(case, params={**case.params, "weight_quant": conventions["weight_quant"]})
+    inputs = spec.make_inputs(case, "cpu")
+    assert torch.all(torch.log2(inputs["w13_scale"]).frac() == 0)  # the weights the harness made: ue8m0 scales
+    out = torch.zeros_like(inputs["x"])
+    dg.run_contiguous(case, inputs, {"out": out}, ue8m0=not planted)
+    assert _ExactContiguousDeepGemm.casts == [planted, planted]
+    powers = [bool(torch.all(torch.log2(s).frac() == 0)) for s in _ExactContiguousDeepGemm.scales]
+    assert powers == [not planted, not planted]
+    (chk,) = spec.expected(case, inputs, conventions)
+    got = compare_bounded("out", out, chk.expected, chk.bound, mask=chk.mask)
+    assert got.passed, got.reason

@@ -1,7 +1,10 @@
 """DeepGEMM's fp8 grouped GEMMs (`m_grouped_fp8_gemm_nt_contiguous`, `m_grouped_fp8_gemm_nt_masked`) driven as vLLM
 0.32's `DeepGemmExperts` and `BatchedDeepGemmExperts` drive them (the seed table's `deep gemm` row), for the
 `experts` op on sm90: fp8 e4m3 weights with 128x128 block scales, activations with 1x128 group scales, float32
-scales (vLLM's `DeepGemmQuantScaleFMT.FLOAT32`, `disable_ue8m0_cast=True`: UE8M0 is DeepGEMM's sm100 format).
+scales. Two scale formats, as vLLM picks them on sm90 (`DeepGemmQuantScaleFMT`): FLOAT32 (`VLLM_USE_DEEP_GEMM_E8M0=0`,
+`disable_ue8m0_cast=True`) and, vLLM's default, FLOAT32_CEIL_UE8M0 (the `-ue8m0` adapters): every scale rounded up
+to a power of two, the activations' by vLLM's quantizers with `use_ue8m0`, the weights' by its
+`requant_weight_ue8m0_inplace` (amax clamped to 1e-4, / 448, rounded up), and `disable_ue8m0_cast=False`.
 
 DeepGEMM is built from its source against the local torch by `scripts/deepgemm.sh` into a git-ignored folder
 (`third_party/deepgemm/pkg`, or MOE_DEEPGEMM_DIR); where the built extension is absent every case is
@@ -154,13 +157,23 @@ def expected_m(counts: torch.Tensor, rows: int) -> int:
 
 # ------------------------------------------------------------------------------------------------ stages
 
-def quantize(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stand-in for vLLM's 1x128 fp8 activation quantizers: the oracle's, vLLM's conventions (float32 scales)."""
-    q = ref_quantize(a.float(), QuantRecipe(dtype="fp8_e4m3fn", unit="group", group_size=GROUP, **ve.FP8_GROUP_ACT))
+#: vLLM's 1x128 activation quantizers with `use_ue8m0` (FLOAT32_CEIL_UE8M0): the scale rounded up to a power of two
+UE8M0_ACT = {**ve.FP8_GROUP_ACT, "scale_rule": "ue8m0"}
+#: vLLM's `requant_weight_ue8m0_inplace` (through its `per_block_cast_to_fp8`): amax clamped to 1e-4, / 448, rounded
+#: up to a power of two, the weight times its reciprocal
+UE8M0_WEIGHTS = {"scale_rule": "ue8m0", "eps": 1e-4, "eps_placement": "amax", "scale_formula": "divide",
+                 "application": "multiply_reciprocal"}
+
+
+def quantize(a: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stand-in for vLLM's 1x128 fp8 activation quantizers: the oracle's, vLLM's conventions (float32 scales,
+    rounded up to powers of two with `ue8m0`)."""
+    recipe = UE8M0_ACT if ue8m0 else ve.FP8_GROUP_ACT
+    q = ref_quantize(a.float(), QuantRecipe(dtype="fp8_e4m3fn", unit="group", group_size=GROUP, **recipe))
     return q.codes.view(torch.float8_e4m3fn), q.scales.float().reshape(*a.shape[:-1], -1)
 
 
-def quantize_rows(a: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(a: torch.Tensor, counts: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize` on each expert's valid rows of a batched [E, T, K] tensor (vLLM quantizes those only); the
     other rows' codes and scales are zero."""
     e, t, kd = a.shape
@@ -168,7 +181,7 @@ def quantize_rows(a: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, 
     s = torch.zeros(e, t, kd // GROUP, dtype=torch.float32, device=a.device)
     for i, n in enumerate(counts.tolist()):
         if n:
-            q[i, :n], s[i, :n] = quantize(a[i, :n])
+            q[i, :n], s[i, :n] = quantize(a[i, :n], ue8m0)
     return q, s
 
 
@@ -200,6 +213,8 @@ CONVENTIONS: dict[str, Any] = {
     "act_quant": dict(ve.FP8_GROUP_ACT), "accumulation": "rounded_slots"}
 MASKED_CONVENTIONS: dict[str, Any] = {k: v for k, v in CONVENTIONS.items() if k != "accumulation"}
 MASKED_CONVENTIONS["act_quant_scope"] = "expert"
+UE8M0_CONVENTIONS = {**CONVENTIONS, "act_quant": dict(UE8M0_ACT), "weight_quant": dict(UE8M0_WEIGHTS)}
+MASKED_UE8M0_CONVENTIONS = {**MASKED_CONVENTIONS, "act_quant": dict(UE8M0_ACT), "weight_quant": dict(UE8M0_WEIGHTS)}
 
 
 def requires(device: DeviceInfo | None, features: Mapping[str, str]) -> str | None:
@@ -225,17 +240,18 @@ class ContiguousCall:
     a2: torch.Tensor
     s2: torch.Tensor
     y: torch.Tensor
+    ue8m0: bool = False
 
     def gemm(self, a: tuple[torch.Tensor, torch.Tensor], w: tuple[torch.Tensor, torch.Tensor],
              out: torch.Tensor) -> None:
         with alignment_scope(self.dg, self.align):
-            self.dg.m_grouped_fp8_gemm_nt_contiguous(a, w, out, self.lay.ends, disable_ue8m0_cast=True,
+            self.dg.m_grouped_fp8_gemm_nt_contiguous(a, w, out, self.lay.ends, disable_ue8m0_cast=not self.ue8m0,
                                                      use_psum_layout=True)
 
     def quantize_h(self) -> None:
         """The stand-in activation and quantizer on the rows GEMM1 wrote: the padding rows of h are never written
         (torch.empty, as vLLM's workspace) and vLLM's quantizer output for them is never read."""
-        self.a2[self.rows], self.s2[self.rows] = quantize(silu(self.h[self.rows]))
+        self.a2[self.rows], self.s2[self.rows] = quantize(silu(self.h[self.rows]), self.ue8m0)
 
     def gemms(self, inputs: Tensors, *, requantize: bool = False) -> torch.Tensor:
         """GEMM1 and GEMM2 on this call's operands; between them, with `requantize`, GEMM2's input made from GEMM1's
@@ -247,7 +263,7 @@ class ContiguousCall:
         return self.y
 
 
-def contiguous_call(inputs: Tensors) -> ContiguousCall | None:
+def contiguous_call(inputs: Tensors, ue8m0: bool = False) -> ContiguousCall | None:
     """Lay out one call as vLLM's sm90 path does (None: no token or no local expert)."""
     dg = deep_gemm()
     x, topk_ids = inputs["x"], inputs["topk_ids"]
@@ -263,7 +279,7 @@ def contiguous_call(inputs: Tensors) -> ContiguousCall | None:
     lay = contiguous_layout(local, e_local, align)
     total = max(aligned_rows(tokens, k, e_local, align), lay.total)
     live = lay.rows >= 0
-    qx, sx = quantize(x)
+    qx, sx = quantize(x, ue8m0)
     a1 = torch.zeros(total, hidden, dtype=torch.float8_e4m3fn, device=x.device)
     s1 = torch.zeros(total, hidden // GROUP, dtype=torch.float32, device=x.device)
     src = torch.arange(tokens * k, device=x.device)[live] // k
@@ -276,13 +292,13 @@ def contiguous_call(inputs: Tensors) -> ContiguousCall | None:
         h=torch.empty(total, n2, dtype=torch.bfloat16, device=x.device),
         a2=torch.zeros(total, n, dtype=torch.float8_e4m3fn, device=x.device),
         s2=torch.zeros(total, n // GROUP, dtype=torch.float32, device=x.device),
-        y=torch.empty(total, hidden, dtype=torch.bfloat16, device=x.device))
+        y=torch.empty(total, hidden, dtype=torch.bfloat16, device=x.device), ue8m0=ue8m0)
 
 
-def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors, ue8m0: bool = False) -> None:
     ve._check("deepgemm-contiguous-experts", SUPPORT, case.features)
     out = outputs["out"]
-    call = contiguous_call(inputs)
+    call = contiguous_call(inputs, ue8m0)
     if call is None:  # no local expert: nothing routed here, the output stays zero
         out.zero_()
         return
@@ -293,7 +309,7 @@ def run_contiguous(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     out.copy_(slots.view(tokens, k, -1).sum(dim=1))
 
 
-def run_masked(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+def run_masked(case: Case, inputs: Tensors, outputs: Tensors, ue8m0: bool = False) -> None:
     ve._check("deepgemm-masked-experts", MASKED_SUPPORT, case.features)
     dg = deep_gemm()
     x, counts, w1, w2 = inputs["x"], inputs["expert_num_tokens"], inputs["w13"], inputs["w2"]
@@ -304,12 +320,13 @@ def run_masked(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     em = expected_m(masked, t)
     # each group's capacity padded to the largest block M (vLLM's capacities are: DeepEP's per-rank maxima)
     tp = -(-t // MASKED_BLOCK_M) * MASKED_BLOCK_M
-    qx, sx = quantize_rows(_pad_rows(x, tp), masked)
+    qx, sx = quantize_rows(_pad_rows(x, tp), masked, ue8m0)
     h = torch.zeros(e, tp, w1.shape[1], dtype=torch.bfloat16, device=x.device)
-    dg.m_grouped_fp8_gemm_nt_masked((qx, sx), (w1, inputs["w13_scale"]), h, masked, em, disable_ue8m0_cast=True)
-    a2, s2 = quantize_rows(silu(h.view(e * tp, -1)).view(e, tp, -1), masked)
+    dg.m_grouped_fp8_gemm_nt_masked((qx, sx), (w1, inputs["w13_scale"]), h, masked, em, disable_ue8m0_cast=not ue8m0)
+    a2, s2 = quantize_rows(silu(h.view(e * tp, -1)).view(e, tp, -1), masked, ue8m0)
     out = outputs["out"] if tp == t else torch.empty(e, tp, w2.shape[1], dtype=torch.bfloat16, device=x.device)
-    dg.m_grouped_fp8_gemm_nt_masked((a2, s2), (w2, inputs["w2_scale"]), out, masked, em, disable_ue8m0_cast=True)
+    dg.m_grouped_fp8_gemm_nt_masked((a2, s2), (w2, inputs["w2_scale"]), out, masked, em,
+                                    disable_ue8m0_cast=not ue8m0)
     if tp != t:
         outputs["out"].copy_(out[:, :t])
 
@@ -340,4 +357,29 @@ MASKED = register(Adapter(
     requires=requires, properties=frozenset({"deterministic"}), limits={"max_E": 256}, library=LIBRARY,
     description=_DESCRIPTION.format(fn="m_grouped_fp8_gemm_nt_masked", cls="BatchedDeepGemmExperts",
                                     more="expected_m"),
+), replace=True)
+
+
+def run_contiguous_ue8m0(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    run_contiguous(case, inputs, outputs, ue8m0=True)
+
+
+def run_masked_ue8m0(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    run_masked(case, inputs, outputs, ue8m0=True)
+
+
+_UE8M0 = " with vLLM's default FLOAT32_CEIL_UE8M0 scales (powers of two, disable_ue8m0_cast=False)"
+
+CONTIGUOUS_UE8M0 = register(Adapter(
+    name="deepgemm-contiguous-experts-ue8m0", op="experts", source="deep_gemm:m_grouped_fp8_gemm_nt_contiguous",
+    run=run_contiguous_ue8m0, support=SUPPORT, generations=("sm90",), conventions=UE8M0_CONVENTIONS,
+    requires=requires, properties=frozenset({"deterministic"}), limits={"max_E": 256}, library=LIBRARY,
+    description=CONTIGUOUS.description + _UE8M0,
+), replace=True)
+
+MASKED_UE8M0 = register(Adapter(
+    name="deepgemm-masked-experts-ue8m0", op="experts", source="deep_gemm:m_grouped_fp8_gemm_nt_masked",
+    run=run_masked_ue8m0, support=MASKED_SUPPORT, generations=("sm90",), conventions=MASKED_UE8M0_CONVENTIONS,
+    requires=requires, properties=frozenset({"deterministic"}), limits={"max_E": 256}, library=LIBRARY,
+    description=MASKED.description + _UE8M0,
 ), replace=True)
