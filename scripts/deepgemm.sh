@@ -14,7 +14,9 @@
 #       statically (a second C++ runtime beside torch's crashes std::regex), then the first of c++, g++ that does not
 #   --dir DIR   the folder (default third_party/deepgemm; the adapters read MOE_DEEPGEMM_DIR)
 #   DG_EXTRA_CXXFLAGS / DG_EXTRA_LDFLAGS (environment): more compiler / linker flags for the extension (build variants)
-# The kernels themselves are JIT-compiled by DeepGEMM at first use into DIR/jit-cache (nvcc from CUDA_HOME).
+# The kernels themselves are JIT-compiled by DeepGEMM at first use (nvcc from CUDA_HOME) into the user's cache,
+# ${XDG_CACHE_HOME:-~/.cache}/moe-harness/deepgemm-jit, unless DG_JIT_CACHE_DIR says otherwise: never into the
+# checkout, which is read-only to sandboxed kernel hosts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -133,9 +135,15 @@ build() {
   # the Python package, with the headers its JIT compiles against (as DeepGEMM's setup.py lays them out)
   cp -r "$root/deep_gemm" "$pkg/"
   cp -r "$root/third-party/cutlass/include/cute" "$root/third-party/cutlass/include/cutlass" "$pkg/deep_gemm/include/"
-  mkdir -p "$DIR/jit-cache"
-  printf "# Pre-installed environment variables\npersistent_envs = dict()\npersistent_envs['DG_JIT_CACHE_DIR'] = %s\n" \
-    "'$DIR/jit-cache'" > "$pkg/deep_gemm/envs.py"
+  cat > "$pkg/deep_gemm/envs.py" <<'PY'
+# Pre-installed environment variables: the JIT cache in the user's cache folder (the checkout is read-only to
+# sandboxed kernel hosts)
+import os
+
+persistent_envs = dict()
+persistent_envs['DG_JIT_CACHE_DIR'] = os.path.join(
+    os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache'), 'moe-harness', 'deepgemm-jit')
+PY
   # the extension: DeepGEMM's setup.py's one CUDAExtension (csrc/python_api.cpp, a host-compiler source)
   MAX_JOBS=${MAX_JOBS:-16} DG_ROOT=$root DG_PKG=$pkg DG_TMP=$DIR/build.tmp "$PY" - <<'EOF'
 import glob
