@@ -73,14 +73,14 @@ SOURCE_GATED = {"silu", "gelu", "gelu_tanh", "situ", "swigluoai", "swigluoai_uni
 
 
 def test_declared_for_what_the_source_supports() -> None:
-    op_activations = set(ops.get("experts").axes[3].values)
+    op_activations = set(next(ax.values for ax in ops.get("experts").axes if ax.name == "activation"))
     assert set(vc.SUPPORT["activation"]) == SOURCE_GATED & op_activations == set(vc.BATCHED.support["activation"])
     assert set(vc.SUPPORT["quant_format"]) == {f for f in SOURCE_SCHEMES.values() if f}
     assert vc.BATCHED.support["quant_format"] == ("A",)  # T: a per-expert prepare, a whole-batch GEMM2 scale
     assert vc.SUPPORT["expert_map"] == ("N", "Y") and vc.BATCHED.support["expert_map"] == ("N",)
     assert vc.SUPPORT["bias"] == ("N",) and set(vc.SUPPORT["dtype"]) == {"bfloat16", "float16"}
     assert vc.STANDARD.generations == vc.BATCHED.generations == ("sm90", "sm100")  # its wrapper: 9.0 <= cap < 11.0
-    assert vc.requires(dataclasses.replace(_device("sm80")), _FEATURES) is not None
+    assert vc.requires(_device("sm80"), _FEATURES) is not None
     assert vc.requires(_device("sm90"), _FEATURES) is None
     conv = vc.conventions_for(_case(vc.STANDARD, quant_format="T", activation="swigluoai"), _device("sm90"))
     assert conv["rounding"] == "round_once" and conv["act_quant"]["application"] == "multiply_reciprocal"

@@ -104,12 +104,12 @@ def requires(device: DeviceInfo | None, features: Mapping[str, str]) -> str | No
     return None
 
 
-def _check_cell(name: str, support: Mapping[str, tuple[str, ...]], features: Mapping[str, str]) -> None:
+def _check_cell(name: str, cls: str, support: Mapping[str, tuple[str, ...]], features: Mapping[str, str]) -> None:
     """Cells vLLM's CUTLASS path cannot take at all (other schemes, dtypes, a bias, the other format)."""
     for axis in ("format", "quant_type", "quant_format", "activation", "dtype", "bias"):
         if features.get(axis) not in support[axis]:
-            raise Unsupported(f"{name}: vLLM's CutlassExperts{'Batched' if 'batched' in name else ''}Fp8 has no "
-                              f"{axis}={features.get(axis)} path (valid: {', '.join(support[axis])})")
+            raise Unsupported(f"{name}: vLLM's {cls} has no {axis}={features.get(axis)} path (valid: "
+                              f"{', '.join(support[axis])})")
 
 
 # ------------------------------------------------------------------------------------------------ operands
@@ -289,7 +289,7 @@ def _prepared(c: Any, case: Case, inputs: Tensors, per_token: bool) -> tuple[tor
 
 
 def run_standard(case: Case, inputs: Tensors, outputs: Tensors) -> None:
-    _check_cell("vllm-cutlass-experts", SUPPORT, case.features)
+    _check_cell("vllm-cutlass-experts", "CutlassExpertsFp8", SUPPORT, case.features)
     per_token = case.features["quant_format"] == "A"
     x, topk_ids, out = inputs["x"], inputs["topk_ids"], outputs["out"]
     m, k = topk_ids.shape
@@ -326,7 +326,7 @@ def run_standard(case: Case, inputs: Tensors, outputs: Tensors) -> None:
 # ------------------------------------------------------------------------------------------------ batched format
 
 def run_batched(case: Case, inputs: Tensors, outputs: Tensors) -> None:
-    _check_cell("vllm-cutlass-batched-experts", BATCHED_SUPPORT, case.features)
+    _check_cell("vllm-cutlass-batched-experts", "CutlassBatchedExpertsFp8", BATCHED_SUPPORT, case.features)
     x, out = inputs["x"], outputs["out"]
     e, t, hidden = x.shape
     w = weights(inputs, per_channel=True)
