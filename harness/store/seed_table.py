@@ -41,9 +41,10 @@ SEED_ROWS: tuple[SeedRow, ...] = (
             "DeepGemmExperts, BatchedDeepGemmExperts"),
     SeedRow("vLLM", "cutlass_fp4", (), "Y", "CutlassExpertsFp4",
             "vLLM's CUTLASS kernels are in its CUDA build (_C.so, far over the 64 MiB carry); nvfp4 MMA needs SM100"),
-    SeedRow("vLLM", "cutlass_fp8", (), "Y", "CutlassExpertsFp8, CutlassBatchedExpertsFp8",
-            "vLLM's CUTLASS grouped GEMMs are in its CUDA build (_C.so), not in any wheel that can reach the GPU "
-            "machine (no network there, 64 MiB carry)"),
+    SeedRow("vLLM", "cutlass_fp8", ("vllm-cutlass-experts", "vllm-cutlass-batched-experts"), "Y",
+            "CutlassExpertsFp8, CutlassBatchedExpertsFp8",
+            "vLLM's CUTLASS grouped fp8 GEMMs are CUDA ops of its extensions (bash scripts/vllm_cuda.sh): they run "
+            "only on a GPU (sm90, sm100), never on the CPU; sm90 verdicts come from the lent GPU"),
     SeedRow("vLLM", "flashinfer", ("flashinfer-cutlass-experts",), "Y", "FlashInferExperts",
             "FlashInfer 0.7.2.post1's sm90 CUTLASS MoE JIT-compiles 248 translation units on first use; on the lent "
             "H100 10 compiled in 400 s (8 jobs), so the build (an hour or more) does not fit its 10-minute calls "

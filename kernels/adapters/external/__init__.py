@@ -1,5 +1,5 @@
-"""Adapters of third-party kernel libraries (vLLM's CPU build, vLLM's and SGLang's Triton MoE read from their files,
-torchao, Liger): one module per library.
+"""Adapters of third-party kernel libraries (vLLM's CPU build, vLLM's CUDA extensions' ops, vLLM's and SGLang's Triton
+MoE read from their files, torchao, Liger): one module per library.
 
 Every adapter here is registered whether or not its library is installed: its support is written down for the
 library version it names (`harness.registry.Library`), and the library is imported only when a case runs. Where it
