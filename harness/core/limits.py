@@ -97,9 +97,13 @@ DIMS: dict[str, tuple[Dim, ...]] = {
 #: op -> keys that are not per dim
 EXTRA: dict[str, tuple[Key, ...]] = {
     "align": (_EXPERT_MAPS, _MIN_LOCAL),
-    "reduce": (_EXPERT_MAPS, _MIN_LOCAL),
+    "reduce": (_EXPERT_MAPS, _MIN_LOCAL,
+               Key("max_routed_scaling_factor", "int", "the largest routed_scaling_factor drawn (1: a reduce that "
+                   "applies none, its router having folded the factor into the weights, as vLLM's moe_sum)")),
     "experts": (_EXPERT_MAPS, _MIN_LOCAL),
     "act_quant": (Key("max_groups", "int", "the most groups per row drawn (N = group_size x groups)", (9, 24)),),
+    "grouped_routing": (Key("max_num_groups", "int", "the most expert groups (num_groups) drawn, for kernels that "
+                            "take a bounded number (the fixed cases hold at most 8)"),),
 }
 
 

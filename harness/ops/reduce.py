@@ -134,12 +134,18 @@ def _sequential_interval(case: Case, cpu: Mapping[str, torch.Tensor]) -> tuple[t
     return lo, hi
 
 
+def _factors(adapter: Adapter) -> list[float]:
+    """The routed scaling factors drawn for the adapter, the largest last (its `max_routed_scaling_factor`)."""
+    most = lim(adapter, "max_routed_scaling_factor")
+    return [f for f in (1.0, 2.5) if most is None or f <= most]
+
+
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     e = draw_experts(draw, adapter)
     k = 1 if yes(cell["apply_weight_on_input"]) else draw_top_k(draw, adapter, e)
     m = draw(edge_sizes(span(adapter, "M"), lim(adapter, "block_M")))  # M = 0: a boundary case
     hidden = draw(edge_sizes(span(adapter, "K"), 64))
-    params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
+    params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from(_factors(adapter))),
                               "values": draw(st.sampled_from(["random", "order"]))}
     if yes(cell["expert_map"]):
         params.update(draw_map(draw, adapter, e))
@@ -153,7 +159,7 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
         if e > lim(adapter, "max_E"):
             continue
         k = 1 if yes(cell["apply_weight_on_input"]) else k
-        params: dict[str, Any] = {"routed_scaling_factor": 2.5}
+        params: dict[str, Any] = {"routed_scaling_factor": _factors(adapter)[-1]}
         if yes(cell["expert_map"]):  # M = 1: the deliberate none-local case
             params.update(map_fields(adapter, e, e // 2 if m != 1 else 0))
         found.append({"shapes": {"M": m, "E": e, "k": k, "K": hidden}, "dtypes": {"expert_out": cell["dtype"]},
@@ -164,7 +170,7 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
 def _order_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     """Order-sensitive rows (`_order_sensitive`) over four slots; under an expert map, a contiguous map whose
     first and last local experts are routed and one local expert left empty."""
-    params: dict[str, Any] = {"routed_scaling_factor": 2.5, "values": "order"}
+    params: dict[str, Any] = {"routed_scaling_factor": _factors(adapter)[-1], "values": "order"}
     e, k = 8, 4
     if yes(cell["expert_map"]):  # globals 2..5 local: local 0 gets 5 slots, local 1 none, local 3 (the last) 6
         params.update(map_fields(adapter, e, 4, "contiguous"), counts=[3, 4, 5, 0, 2, 6, 5, 3])

@@ -243,8 +243,8 @@ def stages(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mapping[
             "scores": unbiased_scores(case, cpu, policy)}
 
 
-def _grouping(draw: st.DrawFn, e: int, biased: bool) -> tuple[int, int]:
-    divisors = [g for g in range(1, e + 1) if e % g == 0 and (not biased or e // g >= 2)]
+def _grouping(draw: st.DrawFn, e: int, biased: bool, most: int | None) -> tuple[int, int]:
+    divisors = [g for g in range(1, e + 1) if e % g == 0 and (not biased or e // g >= 2) and g <= (most or e)]
     g = draw(st.sampled_from(divisors))
     return g, draw(st.integers(min_value=1, max_value=g))
 
@@ -261,7 +261,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
         e, g, tg, k = 256, 8, 4, 8
     else:
         e = draw_experts(draw, adapter, multiple=2 if biased and grouped else 1)
-        g, tg = _grouping(draw, e, biased) if grouped else (1, 1)
+        g, tg = _grouping(draw, e, biased, lim(adapter, "max_num_groups")) if grouped else (1, 1)
         k = 1 if llama4 else draw_top_k(draw, adapter, tg * (e // g))
     if grouped:
         params.update(num_groups=g, topk_group=tg,

