@@ -33,7 +33,9 @@ pytest.register_assert_rewrite("harness.plugin.generic")
 
 GENERIC = Path(__file__).resolve().parent / "generic.py"
 ENTRY_POINT_GROUP = "moe_harness.adapters"  # harness.registry.ENTRY_POINT_GROUP (a test keeps them equal)
-_ADAPTER_ARGS = ("moe_adapter_name", "moe_shard")
+_ADAPTER_ARGS = ("moe_adapter_name", "moe_shard", "moe_known_adapter")
+#: the generic test of known findings: collected only for adapters that declare one
+KNOWN_TEST = "test_known_findings_reproduce"
 DEFAULT_CASE_TIMEOUT_S = 300.0
 
 
@@ -498,6 +500,7 @@ def pytest_collection_modifyitems_longest_first(session: pytest.Session, config:
         return
     from harness.plugin import schedule
 
+    _drop_unparametrized(items)
     path = durations_file(config)
     schedule.order_longest_first(items, schedule.read_durations(path) if path else {})
 
@@ -513,14 +516,38 @@ def durations_file(config: pytest.Config) -> str | Path | None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not any(arg in metafunc.fixturenames for arg in _ADAPTER_ARGS):
+    names = metafunc.fixturenames
+    if not any(arg in names for arg in _ADAPTER_ARGS):
         return
-    if "moe_adapter_name" in metafunc.fixturenames:
-        metafunc.parametrize("moe_adapter_name", selected_adapters(metafunc.config))
-    if "moe_shard" in metafunc.fixturenames:
-        shards = shard_count(metafunc.config)  # >= 1: checked at configure
-        metafunc.parametrize("moe_shard", [(i, shards) for i in range(shards)],
-                             ids=[f"shard{i}" for i in range(shards)])
+    config = metafunc.config
+    if "moe_known_adapter" in names:  # none declared: the item is dropped at collection (`_drop_unparametrized`)
+        catalog = _catalog(config)
+        metafunc.parametrize("moe_known_adapter", [n for n in selected_adapters(config)
+                                                   if catalog.manifests.get(n, {}).get("known")])
+    if "moe_shard" in names:  # each adapter its own count: a long one is split further (schedule.shards_for)
+        pairs = [(name, (i, count)) for name, count in _shard_plan(config) for i in range(count)]
+        metafunc.parametrize(("moe_adapter_name", "moe_shard"), pairs,
+                             ids=[f"{name}-shard{i}" for name, (i, _) in pairs])
+    elif "moe_adapter_name" in names:
+        metafunc.parametrize("moe_adapter_name", selected_adapters(config))
+
+
+def _shard_plan(config: pytest.Config) -> list[tuple[str, int]]:
+    """Each selected adapter with the shards its property test is split into: --moe-shards N as given; `auto`:
+    the session's count (`shard_count`), more for an adapter whose recorded property test is long."""
+    from harness.plugin import schedule
+
+    base = shard_count(config)  # >= 1: checked at configure
+    path = durations_file(config) if config.getoption("moe_shards") == "auto" else None
+    durations = schedule.read_durations(path) if path else {}
+    return [(name, schedule.shards_for(name, durations, base)) for name in selected_adapters(config)]
+
+
+def _drop_unparametrized(items: list[pytest.Item]) -> None:
+    """The known-findings test where no selected adapter declares one: pytest's empty-parameter-set item, which
+    would read as a skip in every session."""
+    items[:] = [item for item in items if getattr(item, "originalname", None) != KNOWN_TEST
+                or isinstance(getattr(getattr(item, "callspec", None), "params", {}).get("moe_known_adapter"), str)]
 
 
 @pytest.fixture(scope="session")
