@@ -96,11 +96,13 @@ class Expected:
 
     def seconds(self, nodeid: str, default: float) -> float:
         """A property-test item's: its adapter's recorded property test over the shards it is split into now; any
-        other test's: its measured time, else `default`."""
+        other test's: its measured time, a shard's not measured that of its first (`-shard0`), else `default`."""
         m = _PROPERTY_ITEM.search(nodeid)
         if m is not None and m["name"] in self.totals and self.shards.get(m["name"]):
             return self.totals[m["name"]] / self.shards[m["name"]]
-        return self.durations.get(nodeid, default)
+        if nodeid in self.durations:
+            return self.durations[nodeid]
+        return self.durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid), default)
 
 
 class DurationRecorder:
