@@ -92,7 +92,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(also MOE_HARNESS_PROFILE, or HYPOTHESIS_PROFILE when it names one of these)")
     group.addoption("--moe-shards", type=_shards, default=os.environ.get("MOE_HARNESS_SHARDS", "auto"),
                     help="split each adapter's property test into N items, so xdist runs one adapter on several "
-                         "workers (default auto: 4 on a GPU with 8 or more xdist workers, 2 with 4 or more, else 1)")
+                         "workers (default auto: 4 on a GPU with 8 or more xdist workers, 2 with 4 or more, else 1; "
+                         "more for an adapter whose property test --moe-durations records as long)")
     group.addoption("--moe-case-timeout", type=_number(float, "--moe-case-timeout"),
                     default=os.environ.get("HARNESS_CASE_TIMEOUT") or str(DEFAULT_CASE_TIMEOUT_S), metavar="S",
                     help="seconds one judged case may take (every runner.judge call of the session); past it the case "
@@ -102,7 +103,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where verdicts are written, one JSONL file per run and worker (default: ini "
                          "moe_results_dir, else results/local)")
     group.addoption("--moe-durations", default=None, metavar="FILE",
-                    help="measured test durations (JSON: node id -> seconds) to hand tests out longest first "
+                    help="measured test durations (JSON: node id -> seconds) to hand tests out longest first and "
+                         "split long property tests further "
                          "(default: ini moe_durations, where {kind} is cpu or cuda; without one the generic "
                          "property tests go first)")
     group.addoption("--moe-record-durations", default=None, metavar="FILE",
