@@ -3,7 +3,8 @@
 For each adapter (default: the adapters this project ships) the cases its generic test judges under the profile,
 its fixed cases and hypothesis' draws with the same seed, are counted against what the adapter declares: each
 declared value of each feature axis, each value class per family, each expert-map shape, each boundary kind,
-each declared threshold (`harness.engine.coverage`); the sizes each dim takes are summarised. No kernel runs.
+each declared threshold (`harness.engine.coverage`); the sizes each dim takes are summarised; each adapter's known
+findings show as the regions the search excludes. No kernel runs.
 A table per op (`--json`: the counts as JSON; `--out FILE` writes either), then one summary line. Exit 1 when
 something declared gets no case (a gap, listed), 0 otherwise, 2 on bad arguments.
 """
@@ -67,6 +68,9 @@ def _notes(reports: Sequence[Any]) -> list[str]:
         lines += [f"- {r.adapter}: n/a: {row.section} `{row.item}`: {row.why}" for row in r.rows
                   if row.status == "n/a"]
         lines += [f"- {r.adapter}: {n} case(s) turned away ({why})" for why, n in r.turned_away.items()]
+        lines += [f"- {r.adapter}: excluded region: {region}" for region in r.known]
+        if r.excluded:
+            lines.append(f"- {r.adapter}: {r.excluded} drawn case(s) inside its excluded region(s), not judged")
     return lines
 
 
@@ -96,7 +100,9 @@ def summary(reports: Sequence[Any], profile: str, generation: str, seconds: floa
     cases = sum(r.drawn + r.fixed for r in counted)
     head = (f"coverage ({profile}, {generation}): {len(counted)} adapter(s), {cases} case(s) "
             f"({sum(r.drawn for r in counted)} drawn), {seconds:.1f}s: ")
-    return head + (f"{len(gaps)} gap(s): " + "; ".join(gaps) if gaps else "every declared thing exercised")
+    regions = [f"{r.adapter} ({len(r.known)})" for r in counted if r.known]
+    known = f"; known-finding regions excluded from the search: {', '.join(regions)}" if regions else ""
+    return head + (f"{len(gaps)} gap(s): " + "; ".join(gaps) if gaps else "every declared thing exercised") + known
 
 
 def _adapters(names: Sequence[str], op: str | None) -> list[Any]:

@@ -16,6 +16,9 @@ declares:
   them (n/a where the adapter's limits leave none, e.g. a token count that must be a multiple of 4);
 - `threshold`: each size past a declared internal threshold (`cross_<dim>`), in the cells it names.
 
+The regions of the adapter's known findings (`Adapter.known`) are listed with each adapter: the search leaves them
+out (drawn cases inside one are not counted), the fixed cases inside them are counted.
+
 A row that cannot apply (a value no declared cell holds on the generation, a class whose `applies` holds for none
 of the declared cells) is `n/a` with the reason; a row that applies and no case exercises is a gap. Size bands
 (`DimStats`: quantiles, and whether 0, 1, the declared max and the tile edges were reached) are reported, not
@@ -37,6 +40,7 @@ from harness import ops, registry
 from harness.core import limits as limit_table
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
+from harness.core.known import KnownFinding, finding_of
 from harness.core.sizes import limit
 from harness.engine import fitting
 from harness.engine import strategies as hs
@@ -113,6 +117,10 @@ class AdapterCoverage:
     dims: list[DimStats] = field(default_factory=list)
     skipped: str = ""
     seconds: float = 0.0
+    #: the regions its known findings take out of the search (`harness.core.known`), each in words
+    known: list[str] = field(default_factory=list)
+    #: drawn cases inside those regions: not judged by the generic test, so not counted
+    excluded: int = 0
 
     def gaps(self) -> list[Row]:
         return [r for r in self.rows if r.status == "gap"]
@@ -345,6 +353,9 @@ def adapter_coverage(adapter: Adapter, device: DeviceInfo, profile: settings) ->
     fixed = explicit_examples(adapter, cells)
     known = {c.case_id for c in fixed}
     drawn = [c for c in drawn_cases(adapter, cells, device, profile) if c.case_id not in known]
+    out.known = [known_region(k, fixed) for k in adapter.known]
+    out.excluded = sum(finding_of(adapter.known, c) is not None for c in drawn)
+    drawn = [c for c in drawn if finding_of(adapter.known, c) is None]
     kept: dict[str, list[Case]] = {"drawn": [], "fixed": []}
     for origin, found in (("drawn", drawn), ("fixed", fixed)):
         for case in found:
@@ -361,6 +372,14 @@ def adapter_coverage(adapter: Adapter, device: DeviceInfo, profile: settings) ->
     out.dims = _dim_stats(adapter, kept["drawn"] + kept["fixed"])
     out.seconds = round(time.perf_counter() - t0, 2)
     return out
+
+
+def known_region(found: KnownFinding, fixed: Sequence[Case]) -> str:
+    """A known finding's region as the report shows it: where, what fails, its case, the fixed cases inside."""
+    inside = sum(found.contains(c) for c in fixed)
+    return (f"{found.describe()}: known finding {found.finding}, expected to fail {', '.join(found.checks)}; left out "
+            f"of the search, its case {found.case.case_id} judged every run ({inside} fixed case(s) inside judged "
+            "too)")
 
 
 def builtin_adapters() -> list[Adapter]:

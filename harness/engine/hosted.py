@@ -135,6 +135,7 @@ def manifest(adapter: Adapter) -> dict[str, Any]:
         "import_changes": registry.IMPORT_CHANGES.get(adapter.name, []),
         "import_accepted": registry.IMPORT_ACCEPTED.get(adapter.name, []),
         "tampered": registry.tampered(adapter.name),
+        "known": [k.to_dict() for k in adapter.known],
     }
 
 

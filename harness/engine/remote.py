@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
+from harness.core.known import KnownFinding
 from harness.engine.host import Host, HostDied, close_hosts
 from harness.registry import Adapter, Library, SupportRuleError
 
@@ -95,6 +96,9 @@ class RemoteAdapter(Adapter):
                          shapes: Mapping[str, int]) -> str | None:
         return self._rule(device, features, shapes) if self.rule_kind == "shapes" else None
 
+    def _check_known_case(self, found: KnownFinding) -> None:
+        """Checked in the host, which made the adapter (asking the rule here would cost a request per finding)."""
+
     def conventions_of(self, case: Case, device: DeviceInfo) -> dict[str, Any]:
         from harness.core import conventions as conv
 
@@ -145,7 +149,8 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
         interp_features=_interp(ref) if m.get("interp_features") else None, description=m.get("description", ""),
         test_aid=bool(m.get("test_aid")), conventions_for=_marker_conventions_for if m.get("conventions_for") else None,
         library=library, spec=spec, host=host, rule_kind=m.get("rule"),
-        notes=tuple([*m.get("import_changes", []), *m.get("import_accepted", [])]), tampered=m.get("tampered") or "")
+        notes=tuple([*m.get("import_changes", []), *m.get("import_accepted", [])]), tampered=m.get("tampered") or "",
+        known=tuple(KnownFinding.from_dict(k) for k in m.get("known", [])))
     ref.append(adapter)
     return adapter
 

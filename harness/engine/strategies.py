@@ -45,8 +45,9 @@ REDRAWS = 32
 def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]],
           device: DeviceInfo | None = None) -> Case:
     """A case of `adapter` for one of `cells` (sizes and parameters drawn by the op's spec) that its declarations
-    accept on `device` (None: any device), drawn again up to `REDRAWS` times (`accepted`): no hypothesis filter,
-    so a rule that excludes most shapes costs draws, not rejected examples."""
+    accept on `device` (None: any device), outside the regions of its known findings (`known_region`), drawn again
+    up to `REDRAWS` times (`accepted`): no hypothesis filter, so a rule that excludes most shapes costs draws, not
+    rejected examples (a draw left inside a region is not judged: `harness.plugin.generic`)."""
     if not cells:
         raise ValueError(f"adapter {adapter.name} has no cell to draw from")
     spec = ops.get(adapter.op)
@@ -55,11 +56,18 @@ def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]],
         cell = dict(draw(st.sampled_from(list(cells))))
         fields = spec.draw(draw, adapter, cell)
         # the same candidate again: hypothesis is feeding its simplest choices, which draw it every time
-        if (cell, fields) == last or accepted(adapter, device, cell, fields):
+        if (cell, fields) == last or (accepted(adapter, device, cell, fields) and not known_region(adapter, cell,
+                                                                                                   fields)):
             break
         last = (cell, fields)
     seed = draw(st.integers(min_value=0, max_value=2**31 - 1))
     return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
+
+
+def known_region(adapter: Adapter, cell: Mapping[str, str], fields: Mapping[str, Any]) -> bool:
+    """Whether a case of `cell` with these fields lies in one of the adapter's known findings' regions (the search
+    draws again: the finding's own case is judged every run, `harness.core.known`)."""
+    return any(k.holds(cell, fields["shapes"]) for k in adapter.known)
 
 
 class Searcher(Protocol):

@@ -33,7 +33,9 @@ pytest.register_assert_rewrite("harness.plugin.generic")
 
 GENERIC = Path(__file__).resolve().parent / "generic.py"
 ENTRY_POINT_GROUP = "moe_harness.adapters"  # harness.registry.ENTRY_POINT_GROUP (a test keeps them equal)
-_ADAPTER_ARGS = ("moe_adapter_name", "moe_shard")
+_ADAPTER_ARGS = ("moe_adapter_name", "moe_shard", "moe_known_adapter")
+#: the generic test of known findings: collected only for adapters that declare one
+KNOWN_TEST = "test_known_findings_reproduce"
 DEFAULT_CASE_TIMEOUT_S = 300.0
 
 
@@ -90,7 +92,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(also MOE_HARNESS_PROFILE, or HYPOTHESIS_PROFILE when it names one of these)")
     group.addoption("--moe-shards", type=_shards, default=os.environ.get("MOE_HARNESS_SHARDS", "auto"),
                     help="split each adapter's property test into N items, so xdist runs one adapter on several "
-                         "workers (default auto: 4 on a GPU with 8 or more xdist workers, 2 with 4 or more, else 1)")
+                         "workers (default auto: 4 on a GPU with 8 or more xdist workers, 2 with 4 or more, else 1; "
+                         "more for an adapter whose property test --moe-durations records as long)")
     group.addoption("--moe-case-timeout", type=_number(float, "--moe-case-timeout"),
                     default=os.environ.get("HARNESS_CASE_TIMEOUT") or str(DEFAULT_CASE_TIMEOUT_S), metavar="S",
                     help="seconds one judged case may take (every runner.judge call of the session); past it the case "
@@ -100,7 +103,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where verdicts are written, one JSONL file per run and worker (default: ini "
                          "moe_results_dir, else results/local)")
     group.addoption("--moe-durations", default=None, metavar="FILE",
-                    help="measured test durations (JSON: node id -> seconds) to hand tests out longest first "
+                    help="measured test durations (JSON: node id -> seconds) to hand tests out longest first and "
+                         "split long property tests further "
                          "(default: ini moe_durations, where {kind} is cpu or cuda; without one the generic "
                          "property tests go first)")
     group.addoption("--moe-record-durations", default=None, metavar="FILE",
@@ -498,6 +502,7 @@ def pytest_collection_modifyitems_longest_first(session: pytest.Session, config:
         return
     from harness.plugin import schedule
 
+    _drop_unparametrized(items)
     path = durations_file(config)
     schedule.order_longest_first(items, schedule.read_durations(path) if path else {})
 
@@ -513,14 +518,38 @@ def durations_file(config: pytest.Config) -> str | Path | None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not any(arg in metafunc.fixturenames for arg in _ADAPTER_ARGS):
+    names = metafunc.fixturenames
+    if not any(arg in names for arg in _ADAPTER_ARGS):
         return
-    if "moe_adapter_name" in metafunc.fixturenames:
-        metafunc.parametrize("moe_adapter_name", selected_adapters(metafunc.config))
-    if "moe_shard" in metafunc.fixturenames:
-        shards = shard_count(metafunc.config)  # >= 1: checked at configure
-        metafunc.parametrize("moe_shard", [(i, shards) for i in range(shards)],
-                             ids=[f"shard{i}" for i in range(shards)])
+    config = metafunc.config
+    if "moe_known_adapter" in names:  # none declared: the item is dropped at collection (`_drop_unparametrized`)
+        catalog = _catalog(config)
+        metafunc.parametrize("moe_known_adapter", [n for n in selected_adapters(config)
+                                                   if catalog.manifests.get(n, {}).get("known")])
+    if "moe_shard" in names:  # each adapter its own count: a long one is split further (schedule.shards_for)
+        pairs = [(name, (i, count)) for name, count in _shard_plan(config) for i in range(count)]
+        metafunc.parametrize(("moe_adapter_name", "moe_shard"), pairs,
+                             ids=[f"{name}-shard{i}" for name, (i, _) in pairs])
+    elif "moe_adapter_name" in names:
+        metafunc.parametrize("moe_adapter_name", selected_adapters(config))
+
+
+def _shard_plan(config: pytest.Config) -> list[tuple[str, int]]:
+    """Each selected adapter with the shards its property test is split into: --moe-shards N as given; `auto`:
+    the session's count (`shard_count`), more for an adapter whose recorded property test is long."""
+    from harness.plugin import schedule
+
+    base = shard_count(config)  # >= 1: checked at configure
+    path = durations_file(config) if config.getoption("moe_shards") == "auto" else None
+    durations = schedule.read_durations(path) if path else {}
+    return [(name, schedule.shards_for(name, durations, base)) for name in selected_adapters(config)]
+
+
+def _drop_unparametrized(items: list[pytest.Item]) -> None:
+    """The known-findings test where no selected adapter declares one: pytest's empty-parameter-set item, which
+    would read as a skip in every session."""
+    items[:] = [item for item in items if getattr(item, "originalname", None) != KNOWN_TEST
+                or isinstance(getattr(getattr(item, "callspec", None), "params", {}).get("moe_known_adapter"), str)]
 
 
 @pytest.fixture(scope="session")

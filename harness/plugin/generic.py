@@ -9,6 +9,10 @@ unsupported, as in the matrix. A fail or error does not end the search: the test
 distinct cause of failure found, each with its case JSON and the command that replays it. Its fixed cases are
 `harness.engine.fixed`'s, its search `harness.engine.strategies.property_test`: the coverage report
 (`python -m harness coverage`) counts the same plan.
+The regions of the adapter's known findings (`Adapter.known`: documented third-party divergences) are left out
+of the search; a fixed case inside one that fails only in the finding's declared checks is the finding, not a cause.
+test_known_findings_reproduce: each known finding's own case fails as documented (reported xfailed); one that
+passes no longer reproduces and fails the test, so that its declaration is removed (only adapters that declare one).
 test_undeclared_cells_rejected_cleanly: cells the adapter does not declare must be rejected cleanly (the runner's
 `rejects_cleanly`, the rule the matrix applies too), or pass ("works but not claimed"), never crash or return
 wrong results.
@@ -24,6 +28,7 @@ from hypothesis.errors import Flaky
 from harness import registry
 from harness.core.case import Case
 from harness.core.causes import ran_without, what_failed
+from harness.core.known import KnownFinding, finding_of
 from harness.core.result import Result
 from harness.core.text import one_line
 from harness.engine import fitting, runner
@@ -156,6 +161,8 @@ class _Search:
         self.causes: dict[Cause, Result] = {}  # the causes found, each with its case (shrunk where hypothesis did)
         self.errors: dict[Cause, type[AssertionError]] = {}
         self.raised: dict[Cause, Result] = {}
+        self.known: list[Result] = []  # fixed cases that failed as a known finding declares
+        self.excluded = 0  # draws inside a known finding's region, not judged
 
     def judge(self, case: Case) -> Result:
         if (r := self.seen.get(case.case_id)) is None:
@@ -164,12 +171,14 @@ class _Search:
             self.results.append(r)
             if r.verdict != "unsupported":
                 self.judged.append(r)
-            if r.verdict not in ACCEPTED:
+            if as_known(self.adapter.known, r) is not None:
+                self.known.append(r)
+            elif r.verdict not in ACCEPTED:
                 self.failed.append(r)
         return r
 
     def cause(self, r: Result) -> Cause | None:
-        if r.verdict in ACCEPTED:
+        if r.verdict in ACCEPTED or as_known(self.adapter.known, r) is not None:
             return None
         if r.case.case_id not in self.keys:
             self.keys[r.case.case_id] = failure_cause(r, self.judged)
@@ -183,6 +192,9 @@ class _Search:
     def prop(self, case: Case) -> None:
         """hypothesis' test. A case of a cause not found yet raises that cause's own exception type (hypothesis tells
         distinct types apart and never shrinks one into another); a found cause passes, so the search goes on."""
+        if finding_of(self.adapter.known, case) is not None:
+            self.excluded += 1  # the finding's region: its own case is judged every run instead
+            return
         r = self.judge(case)
         key = self.cause(r)
         if key is None or key in self.causes:
@@ -221,6 +233,15 @@ class _Search:
             parts.append(f"cause {n}: {verdict} ({what}) where {where}; {len(found)} failing case(s), one of them:\n"
                          f"  {_explain(r)}")
         return "\n".join(parts) if groups else ""
+
+
+def as_known(known: tuple[KnownFinding, ...], r: Result) -> KnownFinding | None:
+    """The known finding that `r` is: a `fail` inside its region whose failed checks it declares (None: `r` is
+    something else, judged as usual)."""
+    found = finding_of(known, r.case)
+    if found is None or r.verdict != "fail" or not found.expected(r.metrics.get("failed_checks", [])):
+        return None
+    return found
 
 
 def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]], device, results) -> None:  # type: ignore[no-untyped-def]
@@ -271,3 +292,43 @@ def test_undeclared_cells_rejected_cleanly(moe_adapter_name, moe_device, moe_res
             problems.append(f"undeclared cell {cell}: {_explain(r)}")
     assert not problems, "\n".join(problems)
     _skip_or_count_unverified(request, moe_adapter_name, judged)
+
+
+def known_outcome(found: KnownFinding, r: Result) -> tuple[str, str]:
+    """How a known finding's own case came out: ("reproduced" | "gone" | "other" | "unverified", in words)."""
+    doc = f"{r.adapter}: known finding {found.finding!r} ({found.describe()})"
+    if as_known((found,), r) is not None:
+        return "reproduced", f"{doc} reproduces: fail ({what_failed(r)[1]})"
+    if r.verdict == "pass":
+        return "gone", (f"{doc} no longer reproduces: its case passed. Remove the declaration (and say so in the "
+                        f"findings document) so that its region is searched again.\n  case: {r.case.to_json()}")
+    if r.verdict in UNVERIFIED:
+        return "unverified", f"{doc}: {r.verdict}: {r.reason}"
+    return "other", (f"{doc}: its case did not fail as declared (expected a fail of some of "
+                     f"{', '.join(found.checks)}):\n  {_explain(r)}")
+
+
+def test_known_findings_reproduce(moe_known_adapter, moe_device, moe_results, moe_unverifiable,  # type: ignore[no-untyped-def]
+                                  request) -> None:
+    """Strict expected failure: each known finding's case must fail as declared (xfailed); a pass, or another
+    failure, fails this test."""
+    adapter = _hosted(request, moe_known_adapter, moe_device)
+    moe_device = adapter.device_for(moe_device)
+    if not any(adapter.declares(k.case.features, moe_device)[0] for k in adapter.known):
+        pytest.skip(f"{moe_known_adapter}: no known finding's case is declared on {moe_device.generation}")
+    if (missing := adapter.not_installed()) is not None:
+        pytest.skip(f"{moe_known_adapter}: not installed: {missing}")
+    outcomes: dict[str, list[str]] = {}
+    for found in adapter.known:
+        if not adapter.declares(found.case.features, moe_device)[0]:
+            continue
+        moe_results.begin(found.case, moe_device.to_dict(), moe_device.generation)
+        r = runner.judge(found.case, adapter, moe_device, unverifiable=moe_unverifiable)
+        moe_results.append(r)
+        kind, text = known_outcome(found, r)
+        outcomes.setdefault(kind, []).append(text)
+    if problems := outcomes.get("gone", []) + outcomes.get("other", []):
+        pytest.fail("\n".join(problems), pytrace=False)
+    if not outcomes.get("reproduced"):
+        pytest.skip("; ".join(outcomes.get("unverified", [])))
+    pytest.xfail("; ".join(outcomes["reproduced"]))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.plugin.schedule import expected_seconds
+from harness.plugin.schedule import Expected
 
 
 def starting_line() -> str:
@@ -50,8 +50,9 @@ def expected_line(nodeids: Iterable[str], durations: Mapping[str, float], source
     not measured counted as the median of those that were."""
     ids = list(nodeids)
     default = statistics.median(durations.values()) if durations else 0.0
-    total = sum(expected_seconds(i, durations, default) for i in ids)
-    new = sum(expected_seconds(i, durations, -1.0) < 0 for i in ids)
+    expected = Expected(durations, ids)
+    total = sum(expected.seconds(i, default) for i in ids)
+    new = sum(expected.seconds(i, -1.0) < 0 for i in ids)
     unknown = f"; {new} not measured, counted as {default:.2f} s each" if new else ""
     per = f", about {_span(total / workers)} on {workers} workers" if workers > 1 else ""
     return (f"moe-harness: {len(ids)} tests, {_span(total)} of measured work ({source}{unknown}){per}, "

@@ -4,16 +4,22 @@ feeds workers as they finish).
 
 The times come from a file of measured durations (`--moe-durations FILE`, written by `--moe-record-durations FILE`
 on a run of the same suite on the same kind of machine): a JSON object of node ids to seconds. A test it does not
-know counts as the median of those it knows (a property test split into shards as the unsplit one); without such a
-file the generic property tests go first (on a GPU they are the longest), in their collected order otherwise.
+know counts as the median of those it knows; a property-test shard as its adapter's recorded property test (its
+shards summed) over the shards it is split into now; without such a file the generic property tests go first (on
+a GPU they are the longest), in their collected order otherwise.
+
+The same file sets how many shards each adapter's property test is split into where a session splits them
+(`shards_for`): an adapter whose recorded property test is long gets more, so that no item runs past about
+`ITEM_TARGET_S` (one long item ends a parallel run alone).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,42 @@ import pytest
 
 #: the generic test that judges an adapter's declared cells under hypothesis: the long one of each adapter
 PROPERTY_TEST = "test_declared_cases_pass"
+#: a property-test item's node id: its adapter, and its shard where it is split
+_PROPERTY_ITEM = re.compile(rf"::{PROPERTY_TEST}\[(?P<name>.+?)(?:-shard(?P<shard>\d+))?\]$")
+#: seconds a property-test item should take at most: a longer recorded property test is split into more shards
+ITEM_TARGET_S = 60.0
+#: the most shards one adapter's property test is split into (each shard draws at least a few cases of its own)
+MAX_SHARDS = 16
+
+
+def property_seconds(durations: Mapping[str, float]) -> dict[str, float]:
+    """Each adapter's recorded property test in seconds: its shards' durations summed (whatever count it was
+    recorded with)."""
+    found: dict[str, float] = {}
+    for nodeid, seconds in durations.items():
+        if (m := _PROPERTY_ITEM.search(nodeid)) is not None:
+            found[m["name"]] = found.get(m["name"], 0.0) + seconds
+    return found
+
+
+def shards_for(name: str, durations: Mapping[str, float], base: int, *, target_s: float = ITEM_TARGET_S,
+               most: int = MAX_SHARDS) -> int:
+    """How many shards adapter `name`'s property test is split into: `base` (the session's count), or more where
+    its recorded property test would make an item of `base` shards longer than `target_s` (at most `most`). A
+    session that does not split (`base` 1: one worker, or a CPU run) is left so."""
+    total = property_seconds(durations).get(name)
+    if base <= 1 or total is None:
+        return base
+    return max(base, min(most, math.ceil(total / target_s)))
+
+
+def shard_counts(nodeids: Iterable[str]) -> dict[str, int]:
+    """How many shards each adapter's property test has among `nodeids` (collected items)."""
+    found: dict[str, int] = {}
+    for nodeid in nodeids:
+        if (m := _PROPERTY_ITEM.search(nodeid)) is not None:
+            found[m["name"]] = found.get(m["name"], 0) + 1
+    return found
 
 
 def read_durations(path: str | Path) -> dict[str, float]:
@@ -38,16 +80,29 @@ def order_longest_first(items: list[pytest.Item], durations: Mapping[str, float]
     """Sort `items` in place, longest expected first (a stable sort: ties keep the collected order)."""
     if durations:
         default = statistics.median(durations.values())
-        items.sort(key=lambda item: -expected_seconds(item.nodeid, durations, default))
+        expected = Expected(durations, [item.nodeid for item in items])
+        items.sort(key=lambda item: -expected.seconds(item.nodeid, default))
     else:
         items.sort(key=lambda item: getattr(item, "originalname", item.name) != PROPERTY_TEST)
 
 
-def expected_seconds(nodeid: str, durations: Mapping[str, float], default: float) -> float:
-    """The measured time of a test, or of the same property test measured unsplit (its `-shard0` item)."""
-    if nodeid in durations:
-        return durations[nodeid]
-    return durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid), default)
+class Expected:
+    """The expected times of the collected tests `nodeids` from measured `durations`."""
+
+    def __init__(self, durations: Mapping[str, float], nodeids: Iterable[str]) -> None:
+        self.durations = durations
+        self.totals = property_seconds(durations)
+        self.shards = shard_counts(nodeids)
+
+    def seconds(self, nodeid: str, default: float) -> float:
+        """A property-test item's: its adapter's recorded property test over the shards it is split into now; any
+        other test's: its measured time, a shard's not measured that of its first (`-shard0`), else `default`."""
+        m = _PROPERTY_ITEM.search(nodeid)
+        if m is not None and m["name"] in self.totals and self.shards.get(m["name"]):
+            return self.totals[m["name"]] / self.shards[m["name"]]
+        if nodeid in self.durations:
+            return self.durations[nodeid]
+        return self.durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid), default)
 
 
 class DurationRecorder:

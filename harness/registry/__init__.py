@@ -25,6 +25,8 @@ from harness.core import isolation
 from harness.core import limits as limit_table
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
+from harness.core.known import KnownFinding
+from harness.core.known import validate as validate_known
 from harness.core.paths import public_path
 from harness.core.text import one_line
 from harness.registry import provenance, sealed, sourcefiles
@@ -241,6 +243,9 @@ class Adapter:
       `not-installed` where it is missing, its version recorded with every verdict.
     generations: where the kernel runs. A kernel that runs natively on the CPU (C++ or plain torch, no Triton)
       names `cpu` and not `interp`: on a CPU machine its cases are judged on the `cpu` generation (`device_for`).
+    known: the documented divergences of a third-party kernel (`harness.core.known.KnownFinding`: a region of
+      declared cases, the checks that fail there, the docs/FINDINGS.md entry, one case inside that must still fail).
+      The generic test's search skips each region and judges its case every run; the matrix judges as always.
     """
 
     name: str
@@ -258,6 +263,7 @@ class Adapter:
     test_aid: bool = False  # a test aid, not a production kernel (shown as such in the matrix)
     conventions_for: Callable[[Case, DeviceInfo], Mapping[str, Any]] | None = None
     library: Library | None = None
+    known: tuple[KnownFinding, ...] = ()
 
     def __post_init__(self) -> None:
         from harness.core import conventions as conv
@@ -272,6 +278,16 @@ class Adapter:
             raise ValueError(f"adapter {self.name!r}: unknown properties {sorted(bad)}; known: {PROPERTIES}")
         conv.validate(self.op, self.conventions, f"adapter {self.name!r}")
         limit_table.validate(self.op, self.limits, f"adapter {self.name!r}")
+        for found in self.known:
+            validate_known(found, self.name, self.op, self.support, self.limits)
+            self._check_known_case(found)
+
+    def _check_known_case(self, found: KnownFinding) -> None:
+        """A known finding's case is of a cell the adapter declares (on some device): else it is never judged."""
+        declared, why = self.declares(found.case.features)
+        if not declared:
+            raise ValueError(f"adapter {self.name!r}: known finding {found.finding!r}: its case's cell is not declared "
+                             f"({why}); a known finding lies inside the declared support")
 
     def device_for(self, device: DeviceInfo) -> DeviceInfo:
         """`device` as this adapter's kernel sees it: on a CPU machine (generation `interp`), a kernel that runs

@@ -1,0 +1,96 @@
+"""How many shards each adapter's property test is split into (`harness.plugin.schedule.shards_for`): a long one
+recorded in the durations file gets more, so that no item of a parallel GPU run goes past about a minute and a
+half; each item is then expected to take its adapter's recorded total over its shard count."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from harness import plugin
+from harness.plugin import schedule
+from harness.plugin.schedule import ITEM_TARGET_S, MAX_SHARDS, Expected, property_seconds, shards_for
+
+GENERIC = "harness/plugin/generic.py::test_declared_cases_pass"
+#: the longest an item may take in the GPU suite
+ITEM_LIMIT_S = 90.0
+
+
+def _recorded(seconds: dict[str, list[float]]) -> dict[str, float]:
+    """A durations file's entries: each adapter's property test recorded as one item per shard."""
+    found = {f"{GENERIC}[{name}-shard{i}]": s for name, shards in seconds.items() for i, s in enumerate(shards)}
+    found["tests/harness/test_other.py::test_x"] = 5.0
+    return found
+
+
+def test_a_long_property_test_is_split_into_more_shards() -> None:
+    # the SGLang shards of the GPU suite before: 340 s and 285 s among four
+    durations = _recorded({"slow": [340.0, 285.0, 40.0, 35.0], "fast": [10.0] * 4, "huge": [3000.0] * 4})
+    assert property_seconds(durations) == {"slow": 700.0, "fast": 40.0, "huge": 12000.0}
+    assert shards_for("slow", durations, base=4) == 12  # 700 s / 60 s
+    assert shards_for("fast", durations, base=4) == 4  # never fewer than the session's count
+    assert shards_for("unknown", durations, base=4) == 4
+    assert shards_for("huge", durations, base=4) == MAX_SHARDS
+    assert shards_for("slow", durations, base=1) == 1  # a session that does not split (CPU, few workers)
+    # recorded under another shard count (unsplit here): the same total
+    assert shards_for("slow", {f"{GENERIC}[slow-shard0]": 700.0}, base=2) == 12
+
+
+def test_no_item_is_expected_past_the_limit_where_the_cap_allows() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        recorded = {f"a{n}": [rng.uniform(0, 300) for _ in range(rng.choice([1, 2, 4]))] for n in range(8)}
+        durations = _recorded(recorded)
+        base = rng.choice([2, 4])
+        plan = {name: shards_for(name, durations, base) for name in recorded}
+        ids = [f"{GENERIC}[{name}-shard{i}]" for name, count in plan.items() for i in range(count)]
+        expected = Expected(durations, ids)
+        for name, count in plan.items():
+            total = sum(recorded[name])
+            per_item = expected.seconds(f"{GENERIC}[{name}-shard0]", 0.0)
+            assert per_item == pytest.approx(total / count)
+            assert per_item <= ITEM_TARGET_S or count == MAX_SHARDS
+            assert per_item <= ITEM_LIMIT_S or total > MAX_SHARDS * ITEM_LIMIT_S
+
+
+def test_other_tests_keep_their_measured_time_and_unknown_ones_the_default() -> None:
+    durations = _recorded({"slow": [300.0, 300.0]})
+    expected = Expected(durations, [f"{GENERIC}[slow-shard{i}]" for i in range(10)])
+    assert expected.seconds(f"{GENERIC}[slow-shard7]", 1.0) == pytest.approx(60.0)
+    assert expected.seconds("tests/harness/test_other.py::test_x", 1.0) == 5.0
+    assert expected.seconds("tests/harness/test_other.py::test_new", 1.0) == 1.0
+
+
+class _Config:
+    def __init__(self, shards: object) -> None:
+        self.shards = shards
+
+    def getoption(self, name: str) -> object:
+        return {"moe_shards": self.shards}[name]
+
+
+@pytest.mark.parametrize(("asked", "want"), [("auto", {"slow": 12, "fast": 4}), (3, {"slow": 3, "fast": 3})])
+def test_the_session_splits_each_adapter_by_its_recorded_time_unless_told_a_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: object, want: dict[str, int]) -> None:
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps(_recorded({"slow": [340.0, 285.0, 40.0, 35.0], "fast": [10.0] * 4})))
+    monkeypatch.setattr(plugin, "shard_count", lambda config: 4 if asked == "auto" else asked)
+    monkeypatch.setattr(plugin, "durations_file", lambda config: path)
+    monkeypatch.setattr(plugin, "selected_adapters", lambda config: ["slow", "fast"])
+    assert dict(plugin._shard_plan(_Config(asked))) == want  # type: ignore[arg-type]
+
+
+def test_items_are_ordered_by_their_share_of_the_recorded_time() -> None:
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    durations = _recorded({"slow": [340.0, 285.0, 40.0, 35.0], "mid": [50.0, 50.0]})
+    items = [Item(f"{GENERIC}[mid-shard{i}]") for i in range(2)] + [Item("tests/harness/test_other.py::test_x")] \
+        + [Item(f"{GENERIC}[slow-shard{i}]") for i in range(12)]
+    schedule.order_longest_first(items, durations)  # type: ignore[arg-type]
+    # slow: 700 s / 12 = 58 s each, mid: 100 s / 2 = 50 s each, then the rest
+    assert [i.nodeid.rsplit("[", 1)[-1][:4] for i in items[:14]] == ["slow"] * 12 + ["mid-"] * 2
