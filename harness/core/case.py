@@ -27,6 +27,7 @@ ROUTING_PATTERNS: tuple[str, ...] = (
     "some_empty",  # a random subset of experts receives nothing
     "ties",  # exactly tied router scores
     "nonfinite",  # rows with NaN / Inf logits (only in properties that test them)
+    "extreme",  # finite logits past exp's overflow and at the dtype's largest finite value
 )
 
 #: the dtype names a case may use (each the name of a torch dtype); `DTYPES` maps them to torch dtypes

@@ -4,7 +4,8 @@ Every tensor is drawn on the CPU from a `torch.Generator` seeded by the case see
 to the device, so a case produces bit-identical inputs on every machine (replays reproduce). Magnitudes are chosen
 so outputs are O(1) and never all zero. Routing patterns: random, skewed (Zipf), one_expert, some_empty, ties (for
 grouped routing also tied and near-tied groups), nonfinite (NaN/Inf rows and rows with masked -Inf experts; only for
-properties that test them; params["values"] = "every_kind": each kind of row in turn). Boundary values of other ops:
+properties that test them; params["values"] = "every_kind": each kind of row in turn), extreme (logits past exp's
+overflow and at the dtype's largest finite value). Boundary values of other ops:
 `edge_rows` (zero rows and groups, amax outliers), per-expert counts at block multiples (`near_multiples`,
 `counts_to_rows`, `ids_for_counts`) and an expert map whose local experts are a contiguous range (`contiguous_map`).
 """
@@ -76,6 +77,8 @@ def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *
         groups = case.params.get("num_groups", 1)
         if groups > 1 and m > 0:
             x = _tied_groups(x, groups, dtype, g)
+    elif pattern == "extreme" and m > 0:
+        x = _extreme_logits(x, dtype, g)
     elif pattern == "nonfinite" and m > 0:
         kind = torch.randint(0, 4, (m,), generator=g)
         if case.params.get("values") == "every_kind":  # each kind of row in turn, the masked one first
@@ -91,6 +94,33 @@ def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *
         drop = masked[:, None] & (order < count[:, None]) & (e > 1)
         x[drop] = float("-inf")
     return x.to(dtype).to(device)
+
+
+#: past exp's overflow in fp32 (exp(88.73) = inf): a softmax without its max subtracted is inf / inf there
+EXP_OVERFLOW = 88.73
+
+
+def _extreme_logits(x: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Rows in turn: shifted far up (every exp(x) overflows), shifted far down (every exp(x) underflows, sigmoids
+    saturate to exactly 0), spread wide (+-10^3: sigmoids saturate to 1 and 0), and one logit at the dtype's
+    largest finite value with the rest ordinary (in the odd ones its negation too). Every value finite in `dtype`."""
+    top = float(torch.finfo(dtype).max)
+    # 128 to 384 (bf16, fp16: their spacing there keeps the logits apart), or 2^12 to 2^13.5 (fp32): past 88
+    shift = 2.0**13 if dtype == torch.float32 else 2.0**8
+    for r in range(x.shape[0]):
+        kind = r % 4
+        if kind == 0:
+            x[r] = x[r] + shift * float(torch.rand((), generator=g) + 0.5)
+        elif kind == 1:
+            x[r] = x[r] - shift * float(torch.rand((), generator=g) + 0.5)
+        elif kind == 2:
+            x[r] = x[r] * 500.0
+        else:
+            j = torch.randperm(x.shape[1], generator=g)[:2].tolist()
+            x[r, j[0]] = top
+            if x.shape[1] > 1 and r % 2:
+                x[r, j[1]] = -top
+    return x
 
 
 def _tied_groups(x: torch.Tensor, groups: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
@@ -149,6 +179,27 @@ def topk_weights(case: Case, m: int, k: int, device: str) -> torch.Tensor:
     """Router weights [m, k] fp32 in (0.05, 1], rows summing to 1 (as after renormalize)."""
     w = uniform(case, "topk_weights", (m, k), 0.05, 1.0, "cpu")
     return (w / w.sum(dim=1, keepdim=True).clamp_min(1e-12)).to(device)
+
+
+def zero_weights(case: Case, w: torch.Tensor) -> torch.Tensor:
+    """Router weights [m, k] with exact zeros, as saturated sigmoids, masked or padded slots and EP dispatch leave
+    them: every third row (the first among them) all zero, every other odd row one slot zero; the last row keeps
+    its weights, so the output is never all zero. A copy."""
+    w = w.clone()
+    g = generator(case, "zero_weights")
+    for r in range(w.shape[0] - 1):
+        if r % 3 == 0:
+            w[r] = 0.0
+        elif r % 2:
+            w[r, int(torch.randint(0, w.shape[1], (1,), generator=g))] = 0.0
+    return w
+
+
+def has_zero_weights(w: torch.Tensor) -> bool:
+    """Whether some row of w [m, k] is all zero and, with k > 1, some other holds a zero beside a non-zero."""
+    zero = w.detach().cpu() == 0
+    mixed = (zero.any(dim=1) & ~zero.all(dim=1)).any() or w.shape[1] == 1
+    return bool(zero.all(dim=1).any() and mixed)
 
 
 def expert_map(case: Case, e: int, device: str, routed: torch.Tensor | None = None) -> torch.Tensor | None:

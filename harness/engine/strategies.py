@@ -143,7 +143,7 @@ def _class_bases(adapter: Adapter, cell: Mapping[str, str], dim: str) -> list[di
     outliers too."""
     found = []
     for vc in ops.get(adapter.op).value_classes:
-        if vc.applies(adapter, cell):
+        if vc.applies(adapter, cell) and not vc.sized:
             fields = fitting.fitted(adapter, cell, vc.fields(adapter, cell), holds=vc.present)
             if fields is not None and dim in fields["shapes"] and "counts" not in fields.get("params", {}):
                 found.append(dict(fields))

@@ -107,9 +107,19 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
             Check("num_tokens_post_padded", "exact", expected=want.num_tokens_post_padded)]
 
 
+#: expert counts of production models, each with top-8 (Qwen3-MoE, DeepSeek-V3, Kimi K2): ids past 127 and 255
+MODEL_EXPERTS = (128, 256, 384)
+
+
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    e = draw_experts(draw, adapter)
-    k = draw_top_k(draw, adapter, e)
+    # the layout costs M * k, hardly E: production expert counts past the small scale's E budget where the limits
+    # allow them
+    models = [e for e in MODEL_EXPERTS if span(adapter, "E", usual=max(MODEL_EXPERTS)).allows(e)]
+    if models and span(adapter, "k").allows(8) and draw(st.booleans()):
+        e, k = draw(st.sampled_from(models)), 8
+    else:
+        e = draw_experts(draw, adapter)
+        k = draw_top_k(draw, adapter, e)
     m = draw(edge_sizes(span(adapter, "M"), int(cell["block_size"])))  # 0: a boundary case
     params: dict[str, Any] = {}
     if draw(st.booleans()):  # a few experts' counts at and around multiples of the block, the rest filler
@@ -157,11 +167,27 @@ def _counts_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
                                 int(case.features["block_size"]))
 
 
+def _many_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Kimi K2's 384 experts, top-8, over 40 tokens: ids past 127 and past 255 (half the experts local under a
+    map)."""
+    params = map_fields(adapter, 384, 192) if cell["expert_map"] != "none" else {}
+    return {"shapes": {"M": 40, "E": 384, "k": 8}, "dtypes": {"topk_ids": cell["ids_dtype"]}, "routing": "random",
+            "params": params}
+
+
+def _many_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Ids in 128..255 and past 255 (an id narrowed to int8 or uint8 changes)."""
+    ids = inputs["topk_ids"].detach().cpu().long()
+    return bool(((ids >= 128) & (ids < 256)).any() and (ids >= 256).any())
+
+
 BLOCK_COUNTS = ValueClass("block_counts", lambda a, c: True, ("block_size",), _counts_fields, _counts_present)
+MANY_EXPERTS = ValueClass("many_experts", lambda a, c: True, ("ids_dtype",), _many_fields, _many_present,
+                          sized=True)
 MAP_ENDS = ValueClass("first_and_last_local_expert", lambda a, c: c["expert_map"] != "none", ("expert_map",),
                       _counts_fields, lambda case, inputs: ends_routed(inputs["topk_ids"], inputs["expert_map"]))
 
 
 SPECS = {"align": OpSpec(name="align", title="Align (sorted-token layout)", axes=AXES, make_inputs=make_inputs,
                          outputs=outputs, expected=expected, draw=draw, boundary=boundary,
-                         value_classes=(BLOCK_COUNTS, MAP_ENDS))}
+                         value_classes=(BLOCK_COUNTS, MAP_ENDS, MANY_EXPERTS))}

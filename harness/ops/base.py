@@ -69,6 +69,8 @@ class ValueClass:
     applies(adapter, cell): whether the cell can hold it. family: the axes whose values each get a case of their own
     (the code path the values reach differs between them). fields(adapter, cell): the case fields that hold it.
     present(case, inputs): whether a case's inputs hold it (the coverage test asks the tensors, not the names).
+    sized: the class is a size as much as values (384 experts, rows past 8k columns): its case is not taken again
+    at another size past a threshold (`strategies.threshold_cases`), which would multiply the two.
     """
 
     name: str
@@ -76,6 +78,7 @@ class ValueClass:
     family: tuple[str, ...]
     fields: Callable[[Adapter, Mapping[str, str]], dict[str, Any]]
     present: Callable[[Case, Mapping[str, torch.Tensor]], bool]
+    sized: bool = False
 
 
 @dataclass

@@ -202,6 +202,19 @@ def _segments(case: Case) -> tuple[int, int]:
     return 1, k
 
 
+#: the columns at the end of a row that `last_block` puts its amax in: a K block of the kernels' wide loops
+LAST_BLOCK = 128
+
+
+def _amax_in_last_block(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Each row's amax (4 times the rest's) at a random column of its last `LAST_BLOCK` columns, of either sign."""
+    m, k = x.shape
+    cols = k - 1 - torch.randint(0, min(LAST_BLOCK, k), (m,), generator=g)
+    sign = torch.where(torch.rand(m, generator=g) < 0.5, -1.0, 1.0)
+    x[torch.arange(m), cols] = sign * 4.0 * x.abs().amax(dim=1)
+    return x
+
+
 def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator, int8_below: int = 127) -> torch.Tensor:
     """|values| exactly halfway between two adjacent codes below qmax (ties of the rounding)."""
     if quant_dtype == "int8":
@@ -217,7 +230,8 @@ def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator, int
 
 def make_x(case: Case, m: int, k: int) -> torch.Tensor:
     """x in float32 holding values exact in the input dtype, following params['pattern']: random, special (the
-    KINDS per unit), edges (`inputs.edge_rows`: zero rows and groups, amax outliers) or zeros."""
+    KINDS per unit), edges (`inputs.edge_rows`: zero rows and groups, amax outliers), last_block (each row's amax
+    in its last columns) or zeros."""
     dtype = case.dtype("x")
     g = gen.generator(case, "x")
     qd = case.features["quant_dtype"]
@@ -229,6 +243,8 @@ def make_x(case: Case, m: int, k: int) -> torch.Tensor:
         outlier = 16.0 if dtype == torch.float16 else gen.OUTLIER  # fp16: 2^8 * 4.5 * 16 stays finite
         return x.reshape(m, k) * 0.0 if pattern == "zeros" else gen.edge_rows(case, x.reshape(m, k), seg,
                                                                                outlier=outlier)
+    if pattern == "last_block" and m:
+        return _amax_in_last_block(x.reshape(m, k), g)
     if pattern != "special" or m == 0:
         return x.reshape(m, k)
     tensor_unit = case.features["unit"] == "tensor"
@@ -510,6 +526,21 @@ def _has_zero_unit(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
 
 ZERO_UNITS = ValueClass("zero_units", lambda a, c: True, ("unit",), _zero_units_fields, _has_zero_unit)
 
+#: rows past 8k columns (8320 = 65 groups of 128: two blocks of 4096 and a partial one) with few rows
+WIDE_K = 8320
+
+
+def _last_block_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Rows past 8192 columns, each with its amax in the last `LAST_BLOCK` columns."""
+    x = inputs["x"].detach().cpu().float()
+    return x.shape[1] > 8192 and x.shape[0] > 0 and bool(
+        (x.abs().argmax(dim=1) >= x.shape[1] - LAST_BLOCK).all())
+
+
+#: the amax in the last block of a row past 8k columns: a reduction over the row's blocks must reach its tail
+LAST_BLOCK_AMAX = ValueClass("last_block_amax", lambda a, c: True, ("unit",),
+                             lambda a, c: _fields(c, 2, WIDE_K, "last_block"), _last_block_present, sized=True)
+
 
 # per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance
 _x_subset = row_subset("M")
@@ -524,7 +555,8 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 SPECS = {"group_quant": OpSpec(name="group_quant", title="Dynamic quantization (group / token / tensor)", axes=AXES,
                                make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                                boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                               inapplicable=inapplicable, value_classes=(ZERO_UNITS,), stages=stages)}
+                               inapplicable=inapplicable, value_classes=(ZERO_UNITS, LAST_BLOCK_AMAX),
+                               stages=stages)}
 
 
 # --------------------------------------------------------------------------------------------- reference adapter

@@ -46,6 +46,8 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
         "topk_ids": (gen.topk_ids(case, m, e, k, device) if counts is None
                      else gen.ids_for_counts(case, counts, m, k, device)),
     }
+    if case.params.get("values") == "zero_weights":
+        found["topk_weights"] = gen.zero_weights(case, found["topk_weights"])
     if case.params.get("values") == "order" and k >= 3 and m:
         found["expert_out"], found["topk_weights"] = _order_sensitive(case, found["expert_out"],
                                                                       found["topk_weights"])
@@ -146,7 +148,9 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     m = draw(edge_sizes(span(adapter, "M"), lim(adapter, "block_M")))  # M = 0: a boundary case
     hidden = draw(edge_sizes(span(adapter, "K"), 64))
     params: dict[str, Any] = {"routed_scaling_factor": draw(st.sampled_from(_factors(adapter))),
-                              "values": draw(st.sampled_from(["random", "order"]))}
+                              # order-sensitive sums need three slots: with fewer, router weights of exactly 0
+                              "values": draw(st.sampled_from(["random", "order" if k >= 3 else "zero_weights",
+                                                              "zero_weights"]))}
     if yes(cell["expert_map"]):
         params.update(draw_map(draw, adapter, e))
     return {"shapes": {"M": m, "E": e, "k": k, "K": hidden}, "dtypes": {"expert_out": cell["dtype"]},
@@ -190,6 +194,17 @@ def _ends_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
     return ends_routed(inputs["topk_ids"], inputs["expert_map"])
 
 
+def _zero_weights_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Router weights of exactly 0 (`inputs.zero_weights`: whole rows and single slots) over four slots."""
+    params: dict[str, Any] = {"routed_scaling_factor": 1.0, "values": "zero_weights"}
+    if yes(cell["expert_map"]):
+        params.update(map_fields(adapter, 8, 8))
+    return {"shapes": {"M": 7, "E": 8, "k": 4, "K": 65}, "dtypes": {"expert_out": cell["dtype"]}, "params": params}
+
+
+ZERO_WEIGHTS = ValueClass("zero_weights", lambda a, c: not (yes(c["apply_weight_on_input"])
+                                                         or yes(c["weights_applied"])), ("accumulation",),
+                          _zero_weights_fields, lambda case, inputs: gen.has_zero_weights(inputs["topk_weights"]))
 ORDER = ValueClass("summation_order", lambda a, c: not yes(c["apply_weight_on_input"]), ("accumulation",),
                    _order_fields, _order_present)
 MAP_ENDS = ValueClass("first_and_last_local_expert", lambda a, c: yes(c["expert_map"])
@@ -203,4 +218,4 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 
 SPECS = {"reduce": OpSpec(name="reduce", title="Unpermute-reduce", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                           expected=expected, draw=draw, boundary=boundary, token_subset=token_subset,
-                          token_outputs=("out",), value_classes=(ORDER, MAP_ENDS))}
+                          token_outputs=("out",), value_classes=(ORDER, MAP_ENDS, ZERO_WEIGHTS))}

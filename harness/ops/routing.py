@@ -249,16 +249,28 @@ def _grouping(draw: st.DrawFn, e: int, biased: bool, most: int | None) -> tuple[
     return g, draw(st.integers(min_value=1, max_value=g))
 
 
+#: (E, groups, kept groups, k) of production routers: DeepSeek-V3, DeepSeek-V2 (groups of 20), Kimi K2, Qwen3-MoE
+MODEL_SHAPES = ((256, 8, 4, 8), (160, 8, 3, 6), (384, 1, 1, 8), (128, 1, 1, 8))
+
+
+def _model_shapes(adapter: Adapter, grouped: bool) -> list[tuple[int, int, int, int]]:
+    """The production shapes the adapter's limits allow (their E past the small scale's default budget: routing
+    costs little per expert); plain routing takes them ungrouped."""
+    most = max(s[0] for s in MODEL_SHAPES)
+    return [s if grouped else (s[0], 1, 1, s[3]) for s in MODEL_SHAPES
+            if span(adapter, "E", usual=most).allows(s[0]) and span(adapter, "k", hi=32).allows(s[3])]
+
+
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
     grouped = "scaling_placement" in cell
     biased = yes(cell.get("correction_bias", "N"))
     llama4 = cell["scoring"] == "llama4_top1"
-    # the DeepSeek-V3 shape the kernels are built for, where the adapter's limits allow it
-    large = draw(st.booleans()) and grouped and span(adapter, "E").allows(256) \
-        and span(adapter, "k", hi=32).allows(8)
+    shapes = _model_shapes(adapter, grouped)
     params: dict[str, Any] = {}
-    if large:
-        e, g, tg, k = 256, 8, 4, 8
+    # one draw in four: the shapes the kernels are built for, where the limits allow them
+    if shapes and draw(st.integers(0, 3)) == 0:
+        e, g, tg, k = draw(st.sampled_from(shapes))
+        k = 1 if llama4 else k
     else:
         e = draw_experts(draw, adapter, multiple=2 if biased and grouped else 1)
         g, tg = _grouping(draw, e, biased, lim(adapter, "max_num_groups")) if grouped else (1, 1)
@@ -267,7 +279,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
         params.update(num_groups=g, topk_group=tg,
                       routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
     m = draw(edge_sizes(span(adapter, "M"), lim(adapter, "block_M")))  # M = 0: a boundary case
-    patterns = ["random", "skewed", "one_expert", "some_empty", "ties"]
+    patterns = ["random", "skewed", "one_expert", "some_empty", "ties", "extreme"]
     routing = "nonfinite" if yes(cell["nonfinite_rows"]) else draw(st.sampled_from(patterns))
     if routing == "nonfinite":
         params["values"] = draw(st.sampled_from(["random", "every_kind"]))
@@ -322,6 +334,44 @@ NONFINITE_ROWS = ValueClass("nonfinite_rows", lambda a, c: yes(c["nonfinite_rows
                             _nonfinite_fields, _every_nonfinite_kind)
 
 
+def _fields_of(cell: Mapping[str, str], m: int, e: int, k: int, group: tuple[int, int], routing: str) -> dict[str, Any]:
+    """A case of `cell` with M, E, k, (groups, kept groups) for grouped routing, and a routing pattern."""
+    params = ({"num_groups": group[0], "topk_group": group[1], "routed_scaling_factor": 2.5}
+              if "scaling_placement" in cell else {})
+    k = 1 if cell["scoring"] == "llama4_top1" else k
+    return {"shapes": {"M": m, "E": e, "k": k}, "dtypes": {"router_logits": cell["logits_dtype"]},
+            "routing": routing, "params": params}
+
+
+def _extreme_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Some finite logit past exp's overflow and one at the dtype's largest finite value."""
+    x = inputs["router_logits"].detach().cpu()
+    big = x.isfinite() & (x.float().abs() > gen.EXP_OVERFLOW)
+    return bool(big.any() and (x == torch.finfo(x.dtype).max).any())
+
+
+def _odd_width_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Groups whose width (E / groups) is not a power of two, some of them left out."""
+    g, e = case.params.get("num_groups", 1), case.shape("E")
+    width = e // g
+    return g > 1 and case.params.get("topk_group", g) < g and width & (width - 1) != 0
+
+
+def _unfinite_cell(a: Adapter, c: Mapping[str, str]) -> bool:
+    return not yes(c["nonfinite_rows"])
+
+
+#: logits past exp's overflow and at the dtype's largest finite value (saturated sigmoids, exactly-zero scores)
+LARGE_LOGITS = ValueClass("large_logits", _unfinite_cell, ("logits_dtype",),
+                          lambda a, c: _fields_of(c, 8, 16, 4, (4, 2), "extreme"), _extreme_present)
+#: Kimi K2's 384 experts, top-8 (ids past 127 and 255), in groups of 48 for grouped routing
+MANY_EXPERTS = ValueClass("many_experts", _unfinite_cell, (), lambda a, c: _fields_of(c, 5, 384, 8, (8, 4), "random"),
+                          lambda case, inputs: inputs["router_logits"].shape[1] > 256, sized=True)
+#: DeepSeek-V2's groups of 20 (padded to 32 in a power-of-two tile)
+ODD_GROUP_WIDTH = ValueClass("odd_group_width", _unfinite_cell, (),
+                             lambda a, c: _fields_of(c, 9, 160, 6, (8, 3), "random"), _odd_width_present, sized=True)
+
+
 def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) -> tuple[Case, dict[str, torch.Tensor]]:
     sub = dict(inputs)
     sub["router_logits"] = inputs["router_logits"][rows]
@@ -329,13 +379,14 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
     return case.replace(shapes={**case.shapes, "M": n}), sub
 
 
-def _spec(name: str, title: str, axes: tuple[Axis, ...]) -> OpSpec:
+def _spec(name: str, title: str, axes: tuple[Axis, ...], classes: tuple[ValueClass, ...]) -> OpSpec:
     return OpSpec(name=name, title=title, axes=axes, make_inputs=make_inputs, outputs=outputs, expected=expected,
                   draw=draw, boundary=boundary, token_subset=token_subset, token_outputs=("topk_weights", "topk_ids"),
-                  value_classes=(NONFINITE_ROWS,), stages=stages)
+                  value_classes=(NONFINITE_ROWS, *classes), stages=stages)
 
 
 SPECS = {
-    "routing": _spec("routing", "Top-k routing", ROUTING_AXES),
-    "grouped_routing": _spec("grouped_routing", "Grouped top-k routing", GROUPED_AXES),
+    "routing": _spec("routing", "Top-k routing", ROUTING_AXES, (LARGE_LOGITS, MANY_EXPERTS)),
+    "grouped_routing": _spec("grouped_routing", "Grouped top-k routing", GROUPED_AXES,
+                             (LARGE_LOGITS, MANY_EXPERTS, ODD_GROUP_WIDTH)),
 }

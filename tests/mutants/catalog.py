@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tests.mutants.build import Mutant, Patch
 from tests.mutants.catalog_boundaries import BOUNDARY_MUTANTS
+from tests.mutants.catalog_values import VALUE_MUTANTS
 
 P = Patch
 _ROUTING = "kernels.routing"
@@ -284,4 +285,5 @@ MUTANTS: tuple[Mutant, ...] = (
         "weight scale row index along N off (two 128-row groups share one scale row)",
         {"quant_format": ("G128",), "quant_type": ("fp8_w8a8",)}),
     *BOUNDARY_MUTANTS,
+    *VALUE_MUTANTS,
 )

@@ -1,0 +1,49 @@
+"""Planted bugs that hide behind the value ranges real models and production reach rather than a feature cell:
+logits past exp's overflow, group widths that are not powers of two, expert ids past 127 and 255, router weights
+of exactly 0, and the amax in the last block of a row past 8k columns. Each passes every case of a draw that
+stays inside the tame range, and is caught by the value class that leaves it (`harness/ops/*`: `LARGE_LOGITS`,
+`ODD_GROUP_WIDTH`, `MANY_EXPERTS`, `ZERO_WEIGHTS`, `LAST_BLOCK_AMAX`); `tests/mutants/catalog.py` adds them.
+
+Not planted here: an int32 flat offset past 2**31 elements, which needs more memory than a CPU CI case allocates
+(the planted-bug suite runs under Triton's interpreter on the CPU).
+"""
+
+from __future__ import annotations
+
+from tests.mutants.build import Mutant, Patch
+
+P = Patch
+_ROUTING = "kernels.routing"
+_GQ = "kernels.group_quant"
+_ALIGN = "kernels.align"
+_RED = "kernels.reduce"
+
+VALUE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("routing-softmax-no-max-subtraction", "triton-routing", _ROUTING, (
+        P("ex = tl.where(col_ok, libdevice.exp(xm - mx[:, None, None]), 0.0)",
+          "ex = tl.where(col_ok, libdevice.exp(xm), 0.0)"),),
+        "softmax as exp(x) / sum exp(x): exact while |x| < 88, inf / inf = NaN past exp's overflow",
+        {"scoring": ("softmax",), "nonfinite_rows": ("N",)}),
+    Mutant("grouped-group-stride-pow2", "triton-grouped-routing", _ROUTING, (
+        P("eid = g3 * PER_GROUP + p3", "eid = g3 * BLOCK_P + p3"),),
+        "the padded group width (next power of two) used as the group stride: right only for power-of-two groups"),
+    Mutant("align-ids-int8", "triton-align", _ALIGN, (
+        P("e = tl.load(ids_ptr + offs, mask=valid, other=0).to(tl.int32)",
+          "e = tl.load(ids_ptr + offs, mask=valid, other=0).to(tl.int8).to(tl.int32)"),),
+        "expert ids narrowed to int8: right while E <= 128"),
+    Mutant("reduce-zero-weight-rows-unwritten", "triton-reduce", _RED, (
+        P("    acc = tl.zeros([BLOCK], dtype=tl.float32)\n",
+          "    acc = tl.zeros([BLOCK], dtype=tl.float32)\n    live = tl.zeros([BLOCK], dtype=tl.float32)\n"),
+        P("            term = tl.load(w_ptr + t * stride_wm + j * stride_wj) * term",
+          "            wj = tl.load(w_ptr + t * stride_wm + j * stride_wj)\n"
+          "            live = live + tl.abs(wj)\n            term = wj * term"),
+        P("tl.store(out_ptr + t * stride_om + cols * stride_ok, acc.to(out_ty), mask=cmask)",
+          "tl.store(out_ptr + t * stride_om + cols * stride_ok, acc.to(out_ty), mask=cmask & (live != 0.0))")),
+        "a token whose router weights are all 0 (masked or padded slots) skipped: its output row never written",
+        {"weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
+    Mutant("gq-wide-row-amax-full-blocks-only", "triton-group-quant", _GQ, (
+        P("    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K, BLOCK_K):\n",
+          "    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):\n"),),
+        "a per-token row wider than the register tile: amax over its full blocks only (the last partial block "
+        "left out)", {"unit": ("token",)}),
+)
