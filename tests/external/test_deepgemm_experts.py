@@ -5,6 +5,7 @@ that stand in for vLLM's Triton permute, checked against vLLM's rules."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import pytest
 import torch
@@ -141,8 +142,8 @@ class _ExactContiguousDeepGemm:
     """A CPU stand-in for DeepGEMM's contiguous grouped GEMM: exact products of the dequantized operands per expert
     block (psum layout: each expert's end row), recording the `disable_ue8m0_cast` it is given."""
 
-    casts: list[bool] = []
-    scales: list[torch.Tensor] = []
+    casts: ClassVar[list[bool]] = []
+    scales: ClassVar[list[torch.Tensor]] = []
 
     @staticmethod
     def get_mk_alignment_for_contiguous_layout() -> int:
