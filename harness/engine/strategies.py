@@ -130,11 +130,22 @@ def threshold_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> lis
             usable = [b for b in fitting.boundary(adapter, cell) if dim in b["shapes"] and _substantive(b)]
             if not usable:
                 continue
-            bases = [min(usable, key=lambda b: _size({**b["shapes"], dim: 1})), *_class_bases(adapter, cell, dim)]
-            found += [Case(op=adapter.op, adapter=adapter.name, features=dict(cell),
-                           **{**base, "shapes": {**base["shapes"], dim: size}}) for base in bases for size in sizes]
+            usable.sort(key=lambda b: _size({**b["shapes"], dim: 1}))
+            for size in sizes:
+                moved = [_moved(adapter, cell, base, dim, size) for base in usable]
+                first = next((c for c in moved if c is not None), None)
+                extra = [_moved(adapter, cell, b, dim, size) for b in _class_bases(adapter, cell, dim)]
+                found += [c for c in (first, *extra) if c is not None]
             break
     return found
+
+
+def _moved(adapter: Adapter, cell: Mapping[str, str], base: Mapping[str, Any], dim: str, size: int) -> Case | None:
+    """`base` with <dim> set to `size`, None where the op cannot build that case (`OpSpec.invalid`: k past E, ...)."""
+    case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell),
+                **{**base, "shapes": {**base["shapes"], dim: size}})
+    invalid = ops.get(adapter.op).invalid
+    return case if invalid is None or invalid(case) is None else None
 
 
 def _class_bases(adapter: Adapter, cell: Mapping[str, str], dim: str) -> list[dict[str, Any]]:

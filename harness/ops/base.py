@@ -119,6 +119,9 @@ class OpSpec:
     #: the inputs the value classes' `present` read, where they are cheaper to build than all of them (the
     #: coverage report asks every planned case); None: `make_inputs`
     class_inputs: Callable[[Case, str], dict[str, torch.Tensor]] | None = None
+    #: why a case's sizes cannot be built (k past E, ...), None when they can: a fixed case moved to another size
+    #: (a threshold) is checked with it before it is planned; None: every combination of sizes is a case
+    invalid: Callable[[Case], str | None] | None = None
 
     def estimated_input_elements(self, case: Case) -> int:
         if self.input_elements is not None:

@@ -379,10 +379,24 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
     return case.replace(shapes={**case.shapes, "M": n}), sub
 
 
+def invalid(case: Case) -> str | None:
+    """Sizes no routing can take: k past E, and for grouped routing groups that do not divide E or keep fewer than
+    k experts."""
+    e, k = case.shape("E"), case.shape("k")
+    if k > e:
+        return f"k={k} > E={e}"
+    g, tg = case.params.get("num_groups"), case.params.get("topk_group")
+    if g is None or tg is None:
+        return None
+    if e % g or k > tg * (e // g):
+        return f"E={e} in {g} groups keeping {tg} cannot hold k={k}"
+    return None
+
+
 def _spec(name: str, title: str, axes: tuple[Axis, ...], classes: tuple[ValueClass, ...]) -> OpSpec:
     return OpSpec(name=name, title=title, axes=axes, make_inputs=make_inputs, outputs=outputs, expected=expected,
                   draw=draw, boundary=boundary, token_subset=token_subset, token_outputs=("topk_weights", "topk_ids"),
-                  value_classes=(NONFINITE_ROWS, *classes), stages=stages)
+                  value_classes=(NONFINITE_ROWS, *classes), stages=stages, invalid=invalid)
 
 
 SPECS = {

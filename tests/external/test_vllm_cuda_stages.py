@@ -195,6 +195,14 @@ def _case(adapter: registry.Adapter, features: dict[str, str], shapes: dict[str,
                 routing=routing, params=params or {})
 
 
+@pytest.fixture(scope="module")
+def cpu_device():  # type: ignore[no-untyped-def]
+    """The stand-in tests judge on the CPU, also on a GPU machine (the ops are stood in by torch code there)."""
+    from harness.core.device import detect
+
+    return detect("cpu")
+
+
 def _on_cpu(adapter: registry.Adapter) -> registry.Adapter:
     """The adapter as a kernel of this machine (its CUDA ops stood in), without its library's check."""
     return dataclasses.replace(adapter, generations=("interp", "cpu"), library=None)
@@ -236,60 +244,60 @@ CASES: dict[str, tuple[registry.Adapter, Case, dict[str, Any]]] = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_passes_and_a_planted_op_bug_fails(name, monkeypatch, device_info) -> None:  # type: ignore[no-untyped-def]
+def test_passes_and_a_planted_op_bug_fails(name, monkeypatch, cpu_device) -> None:  # type: ignore[no-untyped-def]
     adapter, case, bug = CASES[name]
     here = _on_cpu(adapter)
     _use(monkeypatch)
-    got = runner.judge(case, here, device_info)
+    got = runner.judge(case, here, cpu_device)
     assert got.verdict == "pass", got.reason
     _use(monkeypatch, **bug)
-    assert runner.judge(case, here, device_info).verdict == "fail"
+    assert runner.judge(case, here, cpu_device).verdict == "fail"
 
 
-def test_nonfinite_rows_follow_the_zero_rule(monkeypatch, device_info) -> None:  # type: ignore[no-untyped-def]
+def test_nonfinite_rows_follow_the_zero_rule(monkeypatch, cpu_device) -> None:  # type: ignore[no-untyped-def]
     """NaN, +Inf and all -Inf rows: the kernels clamp non-finite scores to 0 (`nonfinite="zero"`)."""
     case = _case(vc.TOPK_SOFTMAX, {"scoring": "softmax", **ROUTING, "correction_bias": "N", "nonfinite_rows": "Y"},
                  {"M": 8, "E": 16, "k": 4}, {"router_logits": "float16"}, {"values": "every_kind"}, "nonfinite")
     here = _on_cpu(vc.TOPK_SOFTMAX)
     _use(monkeypatch)
-    assert runner.judge(case, here, device_info).verdict == "pass"
+    assert runner.judge(case, here, cpu_device).verdict == "pass"
     propagating = dataclasses.replace(here, conventions={**here.conventions, "nonfinite": "propagate"})
-    assert runner.judge(case, propagating, device_info).verdict == "fail"
+    assert runner.judge(case, propagating, cpu_device).verdict == "fail"
 
 
 def test_grouped_softmax_scores_are_torch_softmax_in_the_logits_dtype(monkeypatch,  # type: ignore[no-untyped-def]
-                                                                      device_info) -> None:
+                                                                      cpu_device) -> None:
     case = _case(vc.GROUPED_TOPK, {"scoring": "softmax", **ROUTING, "scaling_placement": "reduce"},
                  {"M": 13, "E": 64, "k": 6}, {"router_logits": "bfloat16"},
                  {"num_groups": 8, "topk_group": 4, "routed_scaling_factor": 2.5})
     _use(monkeypatch)
-    assert runner.judge(case, _on_cpu(vc.GROUPED_TOPK), device_info).verdict == "pass"
+    assert runner.judge(case, _on_cpu(vc.GROUPED_TOPK), cpu_device).verdict == "pass"
     _use(monkeypatch, grouped_topk=lambda scores, *rest: grouped_topk(scores.float().log(), *rest[:-1], 1))
-    assert runner.judge(case, _on_cpu(vc.GROUPED_TOPK), device_info).verdict == "fail"
+    assert runner.judge(case, _on_cpu(vc.GROUPED_TOPK), cpu_device).verdict == "fail"
 
 
 @pytest.mark.parametrize("activation", ["gelu_and_mul", "gelu_tanh_and_mul", "swigluoai"])
-def test_each_activation_reaches_its_op(activation, monkeypatch, device_info) -> None:  # type: ignore[no-untyped-def]
+def test_each_activation_reaches_its_op(activation, monkeypatch, cpu_device) -> None:  # type: ignore[no-untyped-def]
     case = _case(vc.ACTIVATION, {"activation": activation, "dtype": "float16"}, {"T": 5, "N": 16}, {"x": "float16"})
     _use(monkeypatch)
-    assert runner.judge(case, _on_cpu(vc.ACTIVATION), device_info).verdict == "pass"
+    assert runner.judge(case, _on_cpu(vc.ACTIVATION), cpu_device).verdict == "pass"
     wrong = {"gelu_and_mul": "gelu_tanh_and_mul", "gelu_tanh_and_mul": "silu_and_mul",
              "swigluoai": "silu_and_mul"}[activation]
     op = vc.ACT_OPS[activation]
     _use(monkeypatch, **{op: lambda out, x, *rest: getattr(_namespaces()["_C"], vc.ACT_OPS[wrong])(out, x)})
-    assert runner.judge(case, _on_cpu(vc.ACTIVATION), device_info).verdict == "fail"
+    assert runner.judge(case, _on_cpu(vc.ACTIVATION), cpu_device).verdict == "fail"
 
 
-def test_ue8m0_scales_take_the_floor_before_the_rounding(monkeypatch, device_info) -> None:  # type: ignore[no-untyped-def]
+def test_ue8m0_scales_take_the_floor_before_the_rounding(monkeypatch, cpu_device) -> None:  # type: ignore[no-untyped-def]
     """All-zero groups: the kernel's 1e-10 floor under 2^ceil(log2 s) is eps on the scale, not on amax."""
     case = _case(vc.GROUP_QUANT_FP8, {"quant_dtype": "fp8_e4m3fn", "unit": "group", "group_size": "64",
                                       "scale_rule": "ue8m0", "scale_layout": "row_major", "input_dtype": "float32"},
                  {"M": 4, "K": 128}, {"x": "float32"}, {"pattern": "zeros"})
     here = _on_cpu(vc.GROUP_QUANT_FP8)
     _use(monkeypatch)
-    assert runner.judge(case, here, device_info).verdict == "pass"
+    assert runner.judge(case, here, cpu_device).verdict == "pass"
     amax_eps = dataclasses.replace(here, conventions_for=lambda c, d: {"eps_placement": "amax"})
-    assert runner.judge(case, amax_eps, device_info).verdict == "fail"
+    assert runner.judge(case, amax_eps, cpu_device).verdict == "fail"
 
 
 @pytest.mark.parametrize("adapter", [vc.TOPK_SOFTMAX, vc.ALIGN, vc.GROUP_QUANT_FP8, vc.CUDA_STANDARD],
@@ -363,7 +371,7 @@ def _experts_case(**features: str) -> Case:
                 "N": 32}, dtypes={"x": f["dtype"]}, seed=1, routing="random")
 
 
-def test_the_experts_row_runs_vllm_triton_gemms_between_its_cuda_ops(monkeypatch, device_info,  # type: ignore[no-untyped-def]
+def test_the_experts_row_runs_vllm_triton_gemms_between_its_cuda_ops(monkeypatch, cpu_device,  # type: ignore[no-untyped-def]
                                                                       unverifiable) -> None:
     if vf.LIBRARY.missing() is not None:
         pytest.skip("vLLM's fused_moe files are not here (bash scripts/third_party.sh)")
@@ -371,8 +379,21 @@ def test_the_experts_row_runs_vllm_triton_gemms_between_its_cuda_ops(monkeypatch
                                interp_features=vf.interp_features)
     case = _experts_case()
     _use(monkeypatch)
-    got = runner.judge(case, here, device_info, unverifiable=unverifiable)
+    got = runner.judge(case, here, cpu_device, unverifiable=unverifiable)
     assert got.verdict == "pass", got.reason
     assert vf.module(vc.CUDA_OPS).moe_align_block_size is vc.CUDA_OPS.align  # not the stand-in's module
     _use(monkeypatch, moe_sum=_sum_drops_last_slot)
-    assert runner.judge(case, here, device_info, unverifiable=unverifiable).verdict == "fail"
+    assert runner.judge(case, here, cpu_device, unverifiable=unverifiable).verdict == "fail"
+
+
+def test_moe_sum_refuses_the_cells_it_does_not_declare_when_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a sweep runs undeclared cells too: without router weights anywhere the op would sum unweighted slots
+    from harness.registry import Unsupported
+
+    monkeypatch.setattr(vc._vllm_cuda, "ops", lambda _: pytest.fail("the op must not be called"))
+    case = Case(op="reduce", adapter=vc.MOE_SUM.name, seed=0, routing="random", dtypes={"expert_out": "bfloat16"},
+                features={"accumulation": "fp32", "weights_applied": "N", "apply_weight_on_input": "N",
+                          "expert_map": "N", "dtype": "bfloat16"}, shapes={"M": 2, "E": 4, "k": 2, "K": 8})
+    inputs = {"expert_out": torch.ones(2, 2, 8, dtype=torch.bfloat16), "topk_ids": torch.zeros(2, 2)}
+    with pytest.raises(Unsupported, match="no router weights"):
+        vc._run_reduce(case, inputs, {"out": torch.zeros(2, 8, dtype=torch.bfloat16)})

@@ -249,6 +249,9 @@ def _reduce_requires(device: DeviceInfo | None, features: Mapping[str, str]) -> 
 
 def _run_reduce(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     _check("vllm-cuda-moe-sum", REDUCE_SUPPORT, case.features)
+    why = _reduce_requires(None, case.features)
+    if why:  # the sweep also runs undeclared cells: they must be refused, not summed without weights
+        raise Unsupported(why)
     y, out = inputs["expert_out"], outputs["out"]
     if y.shape[0] == 0:
         return
