@@ -292,6 +292,9 @@ BY_OP: dict[str, tuple[Convention, ...]] = {
             "promoted to fp32 only every few steps (CUTLASS, DeepGEMM)"}, default="ieee"),
         Convention("weight_dequant_dtype", "a weight-only kernel rounds dequantized weights to this dtype before "
                    "its MMA", values={"bfloat16": "", "float16": ""}),
+        Convention("weight_scale_dtype", "a weight-only kernel takes its weight scales in this dtype: the harness's "
+                   "fp32 scales are rounded to it (one more rounding on every weight; Marlin)",
+                   values={"bfloat16": "", "float16": ""}),
         Convention("padding_rows", "the batched format's rows at or past each expert's count", values={
             "free": "not part of the contract: the kernel may write anything there (grouped GEMMs over whole "
             "batches: torch._grouped_mm)",

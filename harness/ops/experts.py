@@ -245,6 +245,8 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     u_acc = UNIT_ROUNDOFF["tf32"] if conventions.get("matmul_precision") == "tf32" else UNIT_ROUNDOFF["float32"]
     # weight-only kernels that round dequantized weights before their MMA: one more rounding per product
     u_w = unit_roundoff(conventions["weight_dequant_dtype"]) if "weight_dequant_dtype" in conventions else 0.0
+    if "weight_scale_dtype" in conventions:  # the kernel's scales rounded from the harness's fp32: once more
+        u_w += unit_roundoff(conventions["weight_scale_dtype"])
     # fp8 tensor-core partial sums kept at ~14 bits between fp32 promotions: a relative term on |products|
     if conventions.get("matmul_precision") == "fp8_mma_promoted":
         u_w += 2 * FP8_MMA_REL

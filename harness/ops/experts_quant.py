@@ -8,7 +8,7 @@ An adapter adjusts the activation convention with `conventions["act_quant"]` (Qu
 `conventions["weight_quant"]` (copied into the case's params when it is drawn: weights are inputs); an `eps_dtype` of
 `input` in either means x's dtype (the weights are drawn in it);
 `conventions["weight_dequant_dtype"]` ("bfloat16"/"float16") says a weight-only kernel rounds dequantized weights
-to that dtype before its MMA.
+to that dtype before its MMA, `conventions["weight_scale_dtype"]` that it takes the scales in that dtype (rounded).
 
 Kernel inputs (codes in the dtype a kernel takes, scales stacked over the local experts E):
   w13, w2             fp8: torch.float8_e4m3fn; int8: int8; w8a16: uint8; w4a16/mxfp4/nvfp4: uint8, two codes a byte

@@ -54,8 +54,9 @@ SEED_ROWS: tuple[SeedRow, ...] = (
             "OpenAI's triton_kernels (vendored by vLLM's CUDA wheel) launches its GEMMs (matmul_ogs) only on a GPU: "
             "it asks the GPU target for its tiles and weight layouts, which Triton's CPU interpreter has not; sm90 "
             "verdicts come from the lent GPU (docs/SEED_TABLE.md)"),
-    SeedRow("vLLM", "marlin", (), "Y", "fused_marlin_moe, MarlinExperts, BatchedMarlinExperts",
-            "Marlin's MoE GEMM is a CUDA op of vLLM's CUDA build (moe_wna16_marlin_gemm), not in any carryable wheel"),
+    SeedRow("vLLM", "marlin", ("vllm-marlin-experts",), "Y", "fused_marlin_moe, MarlinExperts, BatchedMarlinExperts",
+            "Marlin's MoE GEMM is a CUDA op of vLLM's CUDA build (moe_wna16_marlin_gemm in _moe_C), loaded from the "
+            "wheel's stable-ABI extensions only on a GPU machine (scripts/vllm_cuda.sh); no verdict recorded yet"),
     SeedRow("vLLM", "trtllm", (), "Y", "TrtLlmGenExperts", f"TensorRT-LLM-gen cubins (flashinfer-cubin); {_SM100}"),
     SeedRow("vLLM", "rocm aiter moe", (), "N", "rocm_aiter_fused_experts", "needs an AMD GPU (ROCm, aiter)"),
     SeedRow("vLLM", "cpu_fused_moe", ("vllm-cpu-experts",), "N", "CPUFusedMOE (torch.ops._C.cpu_fused_moe)"),
