@@ -63,6 +63,7 @@ import torch
 
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
+from harness.core.known import KnownFinding
 from harness.registry import Adapter, Unsupported, import_library, register
 from kernels.adapters.external import _vllm_cuda
 from kernels.adapters.external import vllm_experts as ve
@@ -152,10 +153,19 @@ def _run_grouped(case: Case, inputs: Tensors, outputs: Tensors) -> None:
 
 _ROUTING: dict[str, Any] = dict(library=LIBRARY, generations=GENERATIONS, properties=_DETERMINISTIC)
 
+NONFINITE_ALL_EXPERTS = KnownFinding(
+    finding="docs/FINDINGS.md 15 (non-finite rows with k = E of a few experts: duplicate expert ids)",
+    checks=("topk_ids",), features={"nonfinite_rows": ("Y",)}, shapes={"E": {"max": 7}},
+    case=Case(op="routing", adapter="vllm-cuda-topk-softmax", seed=164, routing="nonfinite",
+              dtypes={"router_logits": "float32"},
+              features={"correction_bias": "Y", "logits_dtype": "float32", "nonfinite_rows": "Y", "renormalize": "Y",
+                        "scoring": "softmax"},
+              shapes={"E": 3, "M": 1, "k": 3}, params={"values": "random"}))
+
 TOPK_SOFTMAX = register(Adapter(
     name="vllm-cuda-topk-softmax", op="routing", source="vllm _moe_C.topk_softmax (CUDA)", run=_run_topk_softmax,
     support={"scoring": ("softmax",), **TOPK_SUPPORT}, conventions=TOPK_CONVENTIONS,
-    limits={"cross_E": TOPK_CROSS_E}, **_ROUTING,
+    limits={"cross_E": TOPK_CROSS_E}, known=(NONFINITE_ALL_EXPERTS,), **_ROUTING,
     description="vLLM CUDA topk_softmax (fused softmax + top-k, correction bias, renormalize), fp32 scores"))
 TOPK_SIGMOID = register(Adapter(
     name="vllm-cuda-topk-sigmoid", op="routing", source="vllm _moe_C.topk_sigmoid (CUDA)", run=_run_topk_sigmoid,

@@ -56,6 +56,7 @@ import torch
 
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
+from harness.core.known import KnownFinding
 from harness.registry import Adapter, Unsupported, register
 from kernels.adapters.external import _vllm_cuda
 from kernels.adapters.external import vllm_experts as ve
@@ -354,11 +355,20 @@ _DESCRIPTION = ("vLLM {v} {cls} on its CUDA extensions' ops, unchanged: dynamic 
                 "cutlass_moe_mm (both grouped GEMMs), silu/gelu/swigluoai_and_mul{reduce}; run_cutlass_moe_fp8's "
                 "Python (buffers, strides, scale gathering) and the prepare step stand in")
 
+WEIGHT_TWICE = KnownFinding(
+    finding="docs/FINDINGS.md 14 (the router weight applied on the input is applied again by moe_unpermute)",
+    checks=("out",), features={"apply_weight_on_input": ("Y",)},
+    case=Case(op="experts", adapter="vllm-cutlass-experts", seed=0, routing="random", dtypes={"x": "bfloat16"},
+              features={"activation": "gelu", "apply_weight_on_input": "Y", "bias": "N", "dtype": "bfloat16",
+                        "expert_map": "Y", "format": "standard", "quant_format": "T", "quant_type": "fp8_w8a8"},
+              shapes={"E": 1, "K": 16, "M": 1, "N": 16, "k": 1},
+              params={"local_experts": 1, "map": "random", "values": "random"}))
+
 STANDARD = register(Adapter(
     name="vllm-cutlass-experts", op="experts", source=f"{_DRIVER}:run_cutlass_moe_fp8 (torch.ops._C.cutlass_moe_mm)",
     run=run_standard, support=SUPPORT, generations=GENERATIONS, conventions=CONVENTIONS,
     conventions_for=conventions_for, requires=requires, properties=frozenset({"deterministic"}), limits=_LIMITS,
-    library=_vllm_cuda.LIBRARY,
+    library=_vllm_cuda.LIBRARY, known=(WEIGHT_TWICE,),
     description=_DESCRIPTION.format(v=_vllm_cuda.VERSION, cls="CutlassExpertsFp8", reduce=", moe_unpermute",
                                     layout="moe_permute, the problem sizes from its offsets, "),
 ), replace=True)
