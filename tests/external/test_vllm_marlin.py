@@ -162,9 +162,11 @@ def _judge(case: Case, device_info, run=vm.run) -> tuple[bool, str]:  # type: ig
 
 def test_not_installed_names_the_command(device_info) -> None:  # type: ignore[no-untyped-def]
     assert registry.resolve("vllm-marlin-experts") is vm.ADAPTER
-    why = vm.ADAPTER.not_installed()
+    # the files taken away, as on a machine without them (also where they are present)
+    gone = dataclasses.replace(vm.ADAPTER, library=dataclasses.replace(vm.ADAPTER.library, needs=("no/such.so",)))
+    why = gone.not_installed()
     assert why is not None and "scripts/vllm_cuda.sh" in why
-    r = runner.judge(_case(), vm.ADAPTER, nominal(vm.ADAPTER, device_info))
+    r = runner.judge(_case(), gone, nominal(gone, device_info))
     assert r.verdict == "not-installed" and "vllm_cuda.sh" in r.reason
 
 
