@@ -40,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --deepgemm-git) DG_GIT=$2; shift 2 ;;
     --fmt-git) FMT_GIT=$2; shift 2 ;;
     --cutlass-include) CUTLASS_INCLUDE=$2; shift 2 ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) echo "deepgemm.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
