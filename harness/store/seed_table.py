@@ -40,7 +40,8 @@ SEED_ROWS: tuple[SeedRow, ...] = (
                                     "deepgemm-contiguous-experts-ue8m0", "deepgemm-masked-experts-ue8m0"), "Y",
             "DeepGemmExperts, BatchedDeepGemmExperts"),
     SeedRow("vLLM", "cutlass_fp4", (), "Y", "CutlassExpertsFp4",
-            "vLLM's CUTLASS nvfp4 grouped GEMM (cutlass_fp4_group_mm, in its CUDA build) needs SM100's nvfp4 MMA: the lent GPUs are sm90"),
+            "vLLM's CUTLASS nvfp4 grouped GEMM (cutlass_fp4_group_mm, in its CUDA build) needs SM100's nvfp4 MMA: "
+            "the lent GPUs are sm90"),
     SeedRow("vLLM", "cutlass_fp8", ("vllm-cutlass-experts", "vllm-cutlass-batched-experts"), "Y",
             "CutlassExpertsFp8, CutlassBatchedExpertsFp8",
             "vLLM's CUTLASS grouped fp8 GEMMs are CUDA ops of its extensions (bash scripts/vllm_cuda.sh): they run "
