@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from harness.commands import emit
+from harness.core.layouts import LAYOUTS
 
 DEFAULT_OUT = "docs/CONVENTIONS.md"
 #: the ops documented, in this order (each must have a spec: `harness.ops.available()`)
@@ -158,7 +159,7 @@ def _contract(op: str) -> list[str]:
     lines = ["Shape letters: " + "; ".join(f"`{k}` {_cell(v)}" for k, v in c.symbols.items()) + ".", "",
              "Inputs (`inputs[name]` in `run`):", "", "| input | shape | dtype | present in | holds |",
              "|---|---|---|---|---|",
-             *(f"| `{t.name}` | {_cell(t.shape)} | {_cell(t.dtype)} | {present(t)} | {_cell(t.meaning)} |"
+             *(f"| `{t.name}` | {_cell(t.shape)} | {_cell(t.dtype)} | {present(t)} | {_holds(t)} |"
                for t in c.inputs), ""]
     if c.params:
         lines += ["Case parameters (`case.params[name]`):", "", "| param | kind | present in | meaning |",
@@ -169,11 +170,24 @@ def _contract(op: str) -> list[str]:
     lines += ["Outputs (`outputs[name]`, pre-allocated; the kernel writes them or returns tensors that replace "
               "them):", "", "| output | shape | dtype | present in | holds | the kernel writes |",
               "|---|---|---|---|---|---|",
-              *(f"| `{t.name}` | {_cell(t.shape)} | {_cell(t.dtype)} | {present(t)} | {_cell(t.meaning)} | "
+              *(f"| `{t.name}` | {_cell(t.shape)} | {_cell(t.dtype)} | {present(t)} | {_holds(t)} | "
                 f"{_cell(t.written)} |" for t in c.outputs), ""]
     if c.notes:
         lines += [*(f"- {n}" for n in c.notes), ""]
+    if any(t.any_strides for t in (*c.inputs, *c.outputs)):
+        lines += [_ANY_STRIDES, ""]
     return lines
+
+
+#: what "any strides" in a contract table means
+_ANY_STRIDES = ("*Any strides*: the tensor may come in any memory layout; the draws take each of "
+                + ", ".join(f"`{k}` ({v})" for k, v in LAYOUTS.items())
+                + ", recorded in `case.layout[name]`. A strided output is judged on its view; a write into the gaps "
+                "of its buffer fails the case. An adapter whose kernel needs fewer declares the `layouts` limit.")
+
+
+def _holds(t: Any) -> str:
+    return _cell(t.meaning + (". *Any strides*" if t.any_strides else ""))
 
 
 def _module_doc(op: str) -> str:

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness.core import layouts
+
 if TYPE_CHECKING:
     import torch
 
@@ -85,7 +87,7 @@ class Case:
     seed: int = 0
     routing: str = "random"
     quant: dict[str, Any] | None = None  # quant recipe (reference.quant.QuantRecipe.to_dict())
-    layout: dict[str, Any] = field(default_factory=dict)  # flags: non_contiguous, padded rows, ...
+    layout: dict[str, Any] = field(default_factory=dict)  # tensor name -> layout class (harness.core.layouts)
     params: dict[str, Any] = field(default_factory=dict)  # op parameters (block_size, renormalize, ...)
     convention: dict[str, Any] = field(default_factory=dict)  # numeric conventions the oracle must follow
 
@@ -109,6 +111,7 @@ class Case:
                 raise ValueError(f"Case.features[{name!r}] must be a string, got {value!r}")
         for part in ("quant", "layout", "params", "convention"):
             _check_json(f"Case.{part}", getattr(self, part))
+        layouts.validate(self.layout, "Case.layout")
 
     # -- serialization -------------------------------------------------------------------------------------------
     def _fields(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from harness.core import layouts
 from harness.core.case import Case
 
 
@@ -34,6 +35,14 @@ def maybe_strided(case: Case, t: torch.Tensor) -> torch.Tensor:
     big = torch.zeros(*t.shape[:-1], t.shape[-1] + pad, dtype=t.dtype, device=t.device)
     big[..., : t.shape[-1]] = t
     return big[..., : t.shape[-1]]
+
+
+def in_layout(case: Case, name: str, t: torch.Tensor) -> torch.Tensor:
+    """Input `name` in the layout class the case gives it (`case.layout[name]`, harness.core.layouts: same values,
+    gaps of its buffer NaN); a case that names none: as `maybe_strided` leaves it."""
+    if name in case.layout:
+        return layouts.laid_out(t, layouts.of(case.layout, name))
+    return maybe_strided(case, t)
 
 
 def randn(case: Case, stream: str, shape: tuple[int, ...], dtype: torch.dtype, device: str,

@@ -7,7 +7,8 @@ dim `D` of an op's cases (M, E, k, K, N, T, max_tokens): `max_D` and `min_D` bou
 rule (cases take only multiples; a case that breaks it is reported unsupported without running), `cross_D` names
 sizes just past an internal threshold of the kernel (judged once each), and where the op has one, `block_D` is the
 tile whose edges the draws favour. Besides these,
-`expert_maps` (ops whose cases carry an expert map) says which map shapes the kernel handles (`MAP_SHAPES`), and
+`expert_maps` (ops whose cases carry an expert map) says which map shapes the kernel handles (`MAP_SHAPES`),
+`layouts` (ops whose contract has tensors of any strides) which memory layouts (`harness.core.layouts`), and
 `max_groups` bounds act_quant's groups per row. An unknown key, or a value of the wrong type, is an error when the
 adapter is made, naming the valid keys of its op.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from harness.core.layouts import LAYOUTS
 
 SCALE_NAMES = ("small", "large")
 
@@ -94,16 +97,24 @@ DIMS: dict[str, tuple[Dim, ...]] = {
     "permute": (),
 }
 
+_LAYOUTS = Key("layouts", "layouts", "the memory layouts the kernel handles for the tensors its op's contract says "
+               "may have any strides, of `" + "`, `".join(LAYOUTS) + "` (harness.core.layouts): a tuple of them for "
+               "every such tensor, or {tensor name: tuple} for some (the others take every layout); "
+               "`('contiguous',)` declares contiguous-only. Draws and fixed cases take only those; a case with "
+               "another is reported unsupported", (tuple(LAYOUTS), tuple(LAYOUTS)))
+
 #: op -> keys that are not per dim
 EXTRA: dict[str, tuple[Key, ...]] = {
+    "routing": (_LAYOUTS,),
+    "group_quant": (_LAYOUTS,),
     "align": (_EXPERT_MAPS, _MIN_LOCAL),
-    "reduce": (_EXPERT_MAPS, _MIN_LOCAL,
+    "reduce": (_EXPERT_MAPS, _MIN_LOCAL, _LAYOUTS,
                Key("max_routed_scaling_factor", "int", "the largest routed_scaling_factor drawn (1: a reduce that "
                    "applies none, its router having folded the factor into the weights, as vLLM's moe_sum)")),
     "experts": (_EXPERT_MAPS, _MIN_LOCAL),
     "act_quant": (Key("max_groups", "int", "the most groups per row drawn (N = group_size x groups)", (9, 24)),),
-    "grouped_routing": (Key("max_num_groups", "int", "the most expert groups (num_groups) drawn, for kernels that "
-                            "take a bounded number (the fixed cases hold at most 8)"),),
+    "grouped_routing": (_LAYOUTS, Key("max_num_groups", "int", "the most expert groups (num_groups) drawn, for "
+                                      "kernels that take a bounded number (the fixed cases hold at most 8)"),),
 }
 
 
@@ -162,6 +173,25 @@ def _check_cross(value: Any, where: str) -> None:
                              f"{{axis: (values, ...)}}}} or a list of such mappings, got {value!r}")
 
 
+def _layout_tuple(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(v in LAYOUTS for v in value)
+
+
+def _check_layouts(value: Any, where: str) -> None:
+    entries = value.values() if isinstance(value, Mapping) else [value]
+    names_ok = not isinstance(value, Mapping) or all(isinstance(k, str) for k in value)
+    if isinstance(value, str) or not names_ok or not all(_layout_tuple(v) for v in entries):
+        raise ValueError(f"{where} must be a non-empty tuple of {', '.join(map(repr, LAYOUTS))} (e.g. "
+                         f"('contiguous',)) or a mapping of tensor names to such tuples, got {value!r}")
+
+
+def layouts_allowed(declared: Any, name: str) -> tuple[str, ...]:
+    """The layout classes a `layouts` limit (None: none declared) allows tensor `name`, in `LAYOUTS` order."""
+    if isinstance(declared, Mapping):
+        declared = declared.get(name)
+    return tuple(v for v in LAYOUTS if declared is None or v in declared)
+
+
 def _check(key: Key, value: Any, where: str) -> None:
     where = f"{where}: limit {key.key}"
     if key.kind == "int":
@@ -170,6 +200,8 @@ def _check(key: Key, value: Any, where: str) -> None:
             raise ValueError(f"{where} must be an integer >= {least}, got {value!r}")
     elif key.kind == "cross":
         _check_cross(value, where)
+    elif key.kind == "layouts":
+        _check_layouts(value, where)
     elif key.kind == "maps":
         if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value \
                 or any(v not in MAP_SHAPES for v in value):

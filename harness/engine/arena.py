@@ -167,10 +167,16 @@ class Arena:
         return view(self.buf, slot), slot
 
     def put(self, t: torch.Tensor) -> tuple[torch.Tensor, Slot]:
-        """A copy of `t` in the arena, with its strides when they are dense, else contiguous."""
-        stride = tuple(t.stride()) if _dense(t) else _contiguous(tuple(t.shape))
+        """A copy of `t` in the arena with its strides, when they are dense or spread without overlap (a padded, a
+        column-strided view: the gaps copied too, as its own buffer holds them), else contiguous."""
+        spread = not _dense(t) and _spread(t)
+        stride = tuple(t.stride()) if _dense(t) or spread else _contiguous(tuple(t.shape))
         shared, slot = self.empty(t.dtype, tuple(t.shape), stride)
-        shared.copy_(t.detach())
+        if spread:
+            n = _span(tuple(t.shape), stride)
+            shared.as_strided((n,), (1,), 0).copy_(t.detach().as_strided((n,), (1,), t.storage_offset()))
+        else:
+            shared.copy_(t.detach())
         return shared, slot
 
     def close(self) -> None:
@@ -202,6 +208,19 @@ def _dense(t: torch.Tensor) -> bool:
         if s != step:
             return False
         step *= n
+    return True
+
+
+def _spread(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements lie apart in its span, no two on one address (positive strides, each dim's stride
+    past the extent of the dims below it)."""
+    if t.numel() == 0:
+        return False
+    reach = 1
+    for s, n in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+        if s < reach:
+            return False
+        reach = s * n
     return True
 
 

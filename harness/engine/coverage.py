@@ -12,6 +12,8 @@ declares:
 - `value class`: each of the op's value classes per family (`ValueClass.applies`, `.family`), asked of the inputs
   each case builds (`ValueClass.present`, on the CPU);
 - `expert map`: each map shape the adapter declares (`expert_maps`), in cells with an expert map;
+- `layout`: each layout class (`harness.core.layouts`) the adapter's `layouts` limit allows, for each tensor the
+  op's contract says may have any strides, in cases with tokens and a local expert;
 - `boundary`: no token, one token row, no local expert, where the op's boundary cases of the declared cells have
   them (n/a where the adapter's limits leave none, e.g. a token count that must be a multiple of 4);
 - `threshold`: each size past a declared internal threshold (`cross_<dim>`), in the cells it names.
@@ -37,12 +39,13 @@ import torch
 from hypothesis import settings
 
 from harness import ops, registry
+from harness.core import layouts
 from harness.core import limits as limit_table
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
 from harness.core.known import KnownFinding, finding_of
 from harness.core.sizes import limit
-from harness.engine import fitting
+from harness.engine import fitting, strided
 from harness.engine import strategies as hs
 from harness.engine.fixed import VACUOUS_KINDS, explicit_examples
 from harness.ops.base import ValueClass
@@ -55,7 +58,7 @@ CAPABILITIES = {"sm80": (8, 0), "sm89": (8, 9), "sm90": (9, 0), "sm100": (10, 0)
 TOKEN_DIMS = ("M", "T", "max_tokens")
 
 #: the sections of a report, in order
-SECTIONS = ("axis", "value class", "expert map", "boundary", "threshold")
+SECTIONS = ("axis", "value class", "expert map", "layout", "boundary", "threshold")
 
 #: boundary kinds: the fields that hold each
 BOUNDARY_KINDS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
@@ -166,7 +169,7 @@ def drawn_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]], device: De
 def turned_away(adapter: Adapter, device: DeviceInfo, case: Case) -> str | None:
     """Why the runner would report `case` unsupported without running it (its shape limits, expert map, support
     rule for its shapes), None when it would judge it."""
-    if (why := adapter.shape_unsupported(case.shapes, case.params)) is not None:
+    if (why := adapter.shape_unsupported(case.shapes, case.params, case.layout)) is not None:
         return why
     try:
         return adapter.case_unsupported(device, case.features, case.shapes)
@@ -280,6 +283,22 @@ def _map_rows(counted: _Counted, raw: Sequence[Mapping[str, Any]]) -> list[Row]:
     return rows
 
 
+def _layout_rows(counted: _Counted, cells: Sequence[Mapping[str, str]]) -> list[Row]:
+    adapter, rows = counted.adapter, []
+    allowed: dict[str, tuple[str, ...]] = {}
+    for cell in cells:
+        for name, classes in strided.choices(adapter, cell).items():
+            allowed.setdefault(name, classes)
+    for i, (name, classes) in enumerate(allowed.items()):
+        for j, layout in enumerate(classes):
+            def holds(c: Case, name: str = name, layout: str = layout) -> bool:
+                return (name in strided.choices(adapter, c.features) and not vacuous(c)
+                        and layouts.of(c.layout, name) == layout)
+
+            rows.append(counted.row("layout", f"{name}: {layout}", holds, (i, j)))
+    return rows
+
+
 def _allowed_kind(adapter: Adapter, cells: Sequence[Mapping[str, str]], matches: Callable[..., bool]) -> bool:
     """Whether a boundary case of this kind, fitted to the adapter's limits, is left in some cell (of the first 64,
     as the generic test looks for its vacuous cases): a token dim that must be a multiple of 4 has no one-row
@@ -368,7 +387,8 @@ def adapter_coverage(adapter: Adapter, device: DeviceInfo, profile: settings) ->
     raw = _raw_boundary(adapter, cells)
     out.cells, out.drawn, out.fixed = len(cells), len(kept["drawn"]), len(kept["fixed"])
     out.rows = [*_axis_rows(counted, cells, device.generation), *_value_class_rows(counted, cells),
-                *_map_rows(counted, raw), *_boundary_rows(counted, cells, raw), *_threshold_rows(counted, cells)]
+                *_map_rows(counted, raw), *_layout_rows(counted, cells), *_boundary_rows(counted, cells, raw),
+                *_threshold_rows(counted, cells)]
     out.dims = _dim_stats(adapter, kept["drawn"] + kept["fixed"])
     out.seconds = round(time.perf_counter() - t0, 2)
     return out

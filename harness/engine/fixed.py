@@ -8,7 +8,7 @@ value class and family, and one past each declared threshold (`explicit_examples
 from __future__ import annotations
 
 from harness.core.case import Case
-from harness.engine import fitting
+from harness.engine import fitting, strided
 from harness.engine import strategies as hs
 from harness.registry import Adapter
 
@@ -39,10 +39,11 @@ def explicit_examples(adapter: Adapter, cells: list[dict[str, str]]) -> list[Cas
     cases hypothesis never draws, a few small cases that cover every declared value of every axis, one case of each
     of the op's value classes per family (zero groups, counts at block multiples...), and one case past each of
     the kernel's declared internal thresholds, at the cheapest shape that crosses it (the planted-bug suite runs
-    the same)."""
+    the same). The last three take the layout classes of the tensors of any strides in turn (`strided.spread`)."""
+    planned = [*hs.value_covering_cases(adapter, cells), *hs.value_class_cases(adapter, cells),
+               *hs.threshold_cases(adapter, cells)]
     return [*REGRESSIONS.get(adapter.name, []), *vacuous_boundary_cases(adapter, cells),
-            *hs.value_covering_cases(adapter, cells), *hs.value_class_cases(adapter, cells),
-            *hs.threshold_cases(adapter, cells)]
+            *strided.spread(adapter, planned)]
 
 
 def vacuous_boundary_cases(adapter: Adapter, cells: list[dict[str, str]]) -> list[Case]:

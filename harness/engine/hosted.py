@@ -23,7 +23,7 @@ from harness import registry
 from harness.core import isolation, paths
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
-from harness.engine.arena import Slot, _dtype, _span, view
+from harness.engine.arena import Slot, _dense, _dtype, _span, _spread, view
 from harness.engine.interpreter_faults import interpreter_fault
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -295,7 +295,12 @@ def _own_if_empty(t: Any) -> Any:
 
 
 def _to(t: torch.Tensor, device: str) -> torch.Tensor:
-    """`t` on `device` with the same strides (a kernel may rely on its inputs' layout)."""
+    """`t` on `device` with the same strides (a kernel may rely on its inputs' layout); a strided view with the
+    gaps of its buffer as they are (a kernel that reads past its strides reads what the judge put there)."""
+    if not _dense(t) and _spread(t):
+        n = _span(tuple(t.shape), tuple(t.stride()))
+        flat = t.as_strided((n,), (1,), t.storage_offset()).to(device, copy=True)
+        return flat.as_strided(tuple(t.shape), tuple(t.stride()), 0)
     out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
     return out.copy_(t)
 

@@ -172,20 +172,31 @@ def _check(name: str, passed: bool, reason: str = "", **metrics: Any) -> Compari
     return Comparison(name, "integrity", passed, reason, metrics)
 
 
+def _inside(band: Band, n: int) -> torch.Tensor:
+    """Which of the `n` elements of a band's buffer the output views (a strided output leaves gaps in its span)."""
+    inside = torch.zeros(n, dtype=torch.bool)
+    if band.shape and len(band.stride) == len(band.shape) and 0 not in band.shape:
+        inside.as_strided(band.shape, band.stride, band.start).fill_(True)
+    else:
+        inside[band.start:band.end] = True
+    return inside
+
+
 def _guard_checks(bands: Mapping[str, Band], run: str) -> list[Comparison]:
-    """Every guard element still holds its poison: the kernel wrote nothing just before or after an output."""
+    """Every guard element still holds its poison: the kernel wrote nothing just before or after an output, nor
+    between the elements of a strided one."""
     found = []
     for name, band in bands.items():
         flat = band.base.detach().cpu()
         ref = band.initial if band.initial is not None else _fill_poison(torch.empty(flat.shape, dtype=flat.dtype),
                                                                          band.which)
-        hit = bits(flat) != bits(ref)
-        hit[band.start:band.end] = False
+        hit = (bits(flat) != bits(ref)) & ~_inside(band, flat.numel())
         n = int(hit.sum())
         if n:
             first = int(hit.nonzero()[0, 0])
             where = (f"{band.start - first} elements before its start" if first < band.start
-                     else f"{first - band.end + 1} elements past its end")
+                     else f"{first - band.end + 1} elements past its end" if first >= band.end
+                     else f"{first - band.start} elements into its span, between the elements of its view")
             found.append(_check(f"guard:{name}", False, f"{name}: the {run} wrote {n} elements outside the output "
                                 f"buffer (first {where})", out_of_bounds=n))
         else:
@@ -683,7 +694,8 @@ class _Judging:
             return self.result("error", broken)
         if self.broken_rule:
             return self.result("error", f"support rule error: {self.broken_rule}")
-        if (why_shape := adapter.shape_unsupported(self.case.shapes, self.case.params)) is not None:
+        why_shape = adapter.shape_unsupported(self.case.shapes, self.case.params, self.case.layout)
+        if why_shape is not None:
             return self.result("unsupported", f"shape outside the adapter's limits: {why_shape}")
         if self.declared:
             try:

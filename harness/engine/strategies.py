@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from harness import ops
 from harness.core.case import Case
 from harness.core.device import DeviceInfo
-from harness.engine import fitting
+from harness.engine import fitting, strided
 from harness.engine.fitting import accepted
 from harness.registry import Adapter
 
@@ -60,6 +60,8 @@ def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]],
                                                                                                    fields)):
             break
         last = (cell, fields)
+    if layout := strided.draw(draw, adapter, cell):  # the tensors of any strides: a layout class each
+        fields = {**fields, "layout": {**fields.get("layout", {}), **layout}}
     seed = draw(st.integers(min_value=0, max_value=2**31 - 1))
     return Case(op=adapter.op, adapter=adapter.name, features=cell, seed=seed, **fields)
 

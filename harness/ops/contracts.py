@@ -43,6 +43,8 @@ class Tensor:
     dtype: a torch dtype name ("float32", checked) or a description ("x's dtype"). when / unless: the cells it is
     present in (every `when` axis has one of its values, no `unless` axis has one of its); both empty: every cell.
     written (outputs): which part the kernel owes; outside it nothing is compared or required to be written.
+    any_strides: the tensor may come in any memory layout (an output: the kernel writes through its strides); the
+    draws take each class of `harness.core.layouts` for it, but those an adapter's `layouts` limit leaves out.
     """
 
     name: str
@@ -52,6 +54,7 @@ class Tensor:
     when: Cells = field(default_factory=dict)
     unless: Cells = field(default_factory=dict)
     written: str = ALL
+    any_strides: bool = False
 
     def present(self, cell: Mapping[str, str]) -> bool:
         return _matches(self.when, self.unless, cell)
@@ -122,6 +125,14 @@ def describe_cells(when: Cells, unless: Cells, axes: tuple[Axis, ...]) -> str:
     return ", ".join(parts) or "every cell"
 
 
+def any_strides(op: str, cell: Mapping[str, str]) -> list[str]:
+    """The tensors (inputs and outputs) of `op` present in `cell` whose contract says they may have any strides."""
+    c = CONTRACTS.get(op)
+    if c is None:
+        return []
+    return list(dict.fromkeys(t.name for t in (*c.inputs, *c.outputs) if t.any_strides and t.present(cell)))
+
+
 def contract_of(spec: OpSpec) -> Contract | None:
     """The contract of an op (None: none declared yet)."""
     return CONTRACTS.get(spec.name)
@@ -145,7 +156,7 @@ _ROUTING = Contract(
     inputs=(
         Tensor("router_logits", "[M, E]", "the cell's logits_dtype",
                "the router's logits, one row per token; rows of `nonfinite_rows=Y` cells hold NaN/Inf (padding "
-               "rows of CUDA graphs)"),
+               "rows of CUDA graphs)", any_strides=True),
         Tensor("correction_bias", "[E]", "float32",
                "DeepSeek-V3's e_score_correction_bias: added to the scores for the selection only; the weights "
                "are the unbiased scores", when={"correction_bias": ("Y",)}),
@@ -285,7 +296,7 @@ _REDUCE = Contract(
     ),
     outputs=(Tensor("out", "[M, K]", "expert_out's dtype",
                     "routed_scaling_factor * sum over local slots j of w[t, j] * y[t, j] (w left out where "
-                    "already applied), summed as the `accumulation` axis says"),),
+                    "already applied), summed as the `accumulation` axis says", any_strides=True),),
     symbols={"M": "tokens", "E": "experts", "k": "slots per token", "K": "hidden size"},
 )
 
@@ -296,7 +307,7 @@ _GROUP_SCALES = ("row_major", "column_major", "column_major_tma")
 _GROUP_QUANT = Contract(
     inputs=(
         Tensor("x", "[M, K]", "the cell's input_dtype",
-               "the activations to quantize, finite; rows may be non-contiguous (a row stride above K)"),
+               "the activations to quantize, finite", any_strides=True),
         Tensor("global_scale", "[]", "float32", "NVFP4's given global scale g = fp32(amax(x) / (448 * 6)) (dequant "
                "side; 1.0 for an all-zero x)", when={"quant_dtype": ("nvfp4",)}),
     ),

@@ -2,7 +2,7 @@
 (docs/SEMANTICS.md §2): 8-bit (fp8 e4m3fn, int8) with float or power-of-two fp32 scales, the MX formats (mxfp8,
 mxfp4: groups of 32 along K with e8m0 scale codes) and NVFP4 (groups of 16, e4m3 block scales, a global scale).
 
-Inputs: x [M, K] (bfloat16/float16/float32; rows possibly non-contiguous), finite (inputs with NaN/Inf are outside
+Inputs: x [M, K] (bfloat16/float16/float32; any strides), finite (inputs with NaN/Inf are outside
 the contract: the oracle raises on them, so they are never generated). NVFP4 cells add `global_scale`, a float32
 0-d tensor g = fp32(amax(x) / (448 * 6)) (dequant side, correctly rounded; 1.0 for an all-zero x): the kernel
 takes it as given (a dequant-side library, e.g. torchao's per_tensor_scale, uses g; a quant-side one 1 / g, which
@@ -282,7 +282,7 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     m, k = case.shape("M"), case.shape("K")
     x = make_x(case, m, k).to(case.dtype("x"))
-    out = {"x": gen.maybe_strided(case, x.to(device))}
+    out = {"x": gen.in_layout(case, "x", x.to(device))}
     if case.features["quant_dtype"] == "nvfp4":
         out["global_scale"] = nvfp4_global_scale(x).to(device)
     return out
@@ -481,7 +481,7 @@ def _fields(cell: Mapping[str, str], m: int, k: int, pattern: str, *, exponent: 
             non_contiguous: bool = False) -> dict[str, Any]:
     return {"shapes": {"M": m, "K": k}, "dtypes": {"x": cell["input_dtype"]},
             "params": {"pattern": pattern, "exponent": exponent},
-            "layout": {"non_contiguous": True} if non_contiguous else {}}
+            "layout": {"x": "row_padded"} if non_contiguous else {}}
 
 
 def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
@@ -495,7 +495,7 @@ def draw(draw: st.DrawFn, adapter: Adapter, cell: Mapping[str, str]) -> dict[str
     else:
         k = draw(edge_sizes(span(adapter, "K"), 64))
     pattern = draw(st.sampled_from(["random", "special", "special", "edges", "edges"]))
-    return _fields(cell, m, k, pattern, exponent=draw(st.integers(-8, 8)), non_contiguous=draw(st.booleans()))
+    return _fields(cell, m, k, pattern, exponent=draw(st.integers(-8, 8)))  # x's layout: strategies.cases
 
 
 def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from harness.core import inputs as gen
+from harness.core import layouts
 from harness.core.case import Case
 from harness.core.errors import C_DOT, UNIT_ROUNDOFF, unit_roundoff
 from harness.core.sizes import edge_sizes, span
@@ -72,7 +73,8 @@ def _order_sensitive(case: Case, y: torch.Tensor, w: torch.Tensor) -> tuple[torc
 
 
 def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
-    return {"out": OutputSpec((case.shape("M"), case.shape("K")), case.dtype("expert_out"))}
+    shape = (case.shape("M"), case.shape("K"))
+    return {"out": OutputSpec(shape, case.dtype("expert_out"), layouts.output_stride(case.layout, "out", shape))}
 
 
 def _kwargs(case: Case) -> dict[str, Any]:

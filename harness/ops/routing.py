@@ -59,7 +59,8 @@ GROUPED_AXES = (
 
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     m, e, k = case.shape("M"), case.shape("E"), case.shape("k")
-    out = {"router_logits": gen.router_logits(case, m, e, case.dtype("router_logits"), device, k=k)}
+    logits = gen.router_logits(case, m, e, case.dtype("router_logits"), device, k=k)
+    out = {"router_logits": gen.in_layout(case, "router_logits", logits)}
     if yes(case.features.get("correction_bias", "N")):
         groups = case.params.get("num_groups", 1)
         if case.routing == "ties" and groups > 1:

@@ -27,6 +27,7 @@ from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
 from harness.core.known import KnownFinding
 from harness.core.known import validate as validate_known
+from harness.core.layouts import FLAGS
 from harness.core.paths import public_path
 from harness.core.text import one_line
 from harness.registry import provenance, sealed, sourcefiles
@@ -232,7 +233,9 @@ class Adapter:
     type is an error when the adapter is made. `max_<dim>` / `min_<dim>` bound the drawn sizes. A `<dim>_multiple`
     limit is also a support rule: draws take only multiples, and the runner reports a case whose shape `<dim>`
     breaks it as unsupported (never a failure), see `shape_unsupported`; so does `expert_maps` (the expert-map
-    shapes the kernel handles: ("contiguous",) for one contiguous range of local experts). A `cross_<dim>` entry
+    shapes the kernel handles: ("contiguous",) for one contiguous range of local experts), and so does `layouts`
+    (the memory layouts it handles for the tensors its op's contract says may have any strides: ("contiguous",)
+    for contiguous-only, {"x": ("contiguous", "row_padded")} for one tensor). A `cross_<dim>` entry
     names sizes of `<dim>` just past one of the kernel's internal thresholds (a tile width, a scan or split
     limit): an int, a tuple of ints, {"at": sizes, "where": {axis: values}} (the cells whose code path it
     splits), or a list of those; every run of the generic test (and on the GPU scale the matrix) judges one case
@@ -358,10 +361,13 @@ class Adapter:
         except SupportRuleError:
             return True
 
-    def shape_unsupported(self, shapes: Mapping[str, int], params: Mapping[str, Any] | None = None) -> str | None:
+    def shape_unsupported(self, shapes: Mapping[str, int], params: Mapping[str, Any] | None = None,
+                          layout: Mapping[str, Any] | None = None) -> str | None:
         """Why the case shapes break one of the adapter's `<dim>_multiple` limits, or its expert map (`params`) is
-        of a shape its `expert_maps` limit leaves out or has fewer local experts than `min_local_experts` (None:
-        none of these)."""
+        of a shape its `expert_maps` limit leaves out or has fewer local experts than `min_local_experts`, or a
+        tensor's layout (`layout`, the case's) is one its `layouts` limit leaves out (None: none of these)."""
+        if (why := self._layout_unsupported(layout or {})) is not None:
+            return why
         for key, mult in self.limits.items():
             dim = key.removesuffix("_multiple")
             if dim != key and dim in shapes and int(shapes[dim]) % int(mult):
@@ -375,6 +381,16 @@ class Adapter:
         n_local = (params or {}).get("local_experts")
         if fewest is not None and n_local is not None and int(n_local) < min(int(fewest), int(shapes.get("E", 0))):
             return f"{self.name} needs at least {fewest} local experts (min_local_experts), got {n_local}"
+        return None
+
+    def _layout_unsupported(self, layout: Mapping[str, Any]) -> str | None:
+        declared = self.limits.get("layouts") if "layouts" in limit_table.keys(self.op) else None
+        for name, value in layout.items():
+            if name in FLAGS or declared is None:
+                continue
+            allowed = limit_table.layouts_allowed(declared, name)
+            if value not in allowed:
+                return f"{self.name} handles {name!r} in layouts {', '.join(allowed)} only, got {value}"
         return None
 
     def declared_cells(self, axes: Mapping[str, Iterable[str]]) -> list[dict[str, str]]:

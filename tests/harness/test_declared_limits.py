@@ -173,7 +173,8 @@ def test_a_contiguous_only_kernel_passes_once_it_declares_its_expert_maps(monkey
     # the CPU scale's draws, on any machine: the GPU scale's first eight happen to hold no map the kernel gets wrong
     monkeypatch.setenv("HARNESS_SCALE", "small")
     undeclared = _contiguous_adapter({})
-    assert _verdicts(undeclared, _drawn(undeclared, 8)).get("fail", 0) > 0  # random maps: wrong
+    plan = _drawn(undeclared, 8) + explicit_examples(undeclared, hs.declared_cells(undeclared, CPU))
+    assert _verdicts(undeclared, plan).get("fail", 0) > 0  # random maps: wrong (the generic test's plan finds it)
     declared = _contiguous_adapter({"expert_maps": ("contiguous",)})
     cells = hs.declared_cells(declared, CPU)
     drawn = _drawn(declared, 8, cells)

@@ -46,6 +46,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("grouped-scale-twice", "triton-grouped-routing", _ROUTING, (
         P("out_w = out_w * scale", "out_w = out_w * scale * scale"),),
         "routed scaling factor applied twice", {"scaling_placement": ("weights",)}),
+    Mutant("routing-logits-rows-assumed-contiguous", "triton-routing", _ROUTING, (
+        P("logits.stride(0), logits.stride(1), w.stride(0)", "e, 1, w.stride(0)"),),
+        "router logits addressed as contiguous rows (their strides ignored)", {"nonfinite_rows": ("N",)}),
     # ------------------------------------------------------------------------------------------ activation
     Mutant("act-gate-up-swapped", "triton-activation", _ACT, (
         P("        gate = p0\n        up = p1\n", "        gate = p1\n        up = p0\n"),),
@@ -127,6 +130,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("gq-last-row-unmasked", "triton-group-quant", _GQ, (
         P("    rmask = rows < M\n", "    rmask = rows < M - 1\n"),),
         "off-by-one row mask (last row never stored)"),
+    Mutant("gq-column-stride-assumed-one", "triton-group-quant", _GQ, (
+        P("x, out, s_out, s_in, eps, m, k, g, x.stride(0), x.stride(1), out.stride(0),",
+          "x, out, s_out, s_in, eps, m, k, g, x.stride(0), 1, out.stride(0),"),),
+        "input columns addressed with unit stride (a column-strided view read wrong)", {"unit": ("group",)}),
     # approximate division declared (division="approximate"): the declaration must not let real bugs through
     Mutant("gq-group-scale-2pct", "triton-group-quant", _GQ, (
         P("s = _scale_of(tl.max(tl.abs(x), axis=2), eps, QMAX, SCALE_MODE, FAST_DIV)",
@@ -185,6 +192,10 @@ MUTANTS: tuple[Mutant, ...] = (
           "expert_out, w, ids, emap, out, hidden, factor, int(torch.randint(0, k, ()).item()),")),
         "nondeterministic output (slot order varies from run to run, like an atomic accumulation)",
         {"accumulation": ("fp32",), "dtype": ("float32",), "apply_weight_on_input": ("N",), "expert_map": ("N",)}),
+    Mutant("reduce-out-written-contiguous", "triton-reduce", _RED, (
+        P("*(ids.stride()[:2] if has_map else (0, 0)), *out.stride(),",
+          "*(ids.stride()[:2] if has_map else (0, 0)), hidden, 1,"),),
+        "output written as if contiguous (a strided out view ignored)"),
     Mutant("reduce-scales-input-in-place", "triton-reduce", "kernels.adapters.reduce", (
         P('inputs["expert_out"], inputs["topk_weights"], inputs["topk_ids"], out=outputs["out"],',
           'inputs["expert_out"], inputs["topk_weights"].mul_(case.params.get("routed_scaling_factor", 1.0)),\n'

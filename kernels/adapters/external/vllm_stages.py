@@ -28,10 +28,11 @@ Quantization (`group_quant`):
   so the adapter calls the public wrapper itself. `_vllm.module` lets vLLM build those kernels as real Triton JIT
   functions; they run in Triton's interpreter. Declared: fp8 e4m3fn, group unit, group sizes 16..128, float and
   ue8m0 rules, row-major / column-major / TMA-aligned scales, bf16/fp16/fp32 inputs (rows may be strided: the
-  kernel takes a row stride). Conventions: scale = max(amax, 1e-10) * (1 / 448) (`multiply_reciprocal`), codes
-  x / scale (`divide`), ue8m0 as exp2(ceil(log2 s)) (`ceil_log2`). On an NVIDIA GPU the same kernel's fp32 `/`
-  and tl.log2 are approximate (`division="approximate"`, `log2="approximate"`); the interpreter computes both
-  exactly, and vLLM cannot be installed on our GPU machine, so only `interp` is declared. The packed-UE8M0 layout
+  kernel takes a row stride; the wrapper asserts a unit column stride, so `layouts` declares those two for x).
+  Conventions: scale = max(amax, 1e-10) * (1 / 448) (`multiply_reciprocal`), codes x / scale (`divide`), ue8m0
+  as exp2(ceil(log2 s)) (`ceil_log2`). On an NVIDIA GPU the same kernel's fp32 `/` and tl.log2 are approximate
+  (`division="approximate"`, `log2="approximate"`); the interpreter computes both exactly, and vLLM cannot be
+  installed on our GPU machine, so only `interp` is declared. The packed-UE8M0 layout
   (`per_token_group_quant_fp8_packed_for_deepgemm`) is CUDA-only and not declared (rejected by name).
 - `vllm-triton-group-quant-int8` (generation `interp`): `quantization.utils.int8_utils.per_token_group_quant_int8`
   (its Triton fallback `_per_token_group_quant_int8`; the native `torch.ops._C.per_token_group_quant_int8` is
@@ -262,6 +263,7 @@ TRITON_GROUP_QUANT_FP8 = register(Adapter(
     name="vllm-triton-group-quant-fp8", op="group_quant", source=f"{_FP8_UTILS}.per_token_group_quant_fp8",
     run=_run_fp8, support=FP8_SUPPORT, conventions=FP8_CONVENTIONS, generations=("interp",), library=LIBRARY,
     properties=frozenset({"deterministic", "batch_invariant"}), interp_features=_fp8_interp_features,
+    limits={"layouts": {"x": ("contiguous", "row_padded")}},  # the wrapper asserts x.stride(-1) == 1
     description="vLLM per_token_group_quant_fp8, its Triton path (row- and column-major kernels)"))
 TRITON_GROUP_QUANT_INT8 = register(Adapter(
     name="vllm-triton-group-quant-int8", op="group_quant", source=f"{_INT8_UTILS}.per_token_group_quant_int8",
