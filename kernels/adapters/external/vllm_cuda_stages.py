@@ -273,7 +273,9 @@ def _run_reduce(case: Case, inputs: Tensors, outputs: Tensors) -> None:
 MOE_SUM = register(Adapter(
     name="vllm-cuda-moe-sum", op="reduce", source="vllm _moe_C.moe_sum (CUDA)", run=_run_reduce,
     support=REDUCE_SUPPORT, requires=_reduce_requires, generations=GENERATIONS,
-    limits={"max_routed_scaling_factor": 1}, library=LIBRARY, properties=_DETERMINISTIC,
+    # the op writes `out` through its raw pointer as a contiguous [M, K] tensor (vLLM allocates it so)
+    limits={"max_routed_scaling_factor": 1, "layouts": {"out": ("contiguous",)}}, library=LIBRARY,
+    properties=_DETERMINISTIC,
     description="vLLM CUDA moe_sum: the k slots summed in fp32 (pad-aware under an expert map), no weights"))
 
 
