@@ -208,8 +208,16 @@ def steps_left():  # ninja -n: the steps still to run (compilations and the link
     out = subprocess.run(ninja + ["-n"], capture_output=True, text=True).stdout
     return sum(1 for line in out.splitlines() if line.startswith("["))
 print(f"flashinfer: {steps_left()} build steps to run")
+log = spec.build_dir / ".ninja_log"
+seen = log.stat().st_size if log.exists() else 0
 t1 = time.time()
 r = subprocess.run(["timeout", os.environ["FI_LIMIT"]] + ninja, capture_output=True, text=True)
+with open(log, errors="replace") if log.exists() else open(os.devnull) as f:  # start, end (ms), mtime, output
+    f.seek(seen)
+    took = sorted(((int(e) - int(b)) / 1000, os.path.basename(o)) for b, e, _, o, *_ in
+                  (ln.split("\t") for ln in f if ln.count("\t") >= 3 and not ln.startswith("#")))
+if took:
+    print("flashinfer: slowest units this call:", ", ".join(f"{n} {t:.0f} s" for t, n in took[::-1][:5]))
 done = [p for p in spec.build_dir.glob("*.o") if p.stat().st_mtime >= t1]
 left_n = steps_left()
 so = spec.jit_library_path

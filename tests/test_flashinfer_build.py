@@ -10,6 +10,7 @@ import importlib.util
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -126,7 +127,7 @@ _root = pathlib.Path(__file__).resolve().parents[1]
 FLASHINFER_JIT_DIR, FLASHINFER_GEN_SRC_DIR = _base / "cached_ops", _base / "generated"
 FLASHINFER_CSRC_DIR, FLASHINFER_AOT_DIR = _root / "data" / "csrc", _root / "data" / "aot"
 """,
-    "jit/gemm/cutlass/generate_kernels.py": """import enum, shutil
+    "jit/gemm/cutlass/generate_kernels.py": """import enum
 class DataType(enum.Enum):
     bf16 = 1; f16 = 2; e4m3 = 3; u4 = 4; ue8m0 = 5
 class e2m1_type:
@@ -148,14 +149,18 @@ def generate_sm90_operations(enabled):
             Op(G.Grouped, T.e4m3, T.u4, T.f16), Op(G.Grouped, T.bf16, e2m1, T.bf16)]
 def generate_sm80_operations(enabled):
     return [Sm80Op(T.bf16), Sm80Op(T.f16)]
-def generate_gemm_operations(output_dir, architectures):
-    shutil.rmtree(output_dir, ignore_errors=True)
-    output_dir.mkdir(parents=True)
+def generate_gemm_operations(output_dir, architectures):  # as FlashInfer's: unchanged files are not rewritten
+    output_dir.mkdir(parents=True, exist_ok=True)
+    files = set()
     for i, op in enumerate(generate_sm90_operations(True) + generate_sm80_operations(True)):
         names = "_".join(getattr(t, "name", "e2m1") for t in
                          ([op.dtype] if hasattr(op, "dtype") else [op.act_type, op.weight_type, op.output_type]))
-        (output_dir / f"op{i}_{op.gemm_kind.name}_{names}.generated.cu").write_text(
-            "INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM(x);\\n")
+        path = output_dir / f"op{i}_{op.gemm_kind.name}_{names}.generated.cu"
+        files.add(path)
+        if not path.exists() or path.read_text() != "INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM(x);\\n":
+            path.write_text("INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM(x);\\n")
+    for path in set(output_dir.iterdir()) - files:
+        path.unlink()
 """,
     "jit/fused_moe.py": """from . import env as jit_env
 from .gemm.cutlass.generate_kernels import generate_gemm_operations
@@ -164,10 +169,14 @@ class Spec:
         self.name, self.sources, self.flags = name, sources, flags
         self.build_dir = jit_env.FLASHINFER_JIT_DIR / name
         self.ninja_path, self.jit_library_path = self.build_dir / "build.ninja", self.build_dir / f"{name}.so"
-    def write_ninja(self):
+    def write_ninja(self):  # a real ninja file: each unit takes a moment, the link makes a shared library
         self.build_dir.mkdir(parents=True, exist_ok=True)
-        self.ninja_path.write_text("flags " + " ".join(self.flags) + "\\n"
-                                   + "".join(f"build {s.name}\\n" for s in self.sources))
+        lines = ["# flags " + " ".join(self.flags), "rule cc", "  command = sleep 0.3 && echo > $out",
+                 "rule link", "  command = c++ -shared -fPIC -x c++ /dev/null -o $out"]
+        lines += [f"build {s.name}.o: cc {s}" for s in self.sources]
+        lines += [f"build {self.name}.so: link " + " ".join(f"{s.name}.o" for s in self.sources),
+                  f"default {self.name}.so", ""]
+        self.ninja_path.write_text("\\n".join(lines))
 def gen_cutlass_fused_moe_sm90_module(use_fast_build=False):
     flags = ["-DCOMPILE_HOPPER_TMA_GEMMS", "-DENABLE_BF16", "-DENABLE_FP8", "-DENABLE_FP8_BLOCK_SCALE",
              "-DENABLE_FP4"]
@@ -199,15 +208,20 @@ def bundle(folder: Path) -> Path:
     return folder
 
 
+def build(folder: Path, *args: str, jobs: int = 4) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_HOME": str(folder / "no-cuda"), "MAX_JOBS": str(jobs)}
+    env.pop("FLASHINFER_CUDA_ARCH_LIST", None)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "flashinfer.sh"), "--build", "--dir", str(folder), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
 def dry_run(folder: Path, *args: str) -> tuple[str, list[str], list[str]]:
     """The script's output, and the flags and sources of the build.ninja it wrote."""
-    env = {**os.environ, "PYTHON": sys.executable, "CUDA_HOME": str(folder / "no-cuda")}
-    env.pop("FLASHINFER_CUDA_ARCH_LIST", None)
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "flashinfer.sh"), "--build", "--dry-run", "--dir",
-                           str(folder), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = build(folder, "--dry-run", *args)
     assert done.returncode == 0, done.stdout + done.stderr
     ninja = Path(re.search(r"wrote (\S+build\.ninja)", done.stdout).group(1)).read_text().splitlines()
-    return done.stdout, ninja[0].split()[1:], sorted(line.split()[1] for line in ninja[1:])
+    units = [Path(line.split()[3]).name for line in ninja if line.startswith("build ") and ": cc " in line]
+    return done.stdout, ninja[0].split()[2:], sorted(units)
 
 
 def test_a_dry_run_narrows_the_synthetic_module_to_the_cells(tmp_path: Path) -> None:
@@ -230,3 +244,34 @@ def test_a_dry_run_narrows_the_synthetic_module_to_the_cells(tmp_path: Path) -> 
         "binding.cu", "logger.cpp", "moe_gemm_kernels_bf16_bf16.cu", "moe_gemm_kernels_fp16_fp16.cu",
         "op0_Grouped_bf16_bf16_bf16.generated.cu", "op1_Grouped_f16_f16_f16.generated.cu",
         "op2_Grouped_bf16.generated.cu", "op3_Grouped_f16.generated.cu"])
+
+
+@pytest.mark.skipif(shutil.which("ninja") is None or shutil.which("c++") is None,
+                    reason="needs ninja and c++ (on the GPU machine the bundle brings its own ninja)")
+def test_a_narrowed_build_goes_on_where_the_time_limit_stopped_it_and_installs_the_module(tmp_path: Path) -> None:
+    folder = bundle(tmp_path / "fi")
+    first = build(folder, "--only", "bf16,fp8-block", "--time-limit", "1", jobs=1)
+    assert first.returncode == 3 and "stopped at the time limit" in first.stdout, first.stdout + first.stderr
+    before = int(re.search(r"compiled (\d+) translation units", first.stdout).group(1))
+    assert 1 <= before < 11
+    second = build(folder, "--only", "bf16,fp8-block")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"compiled {11 - before} translation units" in second.stdout, second.stdout
+    aot = folder / "pkg" / "site" / "flashinfer" / "data" / "aot" / "fused_moe_90"
+    assert (aot / "fused_moe_90.so").is_file() and (aot / "BUILT").read_text() == "only bf16,fp8-block\n"
+    assert "no launcher missing" in second.stdout
+    again = build(folder, "--only", "bf16,fp8-block")
+    assert again.returncode == 0 and "compiled 0 translation units" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.skipif(shutil.which("nm") is None or shutil.which("c++") is None, reason="needs nm and c++")
+def test_the_link_check_names_a_launcher_the_module_uses_but_lacks(tmp_path: Path) -> None:
+    code = ("template <class T> void tma_kernelLauncher(T);\n"
+            "{define}void dispatch() {{ tma_kernelLauncher<int>(1); }}\n")
+    found = {}
+    for name, define in (("whole", "template <class T> void tma_kernelLauncher(T) {}\n"), ("narrowed", "")):
+        src, lib = tmp_path / f"{name}.cc", tmp_path / f"{name}.so"
+        src.write_text(code.format(define=define))
+        subprocess.run(["c++", "-shared", "-fPIC", "-O0", str(src), "-o", str(lib)], check=True, timeout=60)
+        found[name] = fo.undefined_launchers(lib)
+    assert found == {"whole": [], "narrowed": ["void tma_kernelLauncher<int>(int)"]}
