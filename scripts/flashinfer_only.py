@@ -3,9 +3,10 @@
 translation units.
 
 What the cells reach (flashinfer-python 0.7.2.post1, read from its sources):
-  * bf16: the binding makes CutlassMoeFCRunner<bf16, bf16>; its grouped GEMMs are MoeGemmRunner<bf16, bf16>'s
-    TMA warp-specialized sm90 launchers (the generated bf16 instantiations, every tile and cluster shape the
-    tactics list) and the sm80 fused-gated launchers (generated too, reached from the same dispatcher);
+  * bf16: the binding makes CutlassMoeFCRunner<bf16, bf16>; MoeGemmRunner<bf16, bf16>'s tactics on sm90 are its
+    TMA warp-specialized configs (the generated sm90 bf16 instantiations: 72, every tile and cluster shape; 4 with
+    FAST_BUILD, the 128x128 tile and 1x1x1 cluster) and its Ampere configs (the generated sm80 fused-gated bf16
+    launchers: 30);
   * fp8-block (`use_deepseek_fp8_block_scale`, bf16 input, fp8 weights): the binding makes
     CutlassMoeFCRunner<bf16, fp8> (only under ENABLE_FP8); its GEMMs are the fp8 block-scale GEMM of
     fp8_blockscale_gemm.cu (ENABLE_FP8_BLOCK_SCALE; DeepGEMM kernels NVRTC compiles at run time), none of the
