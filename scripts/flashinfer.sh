@@ -4,17 +4,22 @@
 #   scripts/flashinfer.sh --gather   (a machine with the package index) download the pinned wheels, keep of
 #       flashinfer/data only the headers the sm90 fused-MoE sources reach (#include closure) and the whole
 #       csrc/nv_internal, cccl and spdlog, into one archive, flashinfer-bundle.tar.xz (carry it)
-#   scripts/flashinfer.sh --build [--fast] [--time-limit S] [--dry-run]   unpack the archive (once per archive) into
-#       DIR/pkg, import flashinfer from it (PYTHONPATH), write the JIT spec of the sm90 fused-MoE module
-#       (fused_moe_90) and compile it with ninja -j MAX_JOBS (default 16) and the local nvcc (CUDA_HOME); prints the
-#       build time and the translation units compiled. Stops after S seconds (default 540): ninja keeps what it
-#       finished, run --build again to go on. --dry-run: enumerate the sources and write build.ninja only (no nvcc
-#       work; runs without a GPU). --fast: FlashInfer's FAST_BUILD (only the 128x128 tile, 1x1x1 cluster of the
-#       TMA warp-specialized grouped GEMMs; the other tactics throw), passed to nvcc and g++ through
-#       FLASHINFER_EXTRA_CUDAFLAGS / FLASHINFER_EXTRA_CFLAGS and remembered in DIR/build.env for --check
+#   scripts/flashinfer.sh --build [--only CELLS] [--fast] [--time-limit S] [--dry-run]   unpack the archive (once
+#       per archive) into DIR/pkg, import flashinfer from it (PYTHONPATH), write the JIT spec of the sm90 fused-MoE
+#       module (fused_moe_90) and compile it with ninja -j MAX_JOBS (default 16) and the local nvcc (CUDA_HOME);
+#       prints the build time and the translation units compiled. Stops after S seconds (default 540): ninja keeps
+#       what it finished, run --build again (same options) to go on. When the module is linked it is checked for
+#       launchers it uses but lacks (nm) and installed where FlashInfer looks for prebuilt modules
+#       (flashinfer/data/aot/), so no call rebuilds it. --dry-run: enumerate the sources and write build.ninja
+#       only (no nvcc work; runs without a GPU). --fast: FlashInfer's FAST_BUILD (only the 128x128 tile, 1x1x1
+#       cluster of the TMA warp-specialized grouped GEMMs; the other tactics throw), passed to nvcc and g++ through
+#       FLASHINFER_EXTRA_CUDAFLAGS / FLASHINFER_EXTRA_CFLAGS. --only CELLS (comma-separated: bf16, fp8-block): only
+#       what those cells need, by FlashInfer's ENABLE_* type switches (scripts/flashinfer_only.py says the rule),
+#       built in DIR/ws-only-CELLS
 #   scripts/flashinfer.sh --check    one tiny bf16 cutlass_fused_moe call against a torch reference (sm90 GPU)
 #   --dir DIR   the folder (default third_party/flashinfer; MOE_FLASHINFER_DIR)
-# The JIT cache (generated sources, objects, fused_moe_90.so) is DIR/ws (FLASHINFER_WORKSPACE_BASE).
+# The JIT cache (generated sources, objects, fused_moe_90.so) is DIR/ws (FLASHINFER_WORKSPACE_BASE), DIR/ws-only-CELLS
+# with --only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,20 +31,24 @@ WHEELS_PURE="packaging==26.4 requests==2.34.2 urllib3==2.8.0 idna==3.20 charset-
 certifi==2026.10.19.post1 nvidia-ml-py==13.615.71 tqdm==4.70.1 einops==0.8.2 tabulate==0.10.0 click==8.5.1"
 
 DIR=${MOE_FLASHINFER_DIR:-third_party/flashinfer}
-STAGE= FAST=0 DRY=0 LIMIT=540
+STAGE= FAST=0 DRY=0 LIMIT=540 ONLY= GIVEN_ONLY=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --gather|--build|--check) STAGE=${1#--}; shift ;;
-    --dir) DIR=$2; shift 2 ;;
+    --dir|--time-limit|--only) [[ $# -ge 2 ]] || { echo "flashinfer.sh: $1 needs a value" >&2; exit 2; }
+      case $1 in --dir) DIR=$2 ;; --time-limit) LIMIT=$2 ;; --only) ONLY=$2 GIVEN_ONLY=1 ;; esac; shift 2 ;;
     --fast) FAST=1; shift ;;
     --dry-run) DRY=1; shift ;;
-    --time-limit) LIMIT=$2; shift 2 ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "flashinfer.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [[ -n $STAGE ]] || { echo "flashinfer.sh: give --gather, --build or --check" >&2; exit 2; }
 PY=${PYTHON:-python}
+if [[ $GIVEN_ONLY == 1 ]]; then
+  [[ $STAGE == build ]] || { echo "flashinfer.sh: --only goes with --build" >&2; exit 2; }
+  ONLY=$("$PY" scripts/flashinfer_only.py "$ONLY") || exit 2  # the canonical list, or why it is not one
+fi
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 ARCHIVE=$DIR/flashinfer-bundle.tar.xz
@@ -120,7 +129,7 @@ unpack() {  # once per archive: a fresh unpack changes the sources' times and ni
 setenv() {
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
   export PATH=$SITE/bin:$PATH
-  export FLASHINFER_WORKSPACE_BASE=$DIR/ws FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
+  export FLASHINFER_WORKSPACE_BASE=$DIR/ws${ONLY:+-only-${ONLY//,/+}} FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
   export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16}
   [[ ! -f $DIR/build.env ]] || . "$DIR/build.env"
 }
@@ -166,20 +175,29 @@ export FLASHINFER_EXTRA_CUDAFLAGS="${inc:+$inc }$fast" FLASHINFER_EXTRA_CFLAGS="
 export FLASHINFER_EXTRA_LDFLAGS="$ld"
 EOF
   . "$DIR/build.env"
-  FI_DRY=$DRY FI_LIMIT=$LIMIT "$PY" - <<'EOF'
-import os, subprocess, sys, time
+  FI_DRY=$DRY FI_LIMIT=$LIMIT FI_ONLY=$ONLY FI_FAST=$FAST FI_SCRIPTS=$PWD/scripts "$PY" - <<'EOF'
+import os, re, shutil, subprocess, sys, time
 
 t0 = time.time()
+sys.path.insert(0, os.environ["FI_SCRIPTS"])
 import flashinfer
+import flashinfer_only
 from flashinfer.jit import env as jit_env
 from flashinfer.jit.fused_moe import gen_cutlass_fused_moe_sm90_module
 
+only = os.environ["FI_ONLY"]
+if only:
+    on = flashinfer_only.install(only.split(","))
+    print(f"flashinfer: --only {only}: type switches {', '.join(sorted(on))} (not "
+          f"{', '.join(s for s in flashinfer_only.SWITCHES if s not in on)})")
 spec = gen_cutlass_fused_moe_sm90_module()  # also writes the generated CUTLASS instantiations
 cu = [s for s in spec.sources if s.suffix == ".cu"]
 gen = [s for s in cu if s.name.endswith(".generated.cu")]
+insts = sum(len(re.findall(r"INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM\(|^\s*template void", p.read_text(), re.M))
+            for p in gen)
 print(f"flashinfer {flashinfer.__version__} from {os.path.dirname(flashinfer.__file__)}: module {spec.name}, "
-      f"{len(spec.sources)} translation units ({len(cu)} .cu of which {len(gen)} generated, "
-      f"{len(spec.sources) - len(cu)} .cpp); cache {jit_env.FLASHINFER_JIT_DIR}")
+      f"{len(spec.sources)} translation units ({len(cu)} .cu of which {len(gen)} generated, holding {insts} "
+      f"CUTLASS instantiations; {len(spec.sources) - len(cu)} .cpp); cache {jit_env.FLASHINFER_JIT_DIR}")
 print("extra nvcc flags:", os.environ.get("FLASHINFER_EXTRA_CUDAFLAGS") or "-")
 spec.write_ninja()
 print(f"flashinfer: wrote {spec.ninja_path} in {time.time() - t0:.1f} s")
@@ -190,19 +208,47 @@ def steps_left():  # ninja -n: the steps still to run (compilations and the link
     out = subprocess.run(ninja + ["-n"], capture_output=True, text=True).stdout
     return sum(1 for line in out.splitlines() if line.startswith("["))
 print(f"flashinfer: {steps_left()} build steps to run")
+log = spec.build_dir / ".ninja_log"
+seen = log.stat().st_size if log.exists() else 0
 t1 = time.time()
 r = subprocess.run(["timeout", os.environ["FI_LIMIT"]] + ninja, capture_output=True, text=True)
+with open(log, errors="replace") if log.exists() else open(os.devnull) as f:  # start, end (ms), mtime, output
+    f.seek(seen)
+    took = sorted(((int(e) - int(b)) / 1000, os.path.basename(o)) for b, e, _, o, *_ in
+                  (ln.split("\t") for ln in f if ln.count("\t") >= 3 and not ln.startswith("#")))
+if took:
+    print("flashinfer: slowest units this call:", ", ".join(f"{n} {t:.0f} s" for t, n in took[::-1][:5]))
 done = [p for p in spec.build_dir.glob("*.o") if p.stat().st_mtime >= t1]
 left_n = steps_left()
 so = spec.jit_library_path
 print(f"flashinfer: compiled {len(done)} translation units in {time.time() - t1:.0f} s with -j {os.environ['MAX_JOBS']}; "
       f"{'built ' + str(so) if so.exists() and r.returncode == 0 else str(left_n) + ' steps left'}")
 if r.returncode == 124:
-    print("flashinfer: stopped at the time limit; run --build again to go on")
+    print("flashinfer: stopped at the time limit; run --build again (same options) to go on")
     sys.exit(3)
 if r.returncode != 0:
     print(r.stdout[-8000:])
     sys.exit(r.returncode)
+missing = flashinfer_only.undefined_launchers(so)  # a narrowing that dropped what the dispatcher calls shows here
+if missing is None:
+    print("flashinfer: no nm here: the module's undefined launchers were not checked")
+elif missing:
+    print(f"flashinfer: {so.name} uses {len(missing)} launchers or runners it does not define, e.g.",
+          *missing[:8], sep="\n  ")
+    sys.exit(4)
+aot = jit_env.FLASHINFER_AOT_DIR / spec.name / f"{spec.name}.so"  # FlashInfer loads it without building
+aot.parent.mkdir(parents=True, exist_ok=True)
+tmp = aot.with_suffix(".so.tmp")
+tmp.unlink(missing_ok=True)
+try:
+    os.link(so, tmp)
+except OSError:
+    shutil.copy2(so, tmp)
+os.replace(tmp, aot)
+what = (f"only {only}" if only else "every type") + (", FAST_BUILD" if os.environ["FI_FAST"] == "1" else "")
+(aot.parent / "BUILT").write_text(what + "\n")
+print(f"flashinfer: installed {aot} ({what}; {so.stat().st_size / 2**20:.0f} MiB"
+      f"{'' if missing is None else '; no launcher missing'})")
 EOF
   echo "flashinfer: --build took $((SECONDS - start)) s"
 }
@@ -217,6 +263,7 @@ import torch.nn.functional as F
 import flashinfer
 from flashinfer.fused_moe import cutlass_fused_moe
 from flashinfer.fused_moe.core import ActivationType
+from flashinfer.jit import env as jit_env
 
 assert torch.cuda.is_available(), "no GPU"
 torch.manual_seed(0)
@@ -242,8 +289,9 @@ for tok in range(t):
         act = F.silu(gu[:i]) * gu[i:]
         ref[tok] += topk_w[tok, j] * (w2[ex].float() @ act.to(dt).float())
 err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
-print(f"flashinfer {flashinfer.__version__} cutlass_fused_moe bf16 on {torch.cuda.get_device_name()}: "
-      f"max abs error / max |ref| = {err:.2e}")
+built = sorted(jit_env.FLASHINFER_AOT_DIR.glob("fused_moe_90*/BUILT"))  # what --build installed
+print(f"flashinfer {flashinfer.__version__} cutlass_fused_moe bf16 on {torch.cuda.get_device_name()} (module: "
+      f"{built[0].read_text().strip() if built else 'JIT-built on this call'}): max abs error / max |ref| = {err:.2e}")
 assert err < 2e-2, "mismatch"
 EOF
 }

@@ -8,6 +8,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,18 @@ def test_library_build_scripts_print_their_whole_header_as_help(name: str) -> No
     header = header[:next(i for i, line in enumerate(header) if not line.startswith("#"))]
     done = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.splitlines() == header, done.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--build", "--only", "fp4"], "--only takes a comma-separated list of bf16, fp8-block; not 'fp4'"),
+    (["--build", "--only", "bf16,nope"], "('nope' unknown)"),
+    (["--build", "--only", ""], "--only takes a comma-separated list of bf16, fp8-block"),
+    (["--build", "--only"], "--only needs a value"),
+    (["--gather", "--only", "bf16"], "--only goes with --build"),
+])
+def test_flashinfer_build_refuses_a_bad_only_before_anything_runs(tmp_path: Path, args: list[str], says: str) -> None:
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "flashinfer.sh"), "--dir", str(tmp_path / "fi"), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr, (done.returncode, done.stderr)
+    assert not done.stdout and not (tmp_path / "fi").exists()

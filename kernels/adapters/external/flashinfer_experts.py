@@ -10,9 +10,10 @@ Everything is FlashInfer's: the permute, both GEMMs, the activation, the fp8 qua
 weighted reduce). Nothing stands in.
 
 Where it runs: an installed `flashinfer` (pip install flashinfer-python), or the bundle `scripts/flashinfer.sh`
-unpacks into third_party/flashinfer/ (MOE_FLASHINFER_DIR). Its sm90 MoE module JIT-compiles 248 translation units
-on first use: on the lent H100 10 took 400 s with 8 jobs, so the build (an hour or more) does not fit the device
-machine's calls here and this adapter has not yet been judged on a GPU (docs/SEED_TABLE.md). The conventions below
+unpacks into third_party/flashinfer/ (MOE_FLASHINFER_DIR) and builds, there narrowed to these cells
+(`--only bf16,fp8-block`: 124 translation units of the module's 248, docs/THIRD_PARTY.md) and installed as FlashInfer's
+prebuilt module. On the lent H100 10 units took 400 s with 8 jobs, so the whole build (an hour or more) did not fit
+the device machine's calls and this adapter has not yet been judged on a GPU (docs/SEED_TABLE.md). The conventions below
 are read from FlashInfer's and vLLM's Python sources (GEMM results in the output dtype between the stages, the
 router weight and the slot sum in the fp32 finalize epilogue); the first sm90 run confirms or corrects them.
 """
