@@ -137,7 +137,7 @@ class _Spec:
     """An OutputSpec read like a tensor (shape, dtype, stride) for the tables."""
 
     def __init__(self, spec: Any) -> None:
-        from harness.engine.runner import _contiguous
+        from harness.core.layouts import contiguous_strides as _contiguous
 
         self.shape, self.dtype = spec.shape, spec.dtype
         self.stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))

@@ -37,7 +37,8 @@ def check(where: str, layout: Any) -> str:
     return layout
 
 
-def _dense(dims: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of shape `dims` (a size-0 dim counted as 1, as torch does)."""
     strides, step = [], 1
     for n in reversed(dims):
         strides.append(step)
@@ -50,7 +51,7 @@ def strides(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
     check("a layout", layout)
     shape = tuple(int(n) for n in shape)
     if layout == "contiguous" or not shape:
-        return _dense(shape)
+        return contiguous_strides(shape)
     rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1])
     r, c = max(rows, 1), max(cols, 1)
     if layout == "row_padded":
@@ -59,7 +60,7 @@ def strides(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
         inner, block = (2 * c, 2), r * 2 * c
     else:  # transposed
         inner, block = (1, r), r * c
-    lead = tuple(s * block for s in _dense(shape[:-2]))
+    lead = tuple(s * block for s in contiguous_strides(shape[:-2]))
     return (*lead, *inner) if len(shape) >= 2 else (inner[1],)
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from harness.core.layouts import contiguous_strides
+
 _ALIGN = 64
 
 
@@ -170,7 +172,7 @@ class Arena:
         """A copy of `t` in the arena with its strides, when they are dense or spread without overlap (a padded, a
         column-strided view: the gaps copied too, as its own buffer holds them), else contiguous."""
         spread = not _dense(t) and _spread(t)
-        stride = tuple(t.stride()) if _dense(t) or spread else _contiguous(tuple(t.shape))
+        stride = tuple(t.stride()) if _dense(t) or spread else contiguous_strides(tuple(t.shape))
         shared, slot = self.empty(t.dtype, tuple(t.shape), stride)
         if spread:
             n = _span(tuple(t.shape), stride)
@@ -188,14 +190,6 @@ class Arena:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd, self.sent_to = -1, None
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _dense(t: torch.Tensor) -> bool:

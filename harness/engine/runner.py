@@ -30,9 +30,9 @@ from harness.core import isolation
 from harness.core.case import Case
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set, run_bits
 from harness.core.device import DeviceInfo, release_cached_memory
+from harness.core.layouts import contiguous_strides as _contiguous
 from harness.core.result import Result
 from harness.engine.arena import Arena, arena_bytes
-from harness.engine.arena import _contiguous as _contiguous
 from harness.engine.host import STICKY_CUDA, HostDied, KernelRaised
 from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter, where  # noqa: F401  (re-exported)
 from harness.engine.interpreter import TRITON_VERSION, unverified_reason
