@@ -5,7 +5,8 @@ namespace it cannot outlive the host: when the host ends, the kernel (the operat
 of the namespace, and after each run the judge kills every one but the host. In the host's mount namespace the
 checkout (or, installed, the judge's packages) and the results folders are read-only, but for the caches and
 scratch folders kernels write (Triton's cache, the temporary folder, /dev/shm: the shared arena, the judge's own
-mount). The mechanics are in `harness.engine.namespaces`.
+mount). The folder of the judge's manifest key (`harness.core.keyfile`) is covered with an empty file system: a
+kernel that read the key could sign the results it forges. The mechanics are in `harness.engine.namespaces`.
 
 Every host's stdout and stderr go to a log of its own (`Host.log`, in the temporary folder), never the judge's
 console; a host's death names the log's last lines.
@@ -28,6 +29,8 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.core import keyfile
 
 ENV = "MOE_HARNESS_SANDBOX"
 SETTINGS = ("auto", "on", "off")
@@ -66,6 +69,9 @@ class Launch:
     how: str = ""
     readonly: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
+    #: folders covered with an empty file system (the key's), and files covered with an empty one
+    hidden: tuple[str, ...] = ()
+    hidden_files: tuple[str, ...] = ()
 
 
 _FOUND: Availability | None = None
@@ -175,7 +181,22 @@ def launch(env: Mapping[str, str], log: str) -> Launch:
     readonly = [os.path.realpath(p) for p in [*judge_paths(), *listed]]
     writable = [w for w in writable_paths(env) if any(_inside(w, r) and w != r for r in readonly)]
     readonly = [r for r in dict.fromkeys(readonly) if os.path.isdir(r) and r not in writable_paths(env)]
-    return Launch(log, found.how, tuple(sorted(readonly, key=len)), tuple(sorted(writable, key=len)))
+    hidden, hidden_files = key_hiding(env, [*readonly, *writable_paths(env)])
+    return Launch(log, found.how, tuple(sorted(readonly, key=len)), tuple(sorted(writable, key=len)), hidden,
+                  hidden_files)
+
+
+def key_hiding(env: Mapping[str, str], bound: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What hides the manifest key from a host: its folder, unless something the host needs lies in it (a folder
+    bound for it, Python's own files; a key named in the home folder, say), else the key file itself (when it
+    exists: a key made later in such a folder is readable)."""
+    key = os.path.realpath(keyfile.key_path(env))
+    folder = os.path.dirname(key)
+    needed = [*bound, sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+              *(p for p in sys.path if p.startswith("/"))]
+    if folder != "/" and not any(_inside(os.path.realpath(p), folder) for p in needed):
+        return (folder,), ()
+    return (), ((key,) if os.path.isfile(key) else ())
 
 
 # --- the host's log ------------------------------------------------------------------------------------------------
@@ -259,7 +280,11 @@ def enter(plan: Launch, judge: int, env: dict[str, str]) -> bool:
         os.setsid()
     namespaces.die_with_parent()
     _make_writable(plan.writable, os.path.realpath(env.get("MOE_HARNESS_WARNINGS_LOG") or "/nonexistent"))
+    for folder in plan.hidden:  # made now (as the judge makes it), so that a key made later is hidden too
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
     namespaces.unshare(user=plan.how == "user")
     namespaces.bind(plan.readonly, [w for w in plan.writable if os.path.exists(w)])
+    namespaces.hide([f for f in plan.hidden if os.path.isdir(f)], plan.hidden_files)
     namespaces.split(judge)
     return True
