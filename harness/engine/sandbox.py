@@ -37,7 +37,9 @@ SETTINGS = ("auto", "on", "off")
 READONLY_ENV = "MOE_HARNESS_READONLY"
 #: the probe's finding, for the processes this one starts ("plain", "user" or "off: <reason>"): probed once
 PROBED_ENV = "MOE_HARNESS_SANDBOX_PROBED"
-LOG_PREFIX = "moe-harness-host-"
+#: a host's log, `<prefix><judge pid>-<8 hex>.log`: a neutral name (a kernel sees it behind its stdout), and the
+#: prefix older versions used, whose logs are removed as well
+LOG_PREFIX, OLD_LOG_PREFIX = "host-", "moe-harness-host-"
 #: in a host's environment: its pid as its judge sees it (inside a sandbox, `os.getpid()` is its namespace's)
 HOST_PID_ENV = "MOE_HARNESS_HOST_PID"
 #: what a host's death quotes of its log
@@ -206,13 +208,21 @@ def new_log() -> str:
     folder = tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for name in os.listdir(folder):
-            pid = name[len(LOG_PREFIX):].split("-", 1)[0] if name.startswith(LOG_PREFIX) else ""
-            if pid.isdigit() and not _alive(int(pid)):
+            pid = _log_owner(name)
+            if pid and not _alive(pid):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(folder, name))
     path = os.path.join(folder, f"{LOG_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.log")
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
     return path
+
+
+def _log_owner(name: str) -> int:
+    """The judge pid in a host log's file name; 0 when `name` is not one (nothing else is removed)."""
+    prefix = next((p for p in (OLD_LOG_PREFIX, LOG_PREFIX) if name.startswith(p)), None)
+    parts = name[len(prefix):].removesuffix(".log").split("-") if prefix and name.endswith(".log") else []
+    ok = len(parts) == 2 and parts[0].isdigit() and len(parts[1]) == 8 and set(parts[1]) <= set("0123456789abcdef")
+    return int(parts[0]) if ok else 0
 
 
 def _alive(pid: int) -> bool:
