@@ -113,7 +113,7 @@ def _child(conn: Any, case_dict: dict[str, Any], specs: list[str], device: str,
 
 
 def _extra_runs(case_file: CaseFile) -> dict[str, Any] | None:
-    """The seed and order of the recorded verdict's extra runs (None: drawn anew)."""
+    """The recorded choice of extra runs: their seed and order, empty when none were drawn (None: drawn anew)."""
     metrics = case_file.recorded.get("metrics")
     found = metrics.get("extra_runs") if isinstance(metrics, dict) else None
     return found if isinstance(found, dict) else None

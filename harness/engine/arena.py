@@ -58,6 +58,8 @@ def view(buf: Any, slot: Slot) -> torch.Tensor:
     return flat.as_strided(slot.shape, slot.stride, 0)
 
 
+#: how older versions named their arena files (`remove_stale` removes those their judges left); an arena file is now
+#: named by random hex alone, nothing a kernel could recognise in its memory map
 PREFIX = "moe-harness-arena-"
 
 
@@ -102,7 +104,7 @@ def _new_file() -> tuple[int, str]:
         return os.memfd_create(secrets.token_hex(4), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), "shared memory"
     folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     remove_stale(folder)  # arena files of older versions, which named them
-    path = os.path.join(folder, f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
+    path = os.path.join(folder, secrets.token_hex(8))
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.unlink(path)
     return fd, folder

@@ -60,9 +60,9 @@ def _prctl(option: int, arg: int = 0) -> int:
     return int(_libc().prctl(option, arg, 0, 0, 0))
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     enc = (lambda s: None if s is None else s.encode())
-    _check(_libc().mount(enc(source), enc(target), enc(fstype), flags, None), f"mount {target}")
+    _check(_libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
 # --- H: the namespaces and the read-only binds -------------------------------------------------------------------
@@ -113,6 +113,16 @@ def bind(readonly: Sequence[str], writable: Sequence[str]) -> None:
         _mount(path, path, None, MS_BIND | MS_REC)
     for path in readonly:
         _mount(path, path, None, MS_BIND | MS_REC)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _kept_flags(path))
+
+
+def hide(folders: Sequence[str], files: Sequence[str]) -> None:
+    """Cover each of `folders` with an empty read-only file system of this namespace, and each of `files` with an
+    empty file (/dev/null): nothing under them can be read here, and without CAP_SYS_ADMIN nothing can uncover them."""
+    for path in folders:
+        _mount("none", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0500")
+    for path in files:
+        _mount("/dev/null", path, None, MS_BIND)
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _kept_flags(path))
 
 

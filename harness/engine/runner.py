@@ -70,13 +70,14 @@ CPU_JUDGED_ELEMENTS = 1 << 24
 
 #: seconds the judge waits at the end of a case before it checks that no output changed after the kernel returned
 SETTLE_S = 0.005
-#: one case in this many (by case id) is also judged on other inputs of the same shapes (`fresh_inputs`)
+#: one judging in this many, drawn each time, also runs the kernel again (`fresh_inputs`)
 FRESH_EVERY = 8
 
 
-def fresh_selected(case: Case) -> bool:
-    """Whether `case` gets the fresh-inputs check (a function of the case alone)."""
-    return int(case.case_id, 16) % FRESH_EVERY == 0
+def fresh_selected() -> bool:
+    """Whether this judging gets the extra runs: drawn from the OS's random source each time, never a function of the
+    case (a kernel could tell, from its case alone, which runs are the checked ones)."""
+    return secrets.randbelow(FRESH_EVERY) == 0
 #: poisoned elements around every output buffer, each side: a write out of bounds within this distance is caught
 GUARD_BYTES = 64 * 1024
 
@@ -546,7 +547,8 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     inputs: the case's inputs, built already from its seed (`OpSpec.make_inputs`): the judge works on copies of them
     instead of building its own (a differential run hands the same tensors to two devices). keep: a dict the judge
     fills with the first run's outputs (`outputs`: CPU copies, by name) and the oracle's checks (`expected`).
-    extra_runs: the seed and order of the extra runs (`metrics.extra_runs` of a verdict: a replay's), else drawn.
+    extra_runs: whether to do the extra runs, and their seed and order (`metrics.extra_runs` of a verdict: a replay's;
+    empty: none), else drawn.
     """
     t0 = time.perf_counter()
     before = isolation.take()
@@ -907,17 +909,21 @@ class _Judging:
 
     def fresh_inputs(self, spec: ops.OpSpec, conventions: Mapping[str, Any], expected: Mapping[str, Check],
                      inputs: Mapping[str, Any] | None = None) -> list[Comparison]:
-        """For one case in FRESH_EVERY (chosen by its id, so that which cases get these runs never depends on which
-        process judged them), judged in a kernel host: two more runs, in an order drawn at random, each judged
-        against the oracle. One on other input values of the same shapes, drawn from an unpredictable seed (a
-        kernel that reuses results, or state derived from its inputs, across calls by shape alone is otherwise
-        never given two inputs of one shape in one process); one on the case's own inputs again (a kernel right
+        """For one judging in FRESH_EVERY (drawn at random each time, `fresh_selected`) of a case judged in a kernel
+        host: two more runs, in an order drawn at random, each judged against the oracle. One on other input values
+        of the same shapes, drawn from an unpredictable seed (a kernel that reuses results, or state derived from
+        its inputs, across calls by shape alone is otherwise never given two inputs of one shape in one process);
+        one on the case's own inputs again (a kernel right
         only on its first call with them). Neither is told apart from a first run by its buffers or its seed. The
-        seed and the order are recorded (`extra_runs` in the verdict's metrics) and a replay reuses them."""
-        if getattr(self.adapter, "host", None) is None or not fresh_selected(self.case) \
-                or exercised(expected.values())["vacuous"]:
+        seed and the order are recorded (`extra_runs` in the verdict's metrics; empty when none were drawn) and a
+        replay reuses them."""
+        if getattr(self.adapter, "host", None) is None or exercised(expected.values())["vacuous"]:
             return []
-        given = self.replayed or {}
+        given = self.replayed
+        if not (fresh_selected() if given is None else "seed" in given):
+            self.recorded["extra_runs"] = {}
+            return []
+        given = given or {}
         seed = int(given.get("seed", secrets.randbits(31)))
         order = list(given.get("order") or (["fresh", "repeat"] if secrets.randbits(1) else ["repeat", "fresh"]))
         self.recorded["extra_runs"] = {"seed": seed, "order": order}

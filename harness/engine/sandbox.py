@@ -5,7 +5,8 @@ namespace it cannot outlive the host: when the host ends, the kernel (the operat
 of the namespace, and after each run the judge kills every one but the host. In the host's mount namespace the
 checkout (or, installed, the judge's packages) and the results folders are read-only, but for the caches and
 scratch folders kernels write (Triton's cache, the temporary folder, /dev/shm: the shared arena, the judge's own
-mount). The mechanics are in `harness.engine.namespaces`.
+mount). The folder of the judge's manifest key (`harness.core.keyfile`) is covered with an empty file system: a
+kernel that read the key could sign the results it forges. The mechanics are in `harness.engine.namespaces`.
 
 Every host's stdout and stderr go to a log of its own (`Host.log`, in the temporary folder), never the judge's
 console; a host's death names the log's last lines.
@@ -29,12 +30,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.core import keyfile
+
 ENV = "MOE_HARNESS_SANDBOX"
 SETTINGS = ("auto", "on", "off")
 READONLY_ENV = "MOE_HARNESS_READONLY"
 #: the probe's finding, for the processes this one starts ("plain", "user" or "off: <reason>"): probed once
 PROBED_ENV = "MOE_HARNESS_SANDBOX_PROBED"
-LOG_PREFIX = "moe-harness-host-"
+#: a host's log, `<prefix><judge pid>-<8 hex>.log`: a neutral name (a kernel sees it behind its stdout), and the
+#: prefix older versions used, whose logs are removed as well
+LOG_PREFIX, OLD_LOG_PREFIX = "host-", "moe-harness-host-"
 #: in a host's environment: its pid as its judge sees it (inside a sandbox, `os.getpid()` is its namespace's)
 HOST_PID_ENV = "MOE_HARNESS_HOST_PID"
 #: what a host's death quotes of its log
@@ -66,6 +71,9 @@ class Launch:
     how: str = ""
     readonly: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
+    #: folders covered with an empty file system (the key's), and files covered with an empty one
+    hidden: tuple[str, ...] = ()
+    hidden_files: tuple[str, ...] = ()
 
 
 _FOUND: Availability | None = None
@@ -175,7 +183,22 @@ def launch(env: Mapping[str, str], log: str) -> Launch:
     readonly = [os.path.realpath(p) for p in [*judge_paths(), *listed]]
     writable = [w for w in writable_paths(env) if any(_inside(w, r) and w != r for r in readonly)]
     readonly = [r for r in dict.fromkeys(readonly) if os.path.isdir(r) and r not in writable_paths(env)]
-    return Launch(log, found.how, tuple(sorted(readonly, key=len)), tuple(sorted(writable, key=len)))
+    hidden, hidden_files = key_hiding(env, [*readonly, *writable_paths(env)])
+    return Launch(log, found.how, tuple(sorted(readonly, key=len)), tuple(sorted(writable, key=len)), hidden,
+                  hidden_files)
+
+
+def key_hiding(env: Mapping[str, str], bound: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What hides the manifest key from a host: its folder, unless something the host needs lies in it (a folder
+    bound for it, Python's own files; a key named in the home folder, say), else the key file itself (when it
+    exists: a key made later in such a folder is readable)."""
+    key = os.path.realpath(keyfile.key_path(env))
+    folder = os.path.dirname(key)
+    needed = [*bound, sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+              *(p for p in sys.path if p.startswith("/"))]
+    if folder != "/" and not any(_inside(os.path.realpath(p), folder) for p in needed):
+        return (folder,), ()
+    return (), ((key,) if os.path.isfile(key) else ())
 
 
 # --- the host's log ------------------------------------------------------------------------------------------------
@@ -185,13 +208,21 @@ def new_log() -> str:
     folder = tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for name in os.listdir(folder):
-            pid = name[len(LOG_PREFIX):].split("-", 1)[0] if name.startswith(LOG_PREFIX) else ""
-            if pid.isdigit() and not _alive(int(pid)):
+            pid = _log_owner(name)
+            if pid and not _alive(pid):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(folder, name))
     path = os.path.join(folder, f"{LOG_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.log")
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
     return path
+
+
+def _log_owner(name: str) -> int:
+    """The judge pid in a host log's file name; 0 when `name` is not one (nothing else is removed)."""
+    prefix = next((p for p in (OLD_LOG_PREFIX, LOG_PREFIX) if name.startswith(p)), None)
+    parts = name[len(prefix):].removesuffix(".log").split("-") if prefix and name.endswith(".log") else []
+    ok = len(parts) == 2 and parts[0].isdigit() and len(parts[1]) == 8 and set(parts[1]) <= set("0123456789abcdef")
+    return int(parts[0]) if ok else 0
 
 
 def _alive(pid: int) -> bool:
@@ -259,7 +290,11 @@ def enter(plan: Launch, judge: int, env: dict[str, str]) -> bool:
         os.setsid()
     namespaces.die_with_parent()
     _make_writable(plan.writable, os.path.realpath(env.get("MOE_HARNESS_WARNINGS_LOG") or "/nonexistent"))
+    for folder in plan.hidden:  # made now (as the judge makes it), so that a key made later is hidden too
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
     namespaces.unshare(user=plan.how == "user")
     namespaces.bind(plan.readonly, [w for w in plan.writable if os.path.exists(w)])
+    namespaces.hide([f for f in plan.hidden if os.path.isdir(f)], plan.hidden_files)
     namespaces.split(judge)
     return True

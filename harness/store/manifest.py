@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import files
+from harness.core.keyfile import KEY_ENV as KEY_ENV  # where the key is: read by the sandbox too
+from harness.core.keyfile import key_path
 
 KIND = "moe-harness-manifest"
 SCHEMA = 1
 SUFFIX = ".manifest"
-#: overrides where the key is kept (a file); default `$XDG_CONFIG_HOME/moe-harness/key` or ~/.config/moe-harness/key
-KEY_ENV = "MOE_HARNESS_KEY_FILE"
 DIGEST_HEX = 16  # 64 bits of each line's sha256: enough to say which lines changed (the file's sha256 authenticates)
 RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
 
@@ -47,13 +47,6 @@ def manifest_path(path: str | os.PathLike) -> Path:
 
 
 # -- the key --------------------------------------------------------------------------------------------------------
-
-def key_path() -> Path:
-    if os.environ.get(KEY_ENV):
-        return Path(os.environ[KEY_ENV]).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "moe-harness" / "key"
-
 
 def _create_key(path: Path) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

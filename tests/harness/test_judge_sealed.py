@@ -31,9 +31,10 @@ def _case(seed: int = 1) -> Case:
                 shapes={"T": 4, "N": 24}, dtypes={"x": "float32"}, seed=seed)
 
 
-def _fresh_case() -> Case:
-    """A case that gets the extra runs (the same inputs again, other inputs)."""
-    return next(c for c in (_case(s) for s in range(1, 1000)) if runner.fresh_selected(c))
+@pytest.fixture
+def extra_runs_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every judging gets the extra runs (the same inputs again, other inputs), as one in eight does."""
+    monkeypatch.setattr(runner, "fresh_selected", lambda: True)
 
 
 #: judges each named adapter of the attacks fixture on one case, in order, in a process of its own (the test's
@@ -145,8 +146,9 @@ def test_a_returned_meta_tensor_is_the_kernels_failed_output() -> None:
     assert "meta" in r.reason
 
 
+@pytest.mark.usefixtures("extra_runs_drawn")
 def test_a_kernel_right_only_on_its_first_call_with_given_inputs_fails() -> None:
-    r = runner.judge(_fresh_case(), remote.open_adapter(f"{ATTACKS}:FIRST_CALL_ONLY", "cpu"), detect("cpu"))
+    r = runner.judge(_case(), remote.open_adapter(f"{ATTACKS}:FIRST_CALL_ONLY", "cpu"), detect("cpu"))
     assert r.verdict == "fail", (r.verdict, r.reason)
     assert "repeat:out" in r.metrics["failed_checks"], r.metrics["failed_checks"]
     assert "on the same inputs again" in r.reason
@@ -158,17 +160,37 @@ def test_a_kernel_that_recognises_the_arena_by_its_outputs_layout_fails() -> Non
     assert r.verdict == "fail", (r.verdict, r.reason)
 
 
+@pytest.mark.usefixtures("extra_runs_drawn")
 def test_the_extra_runs_seed_and_order_are_drawn_recorded_and_replayed() -> None:
     """The other inputs come from a seed nobody can predict (it was the case's seed + 7919), recorded with the
     order of the extra runs; judging with the recorded ones runs the same."""
     adapter = remote.open_adapter(f"{ATTACKS}:HONEST", "cpu")
-    case = _fresh_case()
+    case = _case()
     drawn = [runner.judge(case, adapter, detect("cpu")).metrics.get("extra_runs", {}) for _ in range(6)]
     seeds = {d["seed"] for d in drawn}
     assert len(seeds) == 6 and case.seed + 7919 not in seeds, drawn
     assert {tuple(d["order"]) for d in drawn} <= {("fresh", "repeat"), ("repeat", "fresh")}
     replayed = runner.judge(case, adapter, detect("cpu"), extra_runs=drawn[0])
     assert replayed.verdict == "pass" and replayed.metrics["extra_runs"] == drawn[0]
+
+
+#: judgings of one case: with one in FRESH_EVERY (8) drawn, none drawn or all drawn has a chance below 1e-9
+DRAWS = 160
+
+
+def test_which_judging_gets_the_extra_runs_is_drawn_each_time_and_replayed() -> None:
+    """Not a function of the case id (a kernel could tell the cases that get them): the same case judged again and
+    again gets them in some judgings and not in others; the choice is recorded (`extra_runs`, empty when none) and a
+    replay with the recorded choice does the same."""
+    adapter = remote.open_adapter(f"{ATTACKS}:HONEST", "cpu")
+    case = _case()
+    drawn = [runner.judge(case, adapter, detect("cpu")).metrics.get("extra_runs") for _ in range(DRAWS)]
+    assert all(isinstance(d, dict) for d in drawn), drawn
+    picked = [d for d in drawn if d]
+    assert 0 < len(picked) < DRAWS, len(picked)
+    for recorded in (picked[0], {}):
+        again = runner.judge(case, adapter, detect("cpu"), extra_runs=recorded)
+        assert again.verdict == "pass" and again.metrics["extra_runs"] == recorded
 
 
 def test_one_adapter_module_cannot_change_anothers_declarations() -> None:

@@ -10,6 +10,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from harness.core.case import Case
 from harness.core.device import detect
+from harness.engine import arena as arena_mod
 from harness.engine import host as host_mod
 from harness.engine import remote, runner, sandbox
 from harness.engine.host import Host, HostDied
@@ -229,3 +231,62 @@ def test_a_setting_that_is_not_one_is_named(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(sandbox.ENV, "yes")
     with pytest.raises(ValueError, match=f"{sandbox.ENV}='yes': expected one of auto, on, off"):
         host_mod.Host("cpu").start()
+
+
+def _spy(name: str, report: Path) -> str:
+    """Judges the spying kernel `name` of the fixture; what it reported."""
+    spec = f"{FIXTURE}:{name}"
+    try:
+        r = runner.judge(CASE, remote.open_adapter(spec, "cpu"), detect("cpu"))
+    finally:
+        remote.close_adapter(spec, "cpu")
+    assert r.verdict == "pass", r.reason
+    assert report.exists(), "the kernel reported nothing"
+    return report.read_text()
+
+
+@pytest.mark.parametrize("where", ["named", "default-made-later", "in-the-temporary-folder"])
+def test_a_kernel_cannot_read_the_manifest_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The key signs results: a kernel that read it could sign the ones it forges. Named by MOE_HARNESS_KEY_FILE and
+    made before the host starts, at its default place (under XDG_CONFIG_HOME) and made once the host runs, or named
+    in a folder the host writes (the temporary folder: the key file alone is covered)."""
+    report, secret = tmp_path / "report", "a1" * 32
+    if where != "default-made-later":
+        folder = tmp_path / "keys" if where == "named" else Path(tempfile.gettempdir())
+        key = folder / f"key-{uuid.uuid4().hex[:8]}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        key.write_text(secret)
+        monkeypatch.setenv("MOE_HARNESS_KEY_FILE", str(key))
+    else:
+        key = tmp_path / "config" / "moe-harness" / "key"
+        monkeypatch.delenv("MOE_HARNESS_KEY_FILE", raising=False)
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HOSTILE_REPORT", str(report))
+    spec = f"{FIXTURE}:READ_KEY"
+    adapter = remote.open_adapter(spec, "cpu")
+    try:
+        if not key.exists():
+            key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            key.write_text(secret)
+        assert runner.judge(CASE, adapter, detect("cpu")).verdict == "pass"
+    finally:
+        remote.close_adapter(spec, "cpu")
+        found, kept = report.read_text(), key.read_text()
+        if where == "in-the-temporary-folder":
+            key.unlink()
+    assert kept == secret  # the judge still reads it
+    _require_sandbox()
+    assert secret not in found and (found == "" or found.startswith("unreadable")), found
+
+
+@pytest.mark.parametrize("arena_file", ["memfd", "shared-memory-file"])
+def test_no_mapping_of_a_kernels_host_names_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         arena_file: str) -> None:
+    """A kernel that looks for a sign of being judged in its memory map (its arena's name) finds none, whether the
+    arena is a memfd or (where memfds cannot be sealed) an unlinked file in shared memory; the files of the checkout
+    itself (an extension a kernel loads from it) are no sign the judge adds."""
+    if arena_file != "memfd":
+        monkeypatch.setattr(arena_mod, "_sealable", lambda: False)
+    monkeypatch.setenv("HOSTILE_REPORT", str(tmp_path / "report"))
+    found = [line for line in _spy("READ_MAPS", tmp_path / "report").splitlines() if str(ROOT) not in line]
+    assert not found, found
