@@ -195,7 +195,7 @@ fi
 
 if wants pytest; then
   step pytest "$RUN/logs/pytest.log" "$PYTEST_TIMEOUT" env HYPOTHESIS_PROFILE="$PROFILE" python -m pytest \
-    -n "$WORKERS" -q -p no:cacheprovider -rfE --moe-results-dir "$RUN/pytest" "${PYTEST_ADAPTERS[@]}" \
+    -n "$WORKERS" -q -p no:cacheprovider -rfE --moe-results-dir="$RUN/pytest" "${PYTEST_ADAPTERS[@]}" \
     "${PYTEST_EXTRA[@]}" "${TESTS[@]}"
 fi
 
@@ -218,7 +218,7 @@ if wants external; then
     --profile quick --adapter external --results-dir "$RUN/matrix-external" --case-timeout "$CASE_TIMEOUT" \
     --only-this-run --out "$RUN/logs/matrix-external.md"
   step "external tests" "$RUN/logs/external-tests.log" "$EXTERNAL_TIMEOUT" env HYPOTHESIS_PROFILE="$PROFILE" \
-    python -m pytest -n "$WORKERS" -q -p no:cacheprovider -rfE --moe-results-dir "$RUN/pytest-external" \
+    python -m pytest -n "$WORKERS" -q -p no:cacheprovider -rfE --moe-results-dir="$RUN/pytest-external" \
     tests/external tests/harness/test_libraries.py harness/plugin/generic.py --moe-adapter external
 fi
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import registry
+from harness import plugin, registry
 from harness.cli import main
 from harness.engine import runner
 from harness.engine.profiles import PROFILES
@@ -83,13 +83,6 @@ def test_entry_point_of_the_example_resolves(example_on_path) -> None:  # type: 
         assert registry.resolve(target).name == name
 
 
-def _plugin_args() -> list[str]:
-    """`-p harness.plugin` where the plugin is not installed (a copied checkout); nothing where it is."""
-    from harness.plugin import is_installed
-
-    return [] if is_installed() else ["-p", "harness.plugin"]
-
-
 def _pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
     import os
 
@@ -97,7 +90,7 @@ def _pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(root)])}
     env.pop("PYTEST_XDIST_WORKER", None)  # the inner run is its own session, not one of our workers
     env.pop("PYTEST_XDIST_TESTRUNUID", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *_plugin_args(), *args],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin.load_args(), *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -190,9 +190,9 @@ def test_the_quantizer_matrix_through_the_cli(device_info, tmp_path) -> None:  #
 def test_the_example_runs_its_own_unit_tests(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """From its own folder, not installed: `pythonpath` finds the package, ini `moe_adapters` selects both adapters
     (their generic tests are collected, deselected here: the tests above run them)."""
-    from harness.plugin import is_installed
+    from harness.plugin import load_args
 
-    plugin = [] if is_installed() else ["-p", "harness.plugin"]
+    plugin = load_args()
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin, "-v",
                            "-m", "not moe_generic", f"--moe-results-dir={tmp_path / 'res'}"],
                           cwd=EXAMPLE, env=_env(), capture_output=True, text=True, timeout=600)

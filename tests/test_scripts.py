@@ -69,7 +69,8 @@ def test_a_default_run_is_named_by_date_commit_and_sections(tmp_path: Path) -> N
     assert sorted(got) == sorted(["env", "device", "pytest", "matrix", "archive"] + [
         f"bench {op}" for op in ("routing", "group_quant", "activation", "act_quant", "align", "reduce", "experts")])
     assert got["pytest"][:3] == ["timeout", "300", "env"] and "HYPOTHESIS_PROFILE=gpu" in got["pytest"]
-    assert got["pytest"][got["pytest"].index("--moe-results-dir") + 1] == str(run / "pytest")
+    # one word: an uninstalled checkout's pytest takes a separate existing folder for a test path, misses its conftest
+    assert f"--moe-results-dir={run / 'pytest'}" in got["pytest"]
     assert got["matrix"][got["matrix"].index("--results-dir") + 1] == str(run / "matrix-quick")
     bench = out / "results" / "sm90" / "bench" / run_id.group(1)
     assert got["bench experts"][-4:] == [">", str(bench / "bench_experts.md"), "2>", str(bench / "bench_experts.log")]

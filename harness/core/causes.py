@@ -20,6 +20,10 @@ Fact = tuple[str, str, str]
 #: "kernel raised: RuntimeError: ..." and "kernel raised on its second run: ValueError: ..."
 _RAISED = re.compile(r"^kernel [^:]*?\braised\b[^:]*: ([A-Za-z_][\w.]*)(?::|$)")
 
+#: checks of the extra runs a judging draws at random (harness.engine.runner): they repeat the first run's checks,
+#: so a case that failed those too is the same bug as one that was not drawn for them
+EXTRA_RUNS = ("repeat:", "fresh_inputs:")
+
 
 def what_failed(r: Result) -> tuple[str, str]:
     """The verdict and what failed: the failing checks of a `fail`; for an `error`, the exception type (read from
@@ -32,7 +36,9 @@ def what_failed(r: Result) -> tuple[str, str]:
         m = _RAISED.match(r.reason)
         return r.verdict, m.group(1) if m else r.reason.split(":", 1)[0]
     if r.verdict == "fail":
-        return r.verdict, ", ".join(r.metrics.get("failed_checks", [])) or r.reason.split(":", 1)[0]
+        checks = list(r.metrics.get("failed_checks", []))
+        first = [c for c in checks if not c.startswith(EXTRA_RUNS)]
+        return r.verdict, ", ".join(first or sorted(checks)) or r.reason.split(":", 1)[0]
     return r.verdict, ""
 
 

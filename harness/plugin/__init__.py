@@ -163,6 +163,13 @@ def is_installed() -> bool:
     return any(ep.name == "moe_harness" for ep in metadata.entry_points(group="pytest11"))
 
 
+def load_args() -> list[str]:
+    """What a pytest command started from here needs to load this plugin: nothing where the plugin is installed,
+    `-p harness.plugin` in a checkout that was not pip-installed (its conftest.py is not found when an option's value
+    is an existing folder outside the checkout, so it cannot be relied on)."""
+    return [] if is_installed() else ["-p", "harness.plugin"]
+
+
 def has_entry_points() -> bool:
     from importlib import metadata
 

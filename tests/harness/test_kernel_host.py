@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import plugin
 from harness.core.device import detect
 from harness.core.result import Result
 from harness.engine import host as host_mod
@@ -93,7 +94,8 @@ def test_attacks_fail_in_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOSTILE_RESULTS": str(tmp_path / "r"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "moe_generic", "--moe-profile", "ci",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin.load_args(),
+           "-m", "moe_generic", "--moe-profile", "ci",
            "--moe-results-dir", str(tmp_path / "r"), "--moe-adapter", f"{FIXTURE}:HONEST",
            "--moe-adapter", f"{FIXTURE}:ATTACKS", "-k", "declared", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

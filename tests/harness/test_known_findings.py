@@ -121,7 +121,7 @@ def test_a_known_fixed_case_is_not_a_cause_but_another_failure_inside_the_region
 
 
 def _pytest(tmp_path: Path, *args: str) -> tuple[int, str]:
-    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    plugin_arg = plugin.load_args()
     cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *plugin_arg, "-p", "no:randomly",
            "harness/plugin/generic.py", "--moe-results-dir", str(tmp_path / "results"), "--moe-device", "cpu", *args]
     p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1"),

@@ -28,13 +28,15 @@ from harness.ops.contracts import CONTRACTS, any_strides
 from tests.harness.fixtures import layout_adapters as planted
 
 CPU = detect("cpu")
+# what the draws see of our Triton kernels on any machine (detect("cpu") on a GPU machine declares none of them)
+DRAWS = cov.device_for("interp")
 FIXTURES = "tests.harness.fixtures.layout_adapters"
 STRIDED_OPS = sorted(op for op, c in CONTRACTS.items() if any(t.any_strides for t in (*c.inputs, *c.outputs)))
 OURS = sorted(a.name for a in cov.builtin_adapters() if a.op in STRIDED_OPS)
 
 
 def _drawn(adapter: registry.Adapter, n: int) -> list[Case]:
-    cells = hs.declared_cells(adapter, CPU)
+    cells = hs.declared_cells(adapter, DRAWS)
     found: list[Case] = []
 
     @settings(max_examples=n, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
@@ -49,7 +51,7 @@ def _drawn(adapter: registry.Adapter, n: int) -> list[Case]:
 def _expected(adapter: registry.Adapter) -> dict[str, set[str]]:
     """From the contracts: each tensor of any strides in some declared cell, and the layouts the adapter allows it."""
     declared = adapter.limits.get("layouts")
-    return {name: set(limit_table.layouts_allowed(declared, name)) for cell in hs.declared_cells(adapter, CPU)
+    return {name: set(limit_table.layouts_allowed(declared, name)) for cell in hs.declared_cells(adapter, DRAWS)
             for name in any_strides(adapter.op, cell)}
 
 

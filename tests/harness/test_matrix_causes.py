@@ -157,3 +157,19 @@ def test_an_exact_check_is_called_bit_exact_and_values_are_never_cut() -> None:
     model = build(_kernel("k", lambda a, d, t: ("fail", long) if d == "float32" else ("pass", "")))
     text = model["footnotes"][0]["text"]
     assert text.endswith(" ...") and re.search(r"expected 7\.654321 \.\.\.$", text), text
+
+
+def test_the_extra_runs_drawn_for_some_judgings_do_not_split_one_bug() -> None:
+    """One wrong activation: the judgings that were drawn for the extra runs also fail those runs' checks; they are
+    the same cause as the others (the draw is random), and a case wrong only on its repeated run is one of its own."""
+    from harness.core.causes import what_failed
+
+    plain = _result("k", "gelu_and_mul", "bfloat16", 5, "fail", OUT, failed_checks=["out"])
+    drawn = _result("k", "gelu_and_mul", "float16", 5, "fail", OUT,
+                    failed_checks=["out", "repeat:out", "fresh_inputs:out"])
+    other_order = _result("k", "gelu_and_mul", "float32", 5, "fail", OUT,
+                          failed_checks=["out", "fresh_inputs:out", "repeat:out"])
+    assert what_failed(plain) == what_failed(drawn) == what_failed(other_order) == ("fail", "out")
+    only_again = _result("k", "silu_and_mul", "bfloat16", 5, "fail", OUT,
+                         failed_checks=["repeat:out", "fresh_inputs:out"])
+    assert what_failed(only_again) == ("fail", "fresh_inputs:out, repeat:out")

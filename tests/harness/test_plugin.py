@@ -102,7 +102,7 @@ PARTLY_VERIFIABLE = dataclasses.replace(_reference, name="partly-verifiable", su
 
 def _pytest(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, str]:
     """A child pytest run of the generic tests with the plugin's options `args`."""
-    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    plugin_arg = plugin.load_args()
     cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", *plugin_arg,
            "harness/plugin/generic.py", "--moe-results-dir", str(tmp_path / "results"), *args]
     p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]),
@@ -185,7 +185,7 @@ def test_xdist_workers_share_the_cpus_instead_of_each_taking_all(tmp_path: Path)
         "def test_threads():\n"
         "    share = max(1, len(os.sched_getaffinity(0)) // int(os.environ['PYTEST_XDIST_WORKER_COUNT']))\n"
         "    assert torch.get_num_threads() == share, (torch.get_num_threads(), share)\n")
-    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    plugin_arg = plugin.load_args()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin_arg, "-n", "2",
            str(tmp_path / "test_threads_probe.py"), "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE",
            "--moe-results-dir", str(tmp_path / "results"), "-k", "threads", "--rootdir", str(tmp_path)]
@@ -202,7 +202,7 @@ def test_tests_are_handed_out_longest_first_by_their_measured_durations(tmp_path
     probe = "test_order_probe.py"
     times = {f"{probe}::test_short": 0.1, f"{probe}::test_long": 30.0, "elsewhere::test_x": 5.0}
     (tmp_path / "times.json").write_text(json.dumps(times))
-    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    plugin_arg = plugin.load_args()
     cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *plugin_arg, probe,
            "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE", "-k", "probe", "--rootdir", str(tmp_path),
            "--moe-durations", str(tmp_path / "times.json")]

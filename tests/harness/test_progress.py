@@ -56,7 +56,7 @@ def test_the_first_line_comes_at_once_and_workers_take_the_controllers_listing(t
     (tmp_path / "test_listing_probe.py").write_text(PROBE, encoding="utf-8")
     probe = "test_listing_probe.py::test_probe"
     (tmp_path / "times.json").write_text(json.dumps({probe: 30.0}), encoding="utf-8")
-    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    plugin_arg = plugin.load_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_arg, "-n", "2", str(tmp_path / probe),

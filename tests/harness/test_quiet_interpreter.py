@@ -36,7 +36,7 @@ def test_under_pytest_the_interpreters_overflow_is_quiet_and_a_kernels_own_warni
         "from tests.harness.fixtures.noisy_adapter import make_noise\n\n\n"
         "def test_in_process():\n    make_noise()\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    plugin_arg = [] if plugin.is_installed() else ["-p", "harness.plugin"]
+    plugin_arg = plugin.load_args()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin_arg, "-n", "0",
          str(tmp_path / "test_in_process.py"), "--moe-adapter", NOISY, "--moe-device", "cpu", "-k",

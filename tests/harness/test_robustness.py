@@ -127,9 +127,9 @@ def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> Non
 def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -> None:
     """Plain `pytest` (one process): the crash ends the kernel host, not the session, which fails the test with
     the signal in each verdict."""
-    from harness.plugin import is_installed
+    from harness.plugin import load_args
 
-    plugin = [] if is_installed() else ["-p", "harness.plugin"]
+    plugin = load_args()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin,
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir", str(tmp_path),
            "--moe-adapter", "tests.harness.test_robustness:SEGV"]
@@ -153,11 +153,11 @@ def _stopped_session(tmp_path: Path, extra: list[str], sig: int, to_group: bool)
     end within 5 s of the signal, leaving nothing it started running (xdist workers, kernel hosts, fork servers)."""
     import uuid
 
-    from harness.plugin import is_installed
+    from harness.plugin import load_args
 
     pidfile, log, mark = tmp_path / "pids", tmp_path / "log", uuid.uuid4().hex
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *([] if is_installed() else ["-p",
-           "harness.plugin"]), "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *load_args(),
+           "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir",
            str(tmp_path / "results"), "--moe-adapter", HANGS, *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT), MOE_TEST_PIDFILE=str(pidfile), **{signals.MARK_ENV: mark})
     env.pop("MOE_HARNESS_SUPERVISE", None)

@@ -95,10 +95,10 @@ def test_after():
 
 def _session(tmp_path: Path, how: str, *extra: str) -> subprocess.CompletedProcess:
     """A one-process pytest session (the plugin active) in which one test ends the process `how`."""
-    from harness.plugin import is_installed
+    from harness.plugin import load_args
 
     (tmp_path / "test_session.py").write_text(SESSION)
-    plugin = [] if is_installed() else ["-p", "harness.plugin"]
+    plugin = load_args()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "-o",
            "moe_adapters=reference-activation", str(tmp_path / "test_session.py"), *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT), END_HOW=how)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import plugin
 from harness.store.results import load_results
 from harness.sweep.progress import Progress, eta_seconds
 from tests.harness import signals
@@ -189,7 +190,8 @@ def pytest_unconfigure(config):
 def test_a_passing_xdist_run_prints_no_traceback_when_a_worker_is_slow_to_finish(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text(_SLOW_WORKER_END)
     (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--moe-adapter",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin.load_args(),
+           "-n", "1", "--moe-adapter",
            "reference-activation", "--moe-results-dir", str(tmp_path / "results"), "-k", "test_quick",
            str(tmp_path / "test_quick.py")]  # the plugin is active (--moe-adapter); its generic tests deselected
     p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
