@@ -174,17 +174,30 @@ def _chunks(work: Sequence[tuple[str, list]], jobs: int) -> list[tuple[str, list
 
 
 class _Report:
-    """The run's records as they come: the JSONL, the counts, the progress lines."""
+    """The run's records as they come: the JSONL and its manifest (as a results file's: a reader uses only the lines
+    it vouches for), the counts, the progress lines."""
 
-    def __init__(self, out: Path, total: int):
-        self.path = out / "cases.jsonl"
+    def __init__(self, out: Path, total: int, run_id: str):
+        from harness.store import manifest
+        from harness.store.differential import RUN_FILE
+
+        self.path = out / RUN_FILE
         self.fh = open(self.path, "w", encoding="utf-8")  # a folder used again holds the last run only
+        self.manifest = manifest.ManifestWriter(self.path, run_id, manifest.load_key(create=True))
+        self.manifest.write()
         self.records: list[dict[str, Any]] = []
-        self.total, self.started = total, time.monotonic()
+        self.total, self.started, self.checkpoint = total, time.monotonic(), time.monotonic()
 
     def add(self, record: Mapping[str, Any]) -> None:
-        self.fh.write(json.dumps(record) + "\n")
+        from harness.store.results import CHECKPOINT_S
+
+        line = json.dumps(record) + "\n"
+        self.fh.write(line)
         self.fh.flush()
+        self.manifest.add(line.encode("utf-8"))
+        if time.monotonic() - self.checkpoint >= CHECKPOINT_S:
+            self.manifest.write()
+            self.checkpoint = time.monotonic()
         self.records.append(dict(record))
         cls = record["class"]
         line = f"[{len(self.records)}/{self.total} {time.monotonic() - self.started:.0f}s] {record['adapter']} " \
@@ -195,6 +208,7 @@ class _Report:
 
     def close(self) -> None:
         self.fh.close()
+        self.manifest.write(final=True)
 
 
 def _pool_run(args: argparse.Namespace, sides: Sequence[Any], work: Sequence[tuple[str, list]],
@@ -270,7 +284,7 @@ def _run_and_report(args: argparse.Namespace, sides: Sequence[Any], work: Sequen
           f"writing {out}", file=sys.stderr)
     for name, why in skipped.items():
         print(f"  skipped {name}: {why}", file=sys.stderr)
-    report = _Report(out, total)
+    report = _Report(out, total, run_id)
     # the Python warnings of the workers and kernel hosts (the interpreter's numpy ones) go to a file, not stderr
     os.environ.setdefault("MOE_HARNESS_WARNINGS_LOG", str((out / "warnings.log").resolve()))
     interrupted = False

@@ -7,7 +7,8 @@ these descriptions crosses the pipe, and no tensor is pickled.
 The file has no name a process could open: a sealed memfd (Linux), handed to the host as a file descriptor over the
 pipe (`fd`). Its seals forbid shrinking it, so a kernel that truncates it cannot make the judge's next read of it
 fault (SIGBUS). Its memory is allocated when it is made: no shared memory left is an `ArenaSpaceError` then, never a
-fault later. The first tensor starts at a random offset, so no address in it is a stable sign of being judged.
+fault later. The first tensor starts at a random offset, and a random gap lies before each one, so no address in it,
+nor any distance between two tensors, is a stable sign of being judged.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import torch
 from harness.core.layouts import contiguous_strides
 
 _ALIGN = 64
+#: before each tensor, a gap of up to this many alignment steps, drawn: no tensor lies at a fixed distance from another
+_GAPS = 16
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ class Arena:
 
     def empty(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[torch.Tensor, Slot]:
         nbytes = _span(shape, stride) * dtype.itemsize
-        offset = -(-self.used // _ALIGN) * _ALIGN
+        offset = -(-self.used // _ALIGN) * _ALIGN + _ALIGN * secrets.randbelow(_GAPS)
         if offset + nbytes > self.size:
             raise MemoryError(f"arena of {self.size} bytes is full (reserve more before the run)")
         self.used = offset + nbytes
@@ -225,5 +228,5 @@ def arena_bytes(tensors: list[torch.Tensor | tuple[torch.dtype, tuple[int, ...],
     total = 0
     for t in tensors:
         dtype, shape, stride = (t.dtype, tuple(t.shape), tuple(t.stride())) if isinstance(t, torch.Tensor) else t
-        total += -(-_span(shape, stride) * dtype.itemsize // _ALIGN) * _ALIGN + _ALIGN
+        total += -(-_span(shape, stride) * dtype.itemsize // _ALIGN) * _ALIGN + _ALIGN * _GAPS
     return total

@@ -80,6 +80,33 @@ def fresh_selected() -> bool:
     return secrets.randbelow(FRESH_EVERY) == 0
 #: poisoned elements around every output buffer, each side: a write out of bounds within this distance is caught
 GUARD_BYTES = 64 * 1024
+#: an output's start in its band moves in steps of this many bytes (the alignment of torch's CUDA caching
+#: allocator, so an output stays as aligned as one torch allocated) ...
+PLACE_ALIGN = 512
+#: ... by one of this many steps, drawn for every run
+PLACE_STEPS = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where an output lies in its band (elements): its strides, its span, the elements before it, the band's."""
+
+    stride: tuple[int, ...]
+    span: int
+    lead: int
+    size: int
+
+
+def place(spec: OutputSpec) -> Placement:
+    """Where an output of `spec` lies in its band, drawn from the OS's random source for each run, in both paths
+    (the judge's process and a kernel host's arena): at least GUARD_BYTES of guard on each side, the rest of the
+    slack before or after it. A fixed place would let a kernel tell from its output's storage offset or its
+    address that it is being judged. The band's size depends on `spec` alone."""
+    stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
+    span = 0 if 0 in spec.shape else 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride))
+    step, guard = PLACE_ALIGN // spec.dtype.itemsize, GUARD_BYTES // spec.dtype.itemsize
+    lead = guard + step * secrets.randbelow(PLACE_STEPS)
+    return Placement(tuple(stride), span, lead, 2 * guard + step * (PLACE_STEPS - 1) + span)
 
 
 def _int_view_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -148,13 +175,12 @@ class Band:
 
 
 def banded(spec: OutputSpec, device: str, which: int) -> tuple[torch.Tensor, Band]:
-    """An output tensor of `spec` filled for run `which` (0 garbage, 1 poison B), inside a larger buffer of it."""
-    stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
-    span = 0 if 0 in spec.shape else 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride))
-    guard = GUARD_BYTES // spec.dtype.itemsize
-    base = _fill(torch.empty(guard + span + guard, dtype=spec.dtype, device=device), which)
-    band = Band(base, guard, guard + span, which, base.detach().cpu().clone(), tuple(spec.shape), tuple(stride))
-    return base.as_strided(tuple(spec.shape), stride, guard), band
+    """An output tensor of `spec` filled for run `which` (0 garbage, 1 poison B), inside a larger buffer of it, at
+    a place drawn for this run (`place`)."""
+    at = place(spec)
+    base = _fill(torch.empty(at.size, dtype=spec.dtype, device=device), which)
+    band = Band(base, at.lead, at.lead + at.span, which, base.detach().cpu().clone(), tuple(spec.shape), at.stride)
+    return base.as_strided(tuple(spec.shape), at.stride, at.lead), band
 
 
 def poisoned(spec: OutputSpec, device: str, which: int) -> torch.Tensor:
@@ -253,13 +279,6 @@ def harness_error(what: str, e: BaseException, **metrics: Any) -> tuple[str, str
     return "error", f"harness error {what}: {type(e).__name__}: {e}", {"harness_error": True, **metrics}
 
 
-def _band_layout(spec: OutputSpec) -> tuple[tuple[int, ...], int, int]:
-    """An output's strides, its span in elements and the guard on each side (elements)."""
-    stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
-    span = 0 if 0 in spec.shape else 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride))
-    return stride, span, GUARD_BYTES // spec.dtype.itemsize
-
-
 def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str, Any],
               specs: Mapping[str, OutputSpec], which: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Copy the inputs and poisoned output buffers into the host's arena and have it run the kernel there. The
@@ -267,9 +286,9 @@ def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str
     if host.arena is None:
         host.arena = Arena()
     arena = host.arena
-    layouts = {name: _band_layout(spec) for name, spec in specs.items()}
+    layouts = {name: place(spec) for name, spec in specs.items()}
     need = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
-    need += [(spec.dtype, (2 * layouts[n][2] + layouts[n][1],), (1,)) for n, spec in specs.items()]
+    need += [(spec.dtype, (layouts[n].size,), (1,)) for n, spec in specs.items()]
     arena.reserve(arena_bytes(need))
     shared_in, msg_in = {}, {}
     for k, v in inputs.items():
@@ -280,13 +299,13 @@ def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str
             msg_in[k] = {"value": v}
     shared_bands, msg_out = {}, {}
     for name, spec in specs.items():
-        stride, span, guard = layouts[name]
-        base, slot = arena.empty(spec.dtype, (2 * guard + span,), (1,))
+        at = layouts[name]
+        base, slot = arena.empty(spec.dtype, (at.size,), (1,))
         _fill(base, which)
-        shared_bands[name] = (base, Band(base, guard, guard + span, which, base.clone(), tuple(spec.shape),
-                                         tuple(stride)))
-        msg_out[name] = {"band": dataclasses.asdict(slot), "start": guard, "shape": list(spec.shape),
-                         "stride": list(stride)}
+        shared_bands[name] = (base, Band(base, at.lead, at.lead + at.span, which, base.clone(), tuple(spec.shape),
+                                         at.stride))
+        msg_out[name] = {"band": dataclasses.asdict(slot), "start": at.lead, "shape": list(spec.shape),
+                         "stride": list(at.stride)}
     if not host.alive():
         host.start()
     if arena.sent_to != host.proc.pid:  # a new arena, or a new host: hand it the file

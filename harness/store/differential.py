@@ -6,6 +6,9 @@ and `summary.md` (whose first lines name the run, the GPU, the commit and the ve
 verdicts: the results loader skips the file (its lines hold no "case"), and this module reads it instead. A run's
 generation is its GPU side's; the latest run of a generation is the one whose run id (or, failing that, whose file)
 is the newest.
+
+Like a results file, `cases.jsonl` has a manifest the judge writes beside it (`harness.store.manifest`): a reader
+passes a `manifest.Gate` and reads only the lines it admits; a run file left out is named in the gate's notes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.core import files as _files
+from harness.store import manifest
 
 #: every class a compared case gets, in the order reports list them
 CLASSES: tuple[str, ...] = ("agree", "agree_within_contract", "interp_only_failure", "gpu_only_failure",
@@ -70,12 +76,18 @@ class Run:
         return sorted({r["adapter"] for r in self.records})
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    """The records of a run file; a line that is not one (a run killed mid-write) is left out."""
+def _records(path: Path, gate: manifest.Gate) -> list[dict[str, Any]] | None:
+    """The records of a run file among the lines its manifest vouches for (None: the file is left out); a line that
+    is not one (a run killed mid-write) is left out too."""
+    data = _files.read_bytes(path)
+    usable = gate.admit(path, data)
+    if usable is None:
+        return None
+    lines = data.split(b"\n")
     found = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for i in usable:
         try:
-            d = json.loads(line)
+            d = json.loads(lines[i])
         except ValueError:
             continue
         if is_record(d):
@@ -100,26 +112,29 @@ def _header(folder: Path) -> dict[str, str]:
     return found
 
 
-def read_run(path: str | os.PathLike) -> Run:
-    """The run whose `cases.jsonl` is `path`."""
+def read_run(path: str | os.PathLike, gate: manifest.Gate) -> Run | None:
+    """The run whose `cases.jsonl` is `path`, from the lines `gate` admits (None when it leaves the file out)."""
     path = Path(path)
+    records = _records(path, gate)
+    if records is None:
+        return None
     header = _header(path.parent)
     run_id = header.get("run_id") or path.parent.name
     m = _STAMP.search(run_id)
     stamp = m.group(0) if m else time.strftime("%Y%m%dT%H%M%S", time.localtime(path.stat().st_mtime))
-    records = _records(path)
     gens = Counter(str((r.get("gpu") or {}).get("generation") or "unknown") for r in records)
     generation = gens.most_common(1)[0][0] if gens else "unknown"
     return Run(path.parent, run_id, generation, stamp, records, header)
 
 
-def find_runs(paths: Iterable[str | os.PathLike]) -> list[Run]:
-    """The differential runs among `paths` (run files, or folders searched recursively), in no particular order."""
-    files: set[Path] = set()
+def find_runs(paths: Iterable[str | os.PathLike], gate: manifest.Gate) -> list[Run]:
+    """The differential runs among `paths` (run files, or folders searched recursively) whose file `gate` admits,
+    in no particular order."""
+    found: set[Path] = set()
     for p in map(Path, paths):
         candidates = p.rglob(RUN_FILE) if p.is_dir() else [p]
-        files.update(f.resolve() for f in candidates if is_run_file(f))
-    return [read_run(f) for f in sorted(files)]
+        found.update(f.resolve() for f in candidates if is_run_file(f))
+    return [run for f in sorted(found) if (run := read_run(f, gate)) is not None]
 
 
 def latest(runs: Sequence[Run]) -> list[Run]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.result import VERDICTS, Result
-from harness.store import differential
+from harness.store import differential, manifest
 from harness.store.results import load
 
 RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
@@ -45,8 +46,9 @@ Layout:
   holds its verdict files, `device.txt` records the device, driver, versions and commit, and `logs/` the console
   output of each step. `scripts/gpu_run.sh` writes a run in this shape.
 - `<generation>/differential/<run-id>/`: a `python -m harness differential` run (each Triton kernel's cases judged
-  on the interpreter and compiled on the GPU): `cases.jsonl` (one record per case and its class, not verdicts) and
-  `summary.md`. The support matrix shows the latest run of each generation ("Interpreter against the GPU").
+  on the interpreter and compiled on the GPU): `cases.jsonl` (one record per case and its class, not verdicts, with
+  a manifest as a verdict file has) and `summary.md`. The support matrix shows the latest run of each generation
+  ("Interpreter against the GPU").
 - `<generation>/bench/<date>-<commit>-<what>/`: timings and tile probes (`python -m harness bench`,
   `scripts/probe_experts.py`, `scripts/tune_experts.py`); JSONL files there hold no verdicts and the matrix skips
   them.
@@ -180,8 +182,18 @@ def verdict_row(folder: Path, root: Path) -> Row:
     ))
 
 
-def differential_row(folder: Path, root: Path) -> Row:
-    run = differential.read_run(folder / differential.RUN_FILE)
+def _differential_runs(root: Path) -> list[differential.Run]:
+    """The differential runs under `root` whose file its manifest vouches for; each one left out is named (a
+    warning), as a render names it."""
+    gate = manifest.Gate()
+    runs = [differential.read_run(f / differential.RUN_FILE, gate) for f in differential_folders(root)]
+    for note in gate.notes:
+        warnings.warn(note, stacklevel=2)
+    return [r for r in runs if r is not None]
+
+
+def differential_row(run: differential.Run, root: Path) -> Row:
+    folder = run.folder
     h = run.header
     stamp = run.stamp
     return Row((
@@ -241,11 +253,11 @@ def render(root: Path = RESULTS_ROOT) -> str:
     out = [PREAMBLE, "## Verdicts", ""]
     out += _table(("folder", "date (UTC)", "generation", "device", "versions", "commit", "produced by", "runs",
                    "verdicts"), [verdict_row(f, root) for f in verdict_folders(root)])
-    runs = differential_folders(root)
+    runs = _differential_runs(root)
     if runs:
         out += ["", "## Interpreter against the GPU (differential runs)", ""]
         out += _table(("folder", "date", "generation", "GPU", "versions", "commit", "run", "adapters",
-                       "cases compared: classes"), [differential_row(f, root) for f in runs])
+                       "cases compared: classes"), [differential_row(r, root) for r in runs])
     out += ["", "## Benchmarks and probes", ""]
     out += _table(("folder", "what", "device", "commit", "files"), [bench_row(f, root) for f in bench_folders(root)])
     return "\n".join(out) + "\n"

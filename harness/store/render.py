@@ -1047,6 +1047,7 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     gate = manifest.Gate()
     try:
         results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found), gate=gate)
+        runs = differential.find_runs(found, gate)  # their manifests checked by the same gate
     finally:
         for note in gate.notes:
             if on_left_out is not None:
@@ -1062,7 +1063,7 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     sources = list(shown_sources) if shown_sources is not None else [str(p) for p in paths]
     # committed and read elsewhere: results of any age name no path of the machine (harness.core.paths)
     model = public_record(build(results, meta, command=command, sources=sources, cases_folder=folder,
-                                history=history, differential_runs=[differential.read_run(p) for p in found]))
+                                history=history, differential_runs=runs))
     md_path.parent.mkdir(parents=True, exist_ok=True)
     json_path = md_path.with_suffix(".json")
     case_dir = md_path.parent / folder

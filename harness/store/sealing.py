@@ -1,5 +1,5 @@
-"""`scripts/seal_results.py`: check the manifests of results files, give manifests to the committed results that
-predate them, and accept results another machine's judge wrote.
+"""`scripts/seal_results.py`: check the manifests of results files (differential runs' `cases.jsonl` included),
+give manifests to the committed results that predate them, and accept results another machine's judge wrote.
 
     python scripts/seal_results.py --check results              # exit 1 when a results file would be left out
     python scripts/seal_results.py --committed results          # manifests for committed files that have none
@@ -24,11 +24,11 @@ from harness.store.results import ResultsFileError, not_a_results_file, result_f
 
 
 def _results_files(paths: Iterable[str]) -> list[tuple[Path, bytes]]:
-    """(path, content) of the files under `paths` that hold results (not tuning data, not differential runs)."""
+    """(path, content) of the files under `paths` that hold results or differential runs (not tuning data)."""
     found = []
     for path in result_files(paths):
         data = files.read_bytes(path)
-        if differential.is_run_file(path) or not_a_results_file(data.decode("utf-8", "replace").split("\n")):
+        if not differential.is_run_file(path) and not_a_results_file(data.decode("utf-8", "replace").split("\n")):
             continue
         found.append((path, data))
     return found

@@ -209,3 +209,27 @@ def test_the_command_writes_a_record_per_case_and_a_summary(tmp_path: Path) -> N
     assert "[12/12 " in p.stderr
     # committed runs lie under results/, whose JSONL the matrix renders: this file must not pass for verdicts
     assert not_a_results_file((tmp_path / "cases.jsonl").read_text().splitlines())
+
+
+def test_the_run_file_gets_a_manifest_that_vouches_for_its_lines_and_no_forged_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's writer signs what it wrote, as a results store does; a line appended after is named and the
+    file left out by the gate every reader uses."""
+    from harness.commands.differential import _Report
+    from harness.store import differential, manifest
+
+    monkeypatch.setenv(manifest.KEY_ENV, str(tmp_path / "key"))
+    lines = (ROOT / "tests/harness/fixtures/differential_run/cases.jsonl").read_text(encoding="utf-8").splitlines()
+    report = _Report(tmp_path, len(lines), "differential-test-run")
+    for line in lines:
+        report.add(json.loads(line))
+    report.close()
+    gate = manifest.Gate()
+    run = differential.read_run(report.path, gate)
+    assert run is not None and not gate.notes and len(run.records) == len(lines), gate.notes
+    assert manifest.inspect(report.path, report.path.read_bytes(), manifest.load_key()).signed
+    with open(report.path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({**json.loads(lines[0]), "class": "agree"}) + "\n")
+    gate = manifest.Gate()
+    assert differential.find_runs([tmp_path], gate) == []
+    assert len(gate.notes) == 1 and "cases.jsonl (does not match its manifest: 1 line changed" in gate.notes[0]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import plugin
 from harness.core.device import detect
@@ -114,10 +115,10 @@ def test_attacks_fail_under_pytest(tmp_path: Path, workers: list[str]) -> None:
     _no_session_survivors(before)
 
 
-@pytest.mark.parametrize("name", ["hostile-poison-aware", "hostile-shape-cache"])
+@pytest.mark.parametrize("name", ["hostile-poison-aware", "hostile-shape-cache", "hostile-placement-aware"])
 def test_kernels_right_only_when_they_think_they_are_judged_fail(name: str) -> None:
-    """One poisons nothing it can recognise (the first run's buffers hold garbage like torch.empty's); the other is
-    given other inputs of the same shapes in the same host."""
+    """One poisons nothing it can recognise (the first run's buffers hold garbage like torch.empty's); one is given
+    other inputs of the same shapes in the same host; one finds its output at no fixed place in the arena."""
     from harness.core.case import Case
     from harness.engine import remote
 
@@ -129,6 +130,41 @@ def test_kernels_right_only_when_they_think_they_are_judged_fail(name: str) -> N
     assert r.verdict == "fail", (r.verdict, r.reason)
     want = "fresh_inputs:out" if name.endswith("cache") else "out"
     assert want in r.metrics["failed_checks"], r.metrics["failed_checks"]
+
+
+def test_a_kernel_right_only_at_the_fixed_output_placement_fails_in_process() -> None:
+    """In the judge's own process the output is a view into its band: its storage offset is drawn too."""
+    from harness.core.case import Case
+    from tests.harness.fixtures import hostile_adapters as fixture
+
+    adapter = next(a for a in fixture.SNEAKY if a.name == "hostile-placement-aware")
+    case = Case(op="activation", adapter=adapter.name, features={"activation": "silu_and_mul", "dtype": "float32"},
+                shapes={"T": 4, "N": 24}, dtypes={"x": "float32"}, seed=1)
+    r = runner.judge(case, adapter, detect("cpu"), extra_runs={})
+    assert r.verdict == "fail" and "out" in r.metrics["failed_checks"], (r.verdict, r.reason)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float64])
+def test_an_outputs_place_in_its_band_is_drawn_aligned_and_guarded(dtype: torch.dtype) -> None:
+    """`place` (both paths' placement): the bytes before an output are a multiple of 512 (an address torch's CUDA
+    allocator could give stays one), at least GUARD_BYTES lie on each side, and the draw spreads over every step."""
+    from harness.ops.base import OutputSpec
+
+    spec = OutputSpec(shape=(3, 5), dtype=dtype, stride=(7, 1))
+    size = dtype.itemsize
+    leads = []
+    for _ in range(4000):
+        at = runner.place(spec)
+        assert at.stride == (7, 1) and at.span == 2 * 7 + 5
+        assert (at.lead * size) % 512 == 0 and at.lead * size >= runner.GUARD_BYTES
+        assert (at.size - at.lead - at.span) * size >= runner.GUARD_BYTES
+        leads.append(at.lead)
+    assert len({runner.place(spec).size for _ in range(20)}) == 1  # the band's size tells nothing either
+    steps = [(lead * size - runner.GUARD_BYTES) // 512 for lead in leads]
+    counts = [steps.count(k) for k in range(runner.PLACE_STEPS)]
+    expect = len(leads) / runner.PLACE_STEPS
+    chi2 = sum((c - expect) ** 2 / expect for c in counts)
+    assert min(counts) > 0 and chi2 < 250, (counts, chi2)  # 127 degrees of freedom: p < 1e-9 when uniform
 
 
 def test_a_host_past_its_memory_limit_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,6 +37,7 @@ def _results(tmp_path: Path, *, with_run: bool = True) -> Path:
     manifest.seal(root / "interp" / VERDICTS.name, manifest.load_key(create=True))  # a copy: vouched for here
     if with_run:
         shutil.copytree(RUN, root / "sm90" / "differential" / RUN_ID)
+        manifest.seal(root / "sm90" / "differential" / RUN_ID / "cases.jsonl", manifest.load_key(create=True))
     return root
 
 
@@ -48,6 +49,7 @@ def _older_run(root: Path, records: list[dict]) -> None:
     lines = [json.dumps({**r, "class": "not_comparable"}) for r in records[:3]]
     (folder / "cases.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (folder / "summary.md").write_text(f"# Differential run {old}\n", encoding="utf-8")
+    manifest.seal(folder / "cases.jsonl", manifest.load_key(create=True))  # read: older, not left out
 
 
 def _rows(text: str) -> dict[str, list[str]]:
@@ -123,6 +125,25 @@ def test_the_run_is_found_among_files_as_a_sweep_passes_them(tmp_path: Path) -> 
     assert any(f.name == "cases.jsonl" for f in files)
     text, _ = _render(files, tmp_path / "out" / "M.md")
     assert set(_rows(text)) == {r["adapter"] for r in _records()}
+
+
+def test_a_forged_line_appended_to_a_run_file_leaves_the_file_out_and_names_it(tmp_path: Path) -> None:
+    """The run's cases.jsonl is read through its manifest as a results file is: intact, it is shown; with a line
+    appended that its manifest does not vouch for (a forged agreement), it is left out and named in one line."""
+    root = _results(tmp_path)
+    notes: list[str] = []
+    md, _, _ = render_files([root], tmp_path / "out" / "M.md", on_left_out=notes.append)
+    assert not notes and SECTION in md.read_text(encoding="utf-8"), notes
+    run_file = root / "sm90" / "differential" / RUN_ID / "cases.jsonl"
+    forged = {**_records()[0], "adapter": "forged-kernel", "class": "agree"}
+    with open(run_file, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(forged) + "\n")
+    md, js, _ = render_files([root], tmp_path / "out" / "M.md", on_left_out=notes.append)
+    text = md.read_text(encoding="utf-8")
+    assert SECTION not in text and "forged-kernel" not in text
+    assert json.loads(js.read_text(encoding="utf-8"))["differential"] == {"runs": [], "rows": []}
+    assert len(notes) == 1 and "cases.jsonl" in notes[0] and "does not match its manifest: 1 line changed" \
+        in notes[0], notes
 
 
 def test_no_differential_run_no_section(tmp_path: Path) -> None:

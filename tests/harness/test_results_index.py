@@ -100,6 +100,9 @@ def test_a_differential_run_is_listed_as_such(tmp_path: Path) -> None:
     run = ROOT / "tests" / "harness" / "fixtures" / "differential_run"
     rid = "differential-sm90-20261128T131629-596ded"
     shutil.copytree(run, root / "sm90" / "differential" / rid)
+    from harness.store import manifest
+
+    manifest.seal(root / "sm90" / "differential" / rid / "cases.jsonl", manifest.load_key(create=True))  # a copy
     text = record.render(root)
     verdicts, diffs = text.split("## Verdicts", 1)[1].split("## Interpreter against the GPU", 1)
     assert "differential" not in verdicts
