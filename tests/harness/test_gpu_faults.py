@@ -67,7 +67,7 @@ def test_illegal_addresses_in_a_sweep_leave_every_other_verdict_intact(tmp_path:
 
 
 def test_an_illegal_address_in_the_pytest_path_fails_only_its_own_test(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--moe-profile", "ci",
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-adapter", f"{FAULTS}:ILLEGAL",
            "--moe-adapter", "reference-activation", "--moe-adapter", "reference-reduce",
            "--moe-results-dir", str(tmp_path)]

@@ -102,7 +102,9 @@ def test_timeout_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _generic_tests_in_xdist(results: Path, *adapters: str) -> tuple[subprocess.CompletedProcess, str]:
     """The plugin's declared-cases test for `adapters` in a child pytest with two xdist workers."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+    # the ci profile whatever the parent's: these tests are about crashes, and on a GPU every crashed case starts a
+    # kernel host with a CUDA context (the gpu profile's cases made one test take over 4 minutes)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--moe-profile", "ci",
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir", str(results)]
     for spec in adapters:
         cmd += ["--moe-adapter", spec]
@@ -130,7 +132,7 @@ def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -
     from harness.plugin import load_args
 
     plugin = load_args()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin,
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "--moe-profile", "ci",
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir", str(tmp_path),
            "--moe-adapter", "tests.harness.test_robustness:SEGV"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
