@@ -219,7 +219,7 @@ def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]],
     (other fixed cases: a threshold case built from the class's fields) already hold gets no case of its own."""
     spec = ops.get(adapter.op)
     found: list[Case] = []
-    held = value_class_coverage(adapter, cells, held_by) if held_by else {}
+    held = _held(adapter, cells, held_by) if held_by else {}
     for vc in spec.value_classes:
         families: dict[tuple[str, ...], Mapping[str, str]] = {}
         for cell in cells:
@@ -232,6 +232,20 @@ def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]],
             fields = dict(fitting.fitted(adapter, cell, fields, holds=vc.present) or fields)
             found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields))
     return found
+
+
+def _held(adapter: Adapter, cells: Sequence[Mapping[str, str]],
+          cases: Sequence[Case]) -> dict[tuple[str, tuple[str, ...]], str | None]:
+    """`value_class_coverage` of `cases`, leaving out those whose inputs cannot be built (judged unsupported)."""
+    spec = ops.get(adapter.op)
+    buildable = []
+    for case in cases:
+        try:
+            spec.make_inputs(case, "cpu")
+        except ValueError:
+            continue
+        buildable.append(case)
+    return value_class_coverage(adapter, cells, buildable)
 
 
 def value_class_coverage(adapter: Adapter, cells: Sequence[Mapping[str, str]],
