@@ -40,8 +40,9 @@ def explicit_examples(adapter: Adapter, cells: list[dict[str, str]]) -> list[Cas
     of the op's value classes per family (zero groups, counts at block multiples...), and one case past each of
     the kernel's declared internal thresholds, at the cheapest shape that crosses it (the planted-bug suite runs
     the same). The last three take the layout classes of the tensors of any strides in turn (`strided.spread`)."""
-    planned = [*hs.value_covering_cases(adapter, cells), *hs.value_class_cases(adapter, cells),
-               *hs.threshold_cases(adapter, cells)]
+    cover, past = hs.value_covering_cases(adapter, cells), hs.threshold_cases(adapter, cells)
+    # a class the cover or a threshold case already holds in a family gets no second case there
+    planned = [*cover, *hs.value_class_cases(adapter, cells, held_by=[*cover, *past]), *past]
     return [*REGRESSIONS.get(adapter.name, []), *vacuous_boundary_cases(adapter, cells),
             *strided.spread(adapter, planned)]
 

@@ -209,24 +209,43 @@ def value_covering_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -
     return found
 
 
-def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]]) -> list[Case]:
+def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]],
+                      held_by: Sequence[Case] = ()) -> list[Case]:
     """One case of each of the op's value classes (all-zero groups, counts at block multiples, the first and last
     local expert, non-finite rows...) per family of the declared cells that can hold it (the values of the class's
     family axes): the declared-value cover exercises every value, these every boundary value class in each family,
     in every run. Each is fitted to the adapter's declarations (`fitting.fitted`, the class still present), or
-    kept as it is where it cannot be (judged unsupported)."""
+    kept as it is where it cannot be (judged unsupported). A family whose class the inputs of a case of `held_by`
+    (other fixed cases: a threshold case built from the class's fields) already hold gets no case of its own."""
     spec = ops.get(adapter.op)
     found: list[Case] = []
+    held = _held(adapter, cells, held_by) if held_by else {}
     for vc in spec.value_classes:
         families: dict[tuple[str, ...], Mapping[str, str]] = {}
         for cell in cells:
             if vc.applies(adapter, cell):
                 families.setdefault(tuple(cell.get(a, "") for a in vc.family), cell)
-        for cell in families.values():
+        for key, cell in families.items():
+            if held.get((vc.name, key)) is not None:
+                continue
             fields = vc.fields(adapter, cell)
             fields = dict(fitting.fitted(adapter, cell, fields, holds=vc.present) or fields)
             found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields))
     return found
+
+
+def _held(adapter: Adapter, cells: Sequence[Mapping[str, str]],
+          cases: Sequence[Case]) -> dict[tuple[str, tuple[str, ...]], str | None]:
+    """`value_class_coverage` of `cases`, leaving out those whose inputs cannot be built (judged unsupported)."""
+    spec = ops.get(adapter.op)
+    buildable = []
+    for case in cases:
+        try:
+            spec.make_inputs(case, "cpu")
+        except ValueError:
+            continue
+        buildable.append(case)
+    return value_class_coverage(adapter, cells, buildable)
 
 
 def value_class_coverage(adapter: Adapter, cells: Sequence[Mapping[str, str]],

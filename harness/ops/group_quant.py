@@ -215,6 +215,30 @@ def _amax_in_last_block(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return x
 
 
+def _with_extremes(x: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """x [M, units, unit] with, in turn by row, one unit at the input dtype's largest finite value, one at its
+    negation (each beside ordinary values) and one whose amax is the smallest normal, with subnormals beside it
+    (multiples of tiny / 8: exact in every input dtype); the other units as they were."""
+    info = torch.finfo(dtype)
+    m, nseg, seg = x.shape
+    for r in range(m):
+        kind, unit = r % 4, (r // 4 + r) % nseg
+        at = int(torch.randint(0, seg, (1,), generator=g))
+        if kind in (0, 1):
+            x[r, unit, at] = info.max if kind == 0 else -info.max
+        elif kind == 2:
+            x[r, unit] = torch.randint(-7, 8, (seg,), generator=g).to(torch.float32) * (info.tiny / 8)
+            x[r, unit, at] = info.tiny
+    return x
+
+
+def has_extremes(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether x holds its dtype's largest finite value, its negation and the smallest normal."""
+    info = torch.finfo(dtype)
+    v = x.detach().float()
+    return all(bool((v == t).any()) for t in (info.max, -info.max, info.tiny))
+
+
 def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator, int8_below: int = 127) -> torch.Tensor:
     """|values| exactly halfway between two adjacent codes below qmax (ties of the rounding)."""
     if quant_dtype == "int8":
@@ -245,6 +269,8 @@ def make_x(case: Case, m: int, k: int) -> torch.Tensor:
                                                                                outlier=outlier)
     if pattern == "last_block" and m:
         return _amax_in_last_block(x.reshape(m, k), g)
+    if pattern == "extremes":
+        return _with_extremes(x, dtype, g).reshape(m, k)
     if pattern != "special" or m == 0:
         return x.reshape(m, k)
     tensor_unit = case.features["unit"] == "tensor"
@@ -542,6 +568,15 @@ LAST_BLOCK_AMAX = ValueClass("last_block_amax", lambda a, c: True, ("unit",),
                              lambda a, c: _fields(c, 2, WIDE_K, "last_block"), _last_block_present, sized=True)
 
 
+#: the input dtype's largest finite value (and its negation) and smallest normal (subnormals beside it), in
+#: units with ordinary values beside them: the scale of max finite must stay finite with codes at the code range's
+#: edge; a smallest-normal amax gives the scale of max(amax, eps)
+DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("unit",),
+                            lambda a, c: _fields(c, 5, 3 * int(c["group_size"]) if c["unit"] == "group" else 130,
+                                                 "extremes"),
+                            lambda case, inputs: has_extremes(inputs["x"], case.dtype("x")))
+
+
 # per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance
 _x_subset = row_subset("M")
 
@@ -555,7 +590,7 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 SPECS = {"group_quant": OpSpec(name="group_quant", title="Dynamic quantization (group / token / tensor)", axes=AXES,
                                make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                                boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                               inapplicable=inapplicable, value_classes=(ZERO_UNITS, LAST_BLOCK_AMAX),
+                               inapplicable=inapplicable, value_classes=(ZERO_UNITS, LAST_BLOCK_AMAX, DTYPE_EXTREMES),
                                stages=stages)}
 
 

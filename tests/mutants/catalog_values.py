@@ -1,8 +1,9 @@
 """Planted bugs that hide behind the value ranges real models and production reach rather than a feature cell:
 logits past exp's overflow, group widths that are not powers of two, expert ids past 127 and 255, router weights
-of exactly 0, and the amax in the last block of a row past 8k columns. Each passes every case of a draw that
-stays inside the tame range, and is caught by the value class that leaves it (`harness/ops/*`: `LARGE_LOGITS`,
-`ODD_GROUP_WIDTH`, `MANY_EXPERTS`, `ZERO_WEIGHTS`, `LAST_BLOCK_AMAX`); `tests/mutants/catalog.py` adds them.
+of exactly 0, the amax in the last block of a row past 8k columns, and inputs at the dtype's largest finite value.
+Each passes every case of a draw that stays inside the tame range, and is caught by the value class that leaves it
+(`harness/ops/*`: `LARGE_LOGITS`, `ODD_GROUP_WIDTH`, `MANY_EXPERTS`, `ZERO_WEIGHTS`, `LAST_BLOCK_AMAX`,
+`DTYPE_EXTREMES`); `tests/mutants/catalog.py` adds them.
 
 Not planted here: an int32 flat offset past 2**31 elements, which needs more memory than a CPU CI case allocates
 (the planted-bug suite runs under Triton's interpreter on the CPU).
@@ -46,4 +47,9 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):\n"),),
         "a per-token row wider than the register tile: amax over its full blocks only (the last partial block "
         "left out)", {"unit": ("token",)}),
+    Mutant("gq-amax-of-prescaled-x", "triton-group-quant", _GQ, (
+        P("s = _scale_of(tl.max(tl.abs(x), axis=2), eps, QMAX, SCALE_MODE, FAST_DIV)",
+          "s = _scale_of(tl.max(tl.abs(x) * 256.0, axis=2) * 0.00390625, eps, QMAX, SCALE_MODE, FAST_DIV)"),),
+        "the amax taken over x scaled by a power of two (headroom for a fixed-point step): exact while |x| * 256 "
+        "stays finite in fp32, an inf scale at the input dtype's largest finite value"),
 )
