@@ -126,6 +126,8 @@ def _standard_tokens(case: Case, found: dict[str, torch.Tensor], device: str) ->
     found["topk_weights"] = gen.topk_weights(case, m, k, device)
     if k == 1:  # rows of one weight would all be 1.0 after normalizing: a dropped weight would go unseen
         found["topk_weights"] = gen.uniform(case, "topk_weights", (m, 1), 0.05, 1.0, device)
+    if case.params.get("values") == "zero_weights":  # ZERO_WEIGHTS: exact zeros, whole rows and single slots
+        found["topk_weights"] = gen.zero_weights(case, found["topk_weights"])
     counts = case.params.get("counts")
     found["topk_ids"] = (gen.topk_ids(case, m, e, k, device) if counts is None
                          else gen.ids_for_counts(case, counts, m, k, device))
@@ -704,6 +706,35 @@ def _order_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
     return mirrored and bool((pair & spread).any())
 
 
+def _zero_weights_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Router weights of exactly 0 (`inputs.zero_weights`: whole rows and single slots), as saturated sigmoids,
+    masked or padded slots and EP dispatch leave them."""
+    return _tokens_fields(adapter, cell, [3, 2, 4, 1], {"values": "zero_weights"})
+
+
+def _zero_weights_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    return "topk_weights" in inputs and gen.has_zero_weights(inputs["topk_weights"])
+
+
+#: the many-experts class: E past 255 (ids that int8 and uint8 wrap), with the top-k of DeepSeek-V3
+MANY_E, MANY_K = 384, 8
+
+
+def _many_experts_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """E = 384, top-k 8, two tokens: 16 routed slots (a decode batch: the kernels' per-slot path), ids drawn at
+    random across the experts, so past 127 and 255."""
+    hidden, n = _small_dims(adapter, cell)
+    k = 1 if yes(cell["apply_weight_on_input"]) else MANY_K
+    e = span(adapter, "E").fit_up(MANY_E)
+    params = map_fields(adapter, e, e // 2) if yes(cell["expert_map"]) else {}
+    return {"shapes": {"M": 2, "E": e, "k": k, "K": hidden, "N": n}, "dtypes": {"x": cell["dtype"]},
+            "routing": "random", "params": {**params, **_quant_params(adapter, cell)}}
+
+
+def _many_experts_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    return "topk_ids" in inputs and bool((inputs["topk_ids"] > 255).any())
+
+
 def _w8a8(cell: Mapping[str, str]) -> bool:
     return cell.get("quant_type") in ("fp8_w8a8", "int8_w8a8")
 
@@ -714,6 +745,11 @@ SUMMATION_ORDER = ValueClass(
 ZERO_ROWS = ValueClass("zero_rows", lambda a, c: _w8a8(c), ("quant_format",), _zero_rows_fields, _zero_rows_present)
 BLOCK_COUNTS = ValueClass("block_counts", lambda a, c: True, ("format", "expert_map"), _block_counts_fields,
                           _block_counts_present)
+ZERO_WEIGHTS = ValueClass("zero_weights", lambda a, c: c["format"] == "standard", ("apply_weight_on_input",),
+                          _zero_weights_fields, _zero_weights_present)
+#: unquantized cells only: the ids are what it is about, and 384 experts' quantized weights cost seconds on a CPU
+MANY_EXPERTS = ValueClass("many_experts", lambda a, c: c["format"] == "standard" and c["quant_type"] == "none"
+                          and lim(a, "max_E") >= MANY_E, (), _many_experts_fields, _many_experts_present, sized=True)
 #: rows past the counts beside a statistic over rows (the per-tensor activation scale)
 PADDING_UNDER_TENSOR_SCALE = ValueClass(
     "padding_rows_under_a_tensor_scale", lambda a, c: c["format"] == "batched" and _w8a8(c)
@@ -730,5 +766,6 @@ def input_elements(case: Case) -> int:
 
 SPECS = {"experts": OpSpec(name="experts", title="Fused experts", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                            expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable,
-                           value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER),
+                           value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER,
+                                          ZERO_WEIGHTS, MANY_EXPERTS),
                            input_elements=input_elements, stages=stages, class_inputs=unquantized_inputs)}

@@ -38,7 +38,8 @@ def test_every_op_with_a_boundary_value_bug_class_declares_it() -> None:
             "grouped_routing": {"nonfinite_rows", "large_logits", "many_experts", "odd_group_width"},
             "align": {"block_counts", "first_and_last_local_expert", "many_experts"},
             "reduce": {"summation_order", "first_and_last_local_expert", "zero_weights"},
-            "experts": {"zero_rows", "block_counts", "padding_rows_under_a_tensor_scale", "summation_order"}}
+            "experts": {"zero_rows", "block_counts", "padding_rows_under_a_tensor_scale", "summation_order",
+                        "zero_weights", "many_experts"}}
     for op, names in want.items():
         assert {vc.name for vc in get_op(op).value_classes} == names, op
 

@@ -3,7 +3,8 @@ logits past exp's overflow, group widths that are not powers of two, expert ids 
 of exactly 0, the amax in the last block of a row past 8k columns, and inputs at the dtype's largest finite value.
 Each passes every case of a draw that stays inside the tame range, and is caught by the value class that leaves it
 (`harness/ops/*`: `LARGE_LOGITS`, `ODD_GROUP_WIDTH`, `MANY_EXPERTS`, `ZERO_WEIGHTS`, `LAST_BLOCK_AMAX`,
-`DTYPE_EXTREMES`); `tests/mutants/catalog.py` adds them.
+`DTYPE_EXTREMES`, and the experts op's `ZERO_WEIGHTS` and `MANY_EXPERTS`); `tests/mutants/catalog.py` adds
+them.
 
 Not planted here: an int32 flat offset past 2**31 elements, which needs more memory than a CPU CI case allocates
 (the planted-bug suite runs under Triton's interpreter on the CPU).
@@ -18,6 +19,7 @@ _ROUTING = "kernels.routing"
 _GQ = "kernels.group_quant"
 _ALIGN = "kernels.align"
 _RED = "kernels.reduce"
+_EXPERTS = "kernels.fused_experts"
 
 VALUE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("routing-softmax-no-max-subtraction", "triton-routing", _ROUTING, (
@@ -42,6 +44,15 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "tl.store(out_ptr + t * stride_om + cols * stride_ok, acc.to(out_ty), mask=cmask & (live != 0.0))")),
         "a token whose router weights are all 0 (masked or padded slots) skipped: its output row never written",
         {"weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
+    Mutant("experts-zero-weight-read-as-unset", "triton-experts", _EXPERTS, (
+        P("        out = out * rw[:, None]\n", "        out = out * tl.where(rw == 0.0, 1.0, rw)[:, None]\n"),),
+        "a router weight of 0 taken for 'no weight given' (1.0): right while every weight is positive",
+        {"apply_weight_on_input": ("N",), "quant_type": ("none",), "format": ("standard",)}),
+    Mutant("experts-per-slot-ids-int8", "triton-experts", _EXPERTS, (
+        P("e = tl.load(sorted_ids_ptr + pid_m).to(tl.int32)",
+          "e = tl.load(sorted_ids_ptr + pid_m).to(tl.int8).to(tl.int32)"),),
+        "a decode batch's expert ids narrowed to int8: right while E <= 128",
+        {"quant_type": ("none",), "format": ("standard",)}),
     Mutant("gq-wide-row-amax-full-blocks-only", "triton-group-quant", _GQ, (
         P("    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K, BLOCK_K):\n",
           "    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):\n"),),
