@@ -50,8 +50,8 @@ def test_illegal_addresses_in_a_sweep_leave_every_other_verdict_intact(tmp_path:
     from harness.sweep.selection import Shard
 
     spec = f"{FAULTS}:ILLEGAL"
-    # a third of the cells: each bad case costs a fresh worker and kernel host with fresh CUDA contexts (seconds),
-    # so three workers replace theirs side by side instead of one after another
+    # a third of the cells: each bad case costs a fresh kernel host with a fresh CUDA context (seconds), so three
+    # workers replace theirs side by side instead of one after another
     shard = Shard(1, 3)
     planned = shard.of(sweep.plan(registry.resolve(spec), "quick")).cases
     bad = {c.case_id for c in planned if c.features["dtype"] == "float32"}
