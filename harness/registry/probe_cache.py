@@ -27,6 +27,8 @@ from pathlib import Path
 
 #: `off` turns the remembered probes off
 ENV = "MOE_HARNESS_PROBE_CACHE"
+#: the entries kept (the newest)
+KEEP = 64
 #: environment variables that change what an adapter module's import loads or does
 _KEYED_ENV = ("PYTHONPATH", "MOE_THIRD_PARTY", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
               "LD_PRELOAD")
@@ -91,3 +93,12 @@ def record(name: str, files: Iterable[str]) -> None:
         tmp = where / f"{name}.{os.getpid()}.tmp"
         tmp.write_text(body, encoding="utf-8")
         tmp.replace(where / f"{name}.json")
+        _prune(where)
+
+
+def _prune(where: Path) -> None:
+    """Only the `KEEP` newest entries stay (a test's temporary module path makes a key of its own each run)."""
+    entries = sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in entries[KEEP:]:
+        with contextlib.suppress(OSError):
+            old.unlink()

@@ -3,6 +3,7 @@ while every file the remembered probe imported is as it was; a changed adapter m
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,3 +92,14 @@ def test_the_probe_child_reports_the_files_it_imported(module: Path) -> None:
     mine = probe_cache.own_files(files)
     assert str(module.resolve()) in mine and str(ROOT / "harness" / "registry" / "__init__.py") in mine
     assert not any("site-packages" in f or f.startswith(sys.base_prefix + "/lib/") for f in mine), mine
+
+
+def test_only_the_newest_entries_are_kept(module: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe_cache, "KEEP", 3)
+    where = probe_cache.folder()
+    assert where is not None
+    for i in range(5):
+        probe_cache.record(f"entry{i}", [str(module)])
+        os.utime(where / f"entry{i}.json", (1000 + i, 1000 + i))  # distinct ages, whatever the clock's resolution
+    assert len(list(where.glob("*.json"))) == 3
+    assert probe_cache.is_clear("entry4") and not probe_cache.is_clear("entry0")
