@@ -90,6 +90,8 @@ def _pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(root)])}
     env.pop("PYTEST_XDIST_WORKER", None)  # the inner run is its own session, not one of our workers
     env.pop("PYTEST_XDIST_TESTRUNUID", None)
+    for key in ("HYPOTHESIS_PROFILE", "MOE_HARNESS_PROFILE"):  # a GPU run's gpu profile: 60 cases a cell, not 8
+        env.pop(key, None)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin.load_args(), *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 

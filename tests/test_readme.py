@@ -10,8 +10,8 @@ project's own dependencies; `tox -e NAME` must name an environment of tox.ini an
 minutes to hours or a GPU.
 
 Each command is a test item of its own, in a scratch tree of its own; commands of one document that name the same
-place under results/local/ (one writes what the other reads) run in one item, in document order. A command that an
-earlier document gives too is run by that document's item only.
+place under results/local/ (one writes what the other reads) run in one item, each after those it reads from, the
+others side by side. A command that an earlier document gives too is run by that document's item only.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -310,13 +311,27 @@ def run_step(step: Step, tree: Path) -> str | None:
     return None
 
 
+def stages(cmds: list[str]) -> list[list[str]]:
+    """An item's commands in waves: each after every earlier one that names a place it names (one writes what the
+    other reads); the commands of one wave share none and run side by side (two shards, then their merge)."""
+    level: list[int] = []
+    for i, command in enumerate(cmds):
+        level.append(1 + max((level[j] for j in range(i) if places(command) & places(cmds[j])), default=-1))
+    return [[c for c, n in zip(cmds, level) if n == wave] for wave in range(max(level, default=-1) + 1)]
+
+
+def run_command(doc: str, command: str, tree: Path) -> list[str]:
+    return [f"{doc}: `{command}`: {why}" for step in steps(command) if (why := run_step(step, tree))]
+
+
 def run_item(item: Item, tree: Path) -> list[str]:
-    """What went wrong with the item's commands, run in order in `tree` (empty: all work as written)."""
-    problems = []
-    for command in item.commands:
-        for step in steps(command):
-            if why := run_step(step, tree):
-                problems.append(f"{item.doc}: `{command}`: {why}")
+    """What went wrong with the item's commands, run in `tree` wave by wave (`stages`; empty: all work as
+    written)."""
+    problems: list[str] = []
+    for wave in stages(list(item.commands)):
+        with ThreadPoolExecutor(len(wave)) as pool:
+            for found in pool.map(lambda command: run_command(item.doc, command, tree), wave):
+                problems += found
     return problems
 
 
@@ -350,6 +365,8 @@ def test_dependent_commands_share_an_item() -> None:
              "python -m harness matrix --from results/local/s1 results/local/s2 --out results/local/m.md",
              "python -m harness replay results/local/m.cases/x.json"]
     assert groups(shard) == [[shard[0], shard[2], shard[3], shard[4]], [shard[1]]]
+    # within the item: the two shards side by side, then the merge that reads both, then the replay of its case
+    assert stages(groups(shard)[0]) == [[shard[0], shard[2]], [shard[3]], [shard[4]]]
 
 
 def test_a_broken_command_is_caught(tmp_path: Path) -> None:

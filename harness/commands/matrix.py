@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -128,7 +129,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     started = time.monotonic()
     prepare_interpreter(args.device)
     from harness.engine import sandbox
-    from harness.engine.host import Host
+    from harness.engine.host import Host, HostDied
 
     # read-only to every kernel host of the run, the planner's included (started before the sweep)
     sandbox.protect(args.results_dir, *([os.path.dirname(os.path.abspath(out))] if out else []))
@@ -136,6 +137,8 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     # listed in a host (which probes the imports first: one that ends the process from C code is named), so that
     # this process, which renders the verdicts, never imports an adapter module; the sweep plans in the same host
     planner = Host("cpu")
+    with contextlib.suppress(HostDied):  # its start (torch) overlaps the device's; a failed one is reported when asked
+        planner.start()
     begun: dict[str, Any] = {}  # the run id and device, once chosen (what an interrupt's message needs)
     try:
         return _sweep_with(args, shard, out, started, planner, begun)

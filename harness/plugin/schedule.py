@@ -5,12 +5,13 @@ feeds workers as they finish).
 The times come from a file of measured durations (`--moe-durations FILE`, written by `--moe-record-durations FILE`
 on a run of the same suite on the same kind of machine): a JSON object of node ids to seconds. A test it does not
 know counts as the median of those it knows; a property-test shard as its adapter's recorded property test (its
-shards summed) over the shards it is split into now; without such a file the generic property tests go first (on
-a GPU they are the longest), in their collected order otherwise.
+shards summed) over the shards it is split into now (one of an adapter the file does not know: the median recorded
+property-test item); without such a file the generic property tests go first (on a GPU they are the longest), in
+their collected order otherwise.
 
 The same file sets how many shards each adapter's property test is split into where a session splits them
-(`shards_for`): an adapter whose recorded property test is long gets more, so that no item runs past about
-`ITEM_TARGET_S` (one long item ends a parallel run alone).
+(`shards_for`): an adapter whose recorded property test is long gets more, so that no item, the heaviest share
+included, runs past about `ITEM_TARGET_S` (one long item ends a parallel run alone).
 """
 
 from __future__ import annotations
@@ -45,12 +46,26 @@ def property_seconds(durations: Mapping[str, float]) -> dict[str, float]:
     return found
 
 
+def property_peaks(durations: Mapping[str, float]) -> dict[str, float]:
+    """Each adapter's recorded property test as its heaviest shard implies: that shard's seconds times the shards it
+    was recorded with. The cells are dealt round robin, so the shares are uneven (74 s beside 40 s on an H200), and
+    the heaviest is the item that runs longest."""
+    peak: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for nodeid, seconds in durations.items():
+        if (m := _PROPERTY_ITEM.search(nodeid)) is not None:
+            peak[m["name"]] = max(peak.get(m["name"], 0.0), seconds)
+            count[m["name"]] = count.get(m["name"], 0) + 1
+    return {name: peak[name] * count[name] for name in peak}
+
+
 def shards_for(name: str, durations: Mapping[str, float], base: int, *, target_s: float = ITEM_TARGET_S,
                most: int = MAX_SHARDS) -> int:
     """How many shards adapter `name`'s property test is split into: `base` (the session's count), or more where
-    its recorded property test would make an item of `base` shards longer than `target_s` (at most `most`). A
-    session that does not split (`base` 1: one worker, or a CPU run) is left so."""
-    total = property_seconds(durations).get(name)
+    its recorded property test would make the heaviest item of `base` shards longer than `target_s` (at most
+    `most`; `property_peaks`). A session that does not split (`base` 1: one worker, or a CPU run) is left so; an
+    adapter the file does not know (a new one) gets `base`: on a GPU with eight workers or more, 4."""
+    total = property_peaks(durations).get(name)
     if base <= 1 or total is None:
         return base
     return max(base, min(most, math.ceil(total / target_s)))
@@ -93,13 +108,19 @@ class Expected:
         self.durations = durations
         self.totals = property_seconds(durations)
         self.shards = shard_counts(nodeids)
+        recorded = [s for nodeid, s in durations.items() if _PROPERTY_ITEM.search(nodeid)]
+        self.new_property_item = statistics.median(recorded) if recorded else None
 
     def seconds(self, nodeid: str, default: float) -> float:
-        """A property-test item's: its adapter's recorded property test over the shards it is split into now; any
-        other test's: its measured time, a shard's not measured that of its first (`-shard0`), else `default`."""
+        """A property-test item's: its adapter's recorded property test over the shards it is split into now, of an
+        adapter the file does not know the median recorded property-test item (not the median of all tests, mostly
+        short: a new kernel's items would start last); any other test's: its measured time, a shard's not measured
+        that of its first (`-shard0`), else `default`."""
         m = _PROPERTY_ITEM.search(nodeid)
         if m is not None and m["name"] in self.totals and self.shards.get(m["name"]):
             return self.totals[m["name"]] / self.shards[m["name"]]
+        if m is not None and m["name"] not in self.totals and self.new_property_item is not None:
+            return self.new_property_item
         if nodeid in self.durations:
             return self.durations[nodeid]
         return self.durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid), default)

@@ -556,7 +556,10 @@ def probe_imports(specs: Iterable[str]) -> None:
     """Import the built-in providers, the entry points and the modules of the `module:object` specs among `specs`
     in a child process first (`harness.registry.probe`): one whose import ends or hangs that child is recorded in
     `DEADLY` and never imported here, so an exit from C code at import cannot end this process with no report.
-    For a process that imports every adapter it runs (the matrix parent); a no-op once adapters are loaded."""
+    For a process that imports every adapter it runs (the matrix parent); a no-op once adapters are loaded, and
+    when this machine's last probe of the same origins found nothing and none of the files it imported changed
+    since (`harness.registry.probe_cache`)."""
+    from harness.registry import probe_cache
     from harness.registry.probe import ProbeNotStarted, probe
 
     if _loaded:
@@ -564,8 +567,15 @@ def probe_imports(specs: Iterable[str]) -> None:
     origins = [("module", m) for m in BUILTIN_PROVIDERS]
     origins += [("entry-point", ep.name) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
     origins += [("module", s.partition(":")[0]) for s in specs if ":" in s and s not in _REGISTRY]
+    remembered = probe_cache.key(origins)
+    if probe_cache.is_clear(remembered):
+        return
+    files: list[str] = []
     try:
-        DEADLY.update(probe(origins))
+        found = probe(origins, files=files)
+        DEADLY.update(found)
+        if not found:
+            probe_cache.record(remembered, files)
     except ProbeNotStarted as e:  # nothing is known of the origins it had: they are imported here, unprobed
         import warnings
 

@@ -26,6 +26,9 @@ def _main(argv: list[str]) -> int:
         except BaseException:  # an import that raises is the parent's to report, not a death
             pass
         print(f"probe-done {i}", flush=True)
+    # what the imports read: the parent records an all-clear against these files' contents (probe_cache)
+    files = sorted({f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)})
+    print("probe-files " + json.dumps(files), flush=True)
     print("probe-end", flush=True)
     return 0
 

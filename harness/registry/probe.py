@@ -92,6 +92,12 @@ def _run_child(origins: Sequence[tuple[str, str]], timeout: float, start_timeout
     return _Child(lines, None if overran else code, stderr)
 
 
+def _loaded_files(lines: list[str]) -> list[str]:
+    """The module files a child that imported every origin reports (`probe-files`)."""
+    found = [json.loads(line.partition(" ")[2]) for line in lines if line.startswith("probe-files ")]
+    return [str(f) for f in found[-1]] if found else []
+
+
 def _why_not_started(child: _Child, start_timeout: float) -> str:
     last = next((line.strip() for line in reversed(child.stderr.splitlines()) if line.strip()), "")
     what = (f"did not start within {start_timeout:g} s" if child.code is None else
@@ -100,17 +106,20 @@ def _why_not_started(child: _Child, start_timeout: float) -> str:
 
 
 def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S,
-          start_timeout: float = START_TIMEOUT_S) -> dict[str, str]:
+          start_timeout: float = START_TIMEOUT_S, files: list[str] | None = None) -> dict[str, str]:
     """Import each `(kind, target)` origin in a child process, in order: kind "entry-point" (target: the entry
     point's name) or "module" (target: a module name). Returns `{"kind target": why}` for the origins whose import
     ended the child or ran past `timeout` seconds from its start; the others imported (or raised, which the
     caller's own import reports). A child that does not reach its first import (`start_timeout`) raises
-    `ProbeNotStarted`."""
+    `ProbeNotStarted`. files: a list that gets the module files the child had loaded, when one child imported every
+    origin."""
     deadly: dict[str, str] = {}
     rest = list(origins)
     while rest:
         child = _run_child(rest, timeout, start_timeout)
         if "probe-end" in child.lines:
+            if files is not None and rest == list(origins):
+                files += _loaded_files(child.lines)
             break
         started = [int(w.split()[1]) for w in child.lines if w.startswith("probe-start ")]
         finished = {int(w.split()[1]) for w in child.lines if w.startswith("probe-done ")}

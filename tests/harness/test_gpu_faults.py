@@ -50,12 +50,13 @@ def test_illegal_addresses_in_a_sweep_leave_every_other_verdict_intact(tmp_path:
     from harness.sweep.selection import Shard
 
     spec = f"{FAULTS}:ILLEGAL"
-    # a third of the cells: each bad case costs a fresh kernel host with a fresh CUDA context (seconds)
+    # a third of the cells: each bad case costs a fresh kernel host with a fresh CUDA context (seconds), so three
+    # workers replace theirs side by side instead of one after another
     shard = Shard(1, 3)
     planned = shard.of(sweep.plan(registry.resolve(spec), "quick")).cases
     bad = {c.case_id for c in planned if c.features["dtype"] == "float32"}
     assert len(bad) >= 3 and len(planned) > len(bad)  # several in one chunk, among good ones
-    sweep.run_sweep([spec], detect("cuda"), str(tmp_path), profile="quick", run_id="t", jobs=1, case_timeout=300,
+    sweep.run_sweep([spec], detect("cuda"), str(tmp_path), profile="quick", run_id="t", jobs=3, case_timeout=300,
                     out=None, shard=shard)
     results = {r.case.case_id: r for r in load_results([tmp_path])}
     assert set(results) == {c.case_id for c in planned}
@@ -67,6 +68,8 @@ def test_illegal_addresses_in_a_sweep_leave_every_other_verdict_intact(tmp_path:
 
 
 def test_an_illegal_address_in_the_pytest_path_fails_only_its_own_test(tmp_path: Path) -> None:
+    # the ci profile whatever this session's (a GPU run exports HYPOTHESIS_PROFILE=gpu): each float32 case loses
+    # its host's CUDA context, and a fresh one costs seconds
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--moe-profile", "ci",
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-adapter", f"{FAULTS}:ILLEGAL",
            "--moe-adapter", "reference-activation", "--moe-adapter", "reference-reduce",

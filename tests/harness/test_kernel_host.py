@@ -38,15 +38,15 @@ def _verdicts(folder: Path) -> dict[str, list[Result]]:
     return found
 
 
-def _expect(found: dict[str, list[Result]]) -> None:
-    """The control passes; each attack gains nothing: a case it passed, the plain 1%-wrong kernel (no trick, judged
-    here in-process) passes too."""
+def _expect(found: dict[str, list[Result]], attacks: list[str] = ATTACKS) -> None:
+    """The control passes; each of `attacks` gains nothing: a case it passed, the plain 1%-wrong kernel (no trick,
+    judged here in-process) passes too."""
     from tests.harness.fixtures import hostile_adapters as fixture
 
     assert found.get("honest-control") and {r.verdict for r in found["honest-control"]} == {"pass"}, found
     device = detect("cpu")
-    assert sum(r.verdict == "fail" for a in ATTACKS for r in found.get(f"hostile-{a}", [])) >= 3, found
-    for name in ATTACKS:
+    assert sum(r.verdict == "fail" for a in attacks for r in found.get(f"hostile-{a}", [])) >= 3, found
+    for name in attacks:
         results = found.get(f"hostile-{name}")
         assert results, f"hostile-{name}: no verdict recorded"
         if name == "base-exception":
@@ -93,23 +93,31 @@ def test_attacks_fail_in_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _expect(_verdicts(tmp_path))
 
 
-def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _pytest(tmp_path: Path, attacks: list[str], *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOSTILE_RESULTS": str(tmp_path / "r"), "PYTHONPATH": str(ROOT)}
+    chosen = [f"{FIXTURE}:ATTACKS"] if attacks == ATTACKS else [f"{FIXTURE}:ATTACKS#hostile-{a}" for a in attacks]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin.load_args(),
            "-m", "moe_generic", "--moe-profile", "ci",
            "--moe-results-dir", str(tmp_path / "r"), "--moe-adapter", f"{FIXTURE}:HONEST",
-           "--moe-adapter", f"{FIXTURE}:ATTACKS", "-k", "declared", *args]
+           *(word for spec in chosen for word in ("--moe-adapter", spec)), "-k", "declared", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
-def test_attacks_fail_under_pytest(tmp_path: Path, workers: list[str]) -> None:
+#: under xdist each worker starts a kernel host per adapter it judges (on a GPU each with a CUDA context: the whole
+#: list took about two minutes as one item), so the attacks are judged in two sessions, each an item of its own
+HALF = len(ATTACKS) // 2
+
+
+@pytest.mark.parametrize(("workers", "attacks"), [([], ATTACKS), (["-n", "2"], ATTACKS[:HALF]),
+                                                  (["-n", "2"], ATTACKS[HALF:])],
+                         ids=["one-process", "xdist-first-half", "xdist-second-half"])
+def test_attacks_fail_under_pytest(tmp_path: Path, workers: list[str], attacks: list[str]) -> None:
     before = _children_of(os.getpid())
-    done = _pytest(tmp_path, *workers)
+    done = _pytest(tmp_path, attacks, *workers)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     time.sleep(2.5)
-    _expect(_verdicts(tmp_path / "r"))
-    for name in ATTACKS:  # the test of every attack failed, the control's passed
+    _expect(_verdicts(tmp_path / "r"), attacks)
+    for name in attacks:  # the test of every attack failed, the control's passed
         assert f"hostile-{name}" in done.stdout, done.stdout[-3000:]
     assert "FAILED" not in "".join(line for line in done.stdout.splitlines() if "honest-control" in line)
     _no_session_survivors(before)

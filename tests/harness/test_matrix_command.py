@@ -120,22 +120,31 @@ def test_the_end_of_a_sweep_says_where_the_judging_time_went_and_the_progress_li
 
 def test_the_adapters_are_listed_and_planned_in_one_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Listing the adapters and planning their cases both import every adapter module in a CPU host: one host does
-    both (a second one was a second import of torch and of every adapter, seconds before any case ran)."""
+    both (a second one was a second import of torch and of every adapter, seconds before any case ran). It starts
+    before the device is looked at, so that its start overlaps the device's (a CUDA context on a GPU)."""
     from harness.cli import main
+    from harness.core import device
     from harness.engine import host
 
     started: list[str] = []
-    real_start = host.Host.start
+    real_start, real_detect = host.Host.start, device.detect
 
     def counting_start(self: host.Host) -> None:
         started.append(self.device)
         real_start(self)
 
+    def detect(*args: object, **kw: object) -> object:
+        started.append("detect")
+        return real_detect(*args, **kw)  # type: ignore[arg-type]
+
     monkeypatch.setattr(host.Host, "start", counting_start)
+    monkeypatch.setattr(device, "detect", detect)
     code = main(["matrix", "--device", "cpu", "--adapter", "tests.harness.test_matrix_command:WARNS", "--results-dir",
                  str(tmp_path / "r"), "--out", "", "--jobs", "1"])
     assert code == 0
-    assert started == ["cpu"]  # the sweep's workers start their kernel hosts in their own processes
+    # the sweep's workers start their kernel hosts in their own processes
+    assert [s for s in started if s != "detect"] == ["cpu"], started
+    assert started.index("cpu") < started.index("detect"), started
 
 
 def test_the_whole_matrix_starts_its_workers_before_it_lists_the_adapters(tmp_path: Path,

@@ -30,7 +30,10 @@ def test_a_long_property_test_is_split_into_more_shards() -> None:
     # the SGLang shards of the GPU suite before: 340 s and 285 s among four
     durations = _recorded({"slow": [340.0, 285.0, 40.0, 35.0], "fast": [10.0] * 4, "huge": [3000.0] * 4})
     assert property_seconds(durations) == {"slow": 700.0, "fast": 40.0, "huge": 12000.0}
-    assert shards_for("slow", durations, base=4) == 12  # 700 s / 60 s
+    assert shards_for("slow", durations, base=4) == MAX_SHARDS  # its heaviest share: 340 s x 4 / 60 s = 23
+    even = _recorded({"even": [100.0] * 4, "uneven": [150.0, 50.0, 100.0, 100.0]})
+    assert shards_for("even", even, base=4) == 7  # 400 s / 60 s
+    assert shards_for("uneven", even, base=4) == 10  # the same 400 s, but one share of 150 s: 600 s / 60 s
     assert shards_for("fast", durations, base=4) == 4  # never fewer than the session's count
     assert shards_for("unknown", durations, base=4) == 4
     assert shards_for("huge", durations, base=4) == MAX_SHARDS
@@ -53,6 +56,8 @@ def test_no_item_is_expected_past_the_limit_where_the_cap_allows() -> None:
             per_item = expected.seconds(f"{GENERIC}[{name}-shard0]", 0.0)
             assert per_item == pytest.approx(total / count)
             assert per_item <= ITEM_TARGET_S or count == MAX_SHARDS
+            heaviest = max(recorded[name]) * len(recorded[name]) / count  # its heaviest share, split further
+            assert heaviest <= ITEM_TARGET_S or count == MAX_SHARDS
             assert per_item <= ITEM_LIMIT_S or total > MAX_SHARDS * ITEM_LIMIT_S
 
 
@@ -62,6 +67,28 @@ def test_other_tests_keep_their_measured_time_and_unknown_ones_the_default() -> 
     assert expected.seconds(f"{GENERIC}[slow-shard7]", 1.0) == pytest.approx(60.0)
     assert expected.seconds("tests/harness/test_other.py::test_x", 1.0) == 5.0
     assert expected.seconds("tests/harness/test_other.py::test_new", 1.0) == 1.0
+    # an adapter the file does not know: a typical recorded property-test item, not the default of all tests
+    assert expected.seconds(f"{GENERIC}[new-shard0]", 1.0) == 300.0
+
+
+CUDA = Path(__file__).resolve().parents[1] / "durations" / "cuda.json"
+
+
+@pytest.mark.parametrize("base", [2, 4])
+def test_with_the_recorded_gpu_durations_no_property_item_is_expected_past_a_minute(base: int) -> None:
+    """The GPU suite's own file: every adapter's items, its heaviest share included, fit the target (a GPU session
+    of 4 to 7 workers splits by 2 at least, of 8 or more by 4), and a new adapter is split as the session splits."""
+    durations = json.loads(CUDA.read_text(encoding="utf-8"))
+    recorded: dict[str, list[float]] = {}
+    for nodeid, seconds in durations.items():
+        if nodeid.startswith(GENERIC + "["):
+            name = nodeid[len(GENERIC) + 1:-1].rsplit("-shard", 1)[0]
+            recorded.setdefault(name, []).append(seconds)
+    assert len(recorded) > 20, sorted(recorded)
+    over = {name: (count, round(max(s) * len(s) / count, 1)) for name, s in recorded.items()
+            if max(s) * len(s) / (count := shards_for(name, durations, base)) > ITEM_TARGET_S}
+    assert not over, f"adapters whose heaviest property-test item is expected past {ITEM_TARGET_S:g} s: {over}"
+    assert shards_for("an-adapter-not-recorded", durations, base) == base
 
 
 class _Config:
@@ -72,7 +99,7 @@ class _Config:
         return {"moe_shards": self.shards}[name]
 
 
-@pytest.mark.parametrize(("asked", "want"), [("auto", {"slow": 12, "fast": 4}), (3, {"slow": 3, "fast": 3})])
+@pytest.mark.parametrize(("asked", "want"), [("auto", {"slow": 16, "fast": 4}), (3, {"slow": 3, "fast": 3})])
 def test_the_session_splits_each_adapter_by_its_recorded_time_unless_told_a_count(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: object, want: dict[str, int]) -> None:
     path = tmp_path / "cuda.json"

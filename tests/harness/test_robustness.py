@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CELL = {"activation": "silu_and_mul", "dtype": "float32"}
 FIELDS = {"shapes": {"T": 9, "N": 33}, "dtypes": {"x": "float32"}}
 _reference = registry.resolve("reference-activation")
+#: the child sessions' profile, whatever this one's: a GPU run exports HYPOTHESIS_PROFILE=gpu (60 cases a cell, not
+#: 8), and with a kernel that kills its host every case is a host start with a fresh CUDA context
+CI_PROFILE = ("--moe-profile", "ci")
 
 
 def _like(name: str, run, *, activations: int | None = None) -> Adapter:  # type: ignore[no-untyped-def]
@@ -102,9 +105,7 @@ def test_timeout_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _generic_tests_in_xdist(results: Path, *adapters: str) -> tuple[subprocess.CompletedProcess, str]:
     """The plugin's declared-cases test for `adapters` in a child pytest with two xdist workers."""
-    # the ci profile whatever the parent's: these tests are about crashes, and on a GPU every crashed case starts a
-    # kernel host with a CUDA context (the gpu profile's cases made one test take over 4 minutes)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--moe-profile", "ci",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *CI_PROFILE,
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir", str(results)]
     for spec in adapters:
         cmd += ["--moe-adapter", spec]
@@ -132,7 +133,7 @@ def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -
     from harness.plugin import load_args
 
     plugin = load_args()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "--moe-profile", "ci",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, *CI_PROFILE,
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir", str(tmp_path),
            "--moe-adapter", "tests.harness.test_robustness:SEGV"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -160,7 +161,7 @@ def _stopped_session(tmp_path: Path, extra: list[str], sig: int, to_group: bool)
     pidfile, log, mark = tmp_path / "pids", tmp_path / "log", uuid.uuid4().hex
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *load_args(),
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-results-dir",
-           str(tmp_path / "results"), "--moe-adapter", HANGS, *extra]
+           str(tmp_path / "results"), "--moe-adapter", HANGS, *CI_PROFILE, *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT), MOE_TEST_PIDFILE=str(pidfile), **{signals.MARK_ENV: mark})
     env.pop("MOE_HARNESS_SUPERVISE", None)
     with open(log, "w") as out:

@@ -1,0 +1,105 @@
+"""The import probe's remembered all-clears (harness.registry.probe_cache): a listing skips the probe child only
+while every file the remembered probe imported is as it was; a changed adapter module is probed again."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness import registry
+from harness.registry import probe as probing
+from harness.registry import probe_cache
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An adapter module outside any installed distribution, the cache in a folder of this test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(probe_cache.ENV, raising=False)
+    path = tmp_path / "mods" / "probe_cached_adapter.py"
+    path.parent.mkdir()
+    path.write_text("VALUE = 1\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(path.parent))
+    return path
+
+
+def _probes(monkeypatch: pytest.MonkeyPatch, module: Path, deadly: dict[str, str]) -> list[list]:
+    """Each probe_imports call that reached the probe child: a stand-in that reports `module` as imported."""
+    calls: list[list] = []
+
+    def fake(origins, timeout=0.0, start_timeout=0.0, files=None):  # type: ignore[no-untyped-def]
+        calls.append(list(origins))
+        if files is not None:
+            files += [str(module), "_bare.py"]  # as torch's built-in submodules name theirs
+        return dict(deadly)
+
+    monkeypatch.setattr(probing, "probe", fake)
+    monkeypatch.setattr(registry, "DEADLY", {})
+    monkeypatch.setattr(registry, "_loaded", False)
+    return calls
+
+
+def test_an_all_clear_is_used_until_an_imported_file_changes(module: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _probes(monkeypatch, module, {})
+    registry.probe_imports(["probe_cached_adapter:ADAPTER"])
+    registry.probe_imports(["probe_cached_adapter:ADAPTER"])
+    assert len(calls) == 1, "the second listing probed again though nothing changed"
+    registry.probe_imports(["other_module:ADAPTER"])  # other origins: another entry
+    assert len(calls) == 2
+    module.write_text("VALUE = 2\n", encoding="utf-8")  # the same size: only the contents tell
+    registry.probe_imports(["probe_cached_adapter:ADAPTER"])
+    assert len(calls) == 3, "a stale all-clear was used after the adapter module changed"
+    registry.probe_imports(["probe_cached_adapter:ADAPTER"])
+    assert len(calls) == 3
+    assert all(f.parent.name == "probes" for f in (module.parents[1] / "cache").rglob("*.json"))
+
+
+def test_a_deadly_import_is_probed_every_time_and_the_cache_can_be_turned_off(
+        module: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _probes(monkeypatch, module, {"module probe_cached_adapter": "importing it ended the process"})
+    for _ in range(2):
+        registry.probe_imports(["probe_cached_adapter:ADAPTER"])
+    assert len(calls) == 2 and registry.DEADLY == {"module probe_cached_adapter": "importing it ended the process"}
+    calls = _probes(monkeypatch, module, {})
+    monkeypatch.setenv(probe_cache.ENV, "off")
+    for _ in range(2):
+        registry.probe_imports(["probe_cached_adapter:ADAPTER"])
+    assert len(calls) == 2 and not (module.parents[1] / "cache").exists()
+
+
+def test_the_key_follows_the_installed_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    origins = [("module", "kernels.adapters")]
+    before = probe_cache.key(origins)
+
+    other = SimpleNamespace(metadata={"Name": "triton"}, version="0.0.1-other")
+    real = probe_cache.metadata.distributions
+    monkeypatch.setattr(probe_cache.metadata, "distributions", lambda: [*real(), other])
+    assert probe_cache.key(origins) != before
+    monkeypatch.setattr(probe_cache.metadata, "distributions", real)
+    assert probe_cache.key(origins) == before
+
+
+def test_the_probe_child_reports_the_files_it_imported(module: Path) -> None:
+    files: list[str] = []
+    assert probing.probe([("module", module.stem)], timeout=60, files=files) == {}
+    assert str(module) in files and any(f.endswith("harness/registry/__init__.py") for f in files)
+    mine = probe_cache.own_files(files)
+    assert str(module.resolve()) in mine and str(ROOT / "harness" / "registry" / "__init__.py") in mine
+    assert not any("site-packages" in f or f.startswith(sys.base_prefix + "/lib/") for f in mine), mine
+
+
+def test_only_the_newest_entries_are_kept(module: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe_cache, "KEEP", 3)
+    where = probe_cache.folder()
+    assert where is not None
+    for i in range(5):
+        probe_cache.record(f"entry{i}", [str(module)])
+        os.utime(where / f"entry{i}.json", (1000 + i, 1000 + i))  # distinct ages, whatever the clock's resolution
+    assert len(list(where.glob("*.json"))) == 3
+    assert probe_cache.is_clear("entry4") and not probe_cache.is_clear("entry0")
