@@ -49,6 +49,7 @@ from harness.engine import fitting, strided
 from harness.engine import strategies as hs
 from harness.engine.fixed import VACUOUS_KINDS, explicit_examples
 from harness.engine.profiles import name_of
+from harness.ops import large
 from harness.ops.base import ValueClass
 from harness.registry import Adapter, SupportRuleError
 
@@ -251,7 +252,7 @@ def _family(cell: Mapping[str, str], axes: Sequence[str]) -> str:
 
 def _value_class_rows(counted: _Counted, cells: Sequence[Mapping[str, str]], profile: str | None) -> list[Row]:
     adapter, rows = counted.adapter, []
-    for i, vc in enumerate(ops.get(adapter.op).classes(profile)):
+    for i, vc in enumerate(large.classes(ops.get(adapter.op), profile)):
         families = list(dict.fromkeys(_family(c, vc.family) for c in cells if vc.applies(adapter, c)))
         if not families:
             rows.append(Row("value class", vc.name, why="its `applies` holds for none of the declared cells",

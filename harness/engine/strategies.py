@@ -236,9 +236,8 @@ def profile_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]], pr
     boundary case with tokens and the widest rows, its dim grown past 2**31 (`large.grow`). Left out where the
     adapter's declarations turn that case away (a `<dim>_multiple` it breaks, a support rule for the shapes):
     it does not get it."""
-    spec = ops.get(adapter.op)
     found: list[Case] = []
-    for vc in spec.classes(profile)[len(spec.value_classes):]:
+    for vc in large.profile_classes(adapter.op, profile):
         usable = sorted((c for c in cells if vc.applies(adapter, c)), key=lambda c: "float32" in c.values())
         for cell in usable[:64]:
             bases = [b for b in fitting.boundary(adapter, cell) if large.base_case(adapter.op, b)]

@@ -71,8 +71,8 @@ class ValueClass:
     present(case, inputs): whether a case's inputs hold it (the coverage test asks the tensors, not the names).
     sized: the class is a size as much as values (384 experts, rows past 8k columns): its case is not taken again
     at another size past a threshold (`strategies.threshold_cases`), which would multiply the two.
-    profiles: the hypothesis profiles that judge it (None: every one; `OpSpec.classes`). reads_inputs: False where
-    `present` reads the case's shapes only (its inputs are too large to build on the CPU).
+    profiles: the hypothesis profiles that judge it (None: every one; `harness.ops.large.classes`).
+    reads_inputs: False where `present` reads the case's shapes only (its inputs are too large for the CPU).
     """
 
     name: str
@@ -131,13 +131,6 @@ class OpSpec:
         if self.input_elements is not None:
             return self.input_elements(case)
         return math.prod(max(1, int(v)) for v in case.shapes.values())
-
-    def classes(self, profile: str | None = None) -> tuple[ValueClass, ...]:
-        """The value classes a run under `profile` judges: `value_classes` (every run's) and those only some
-        profiles judge (`harness.ops.large`: past 2**31 elements, GPU profiles only); None: every run's only."""
-        from harness.ops.large import profile_classes
-
-        return (*self.value_classes, *profile_classes(self.name, profile))
 
     def axis_names(self) -> list[str]:
         return [a.name for a in self.axes]

@@ -2,9 +2,9 @@
 
 A kernel that computes an offset in int32 (`pid * stride` without a cast to int64) is right at every smaller size
 and reads or writes out of bounds past it. Such a case holds gigabytes, so only the GPU profiles judge it
-(`PROFILES`; never `ci` or a CPU run), one per op, at the cheapest shape that passes: one dim of a small boundary
-case of the cell grown (`grow`) until the tensor `Large.tensor` holds more than 2**31 elements, so its last
-element's offset is at least 2**31. Its presence is read from the case's shapes (`Large.offset`), never from its
+(`PROFILES`, `classes`; never `ci` or a CPU run), one per op, at the cheapest shape that passes: one dim of a
+small boundary case of the cell grown (`grow`) until the tensor `Large.tensor` holds more than 2**31 elements, so its
+last element's offset is at least 2**31. Its presence is read from the case's shapes (`Large.offset`), never from its
 inputs (which the CPU cannot build). An adapter that declares a `max_<dim>` on the grown dim does not get it.
 
 align has none: its output `sorted_token_ids` is int32 and holds flat slot ids up to M*k, so a case past 2**31
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.ops.base import ValueClass
+from harness.ops.base import OpSpec, ValueClass
 
 #: the first flat offset an int32 cannot hold
 LARGE_OFFSET = 1 << 31
@@ -115,7 +115,7 @@ def base_case(op: str, fields: Mapping[str, Any]) -> bool:
 
 
 def large_class(op: str) -> ValueClass:
-    """The op's large-offsets class (only the `PROFILES` runs judge it: `OpSpec.classes`)."""
+    """The op's large-offsets class (only the `PROFILES` runs judge it: `classes`)."""
     how = LARGE[op]
     return ValueClass(
         NAME, lambda a, c: a.limits.get(f"max_{how.dim}") is None, (),
@@ -127,6 +127,12 @@ def large_class(op: str) -> ValueClass:
 def fields_of(case: Any) -> dict[str, Any]:
     """A case's features, shapes and params, as `Large` reads them."""
     return {"features": dict(case.features), "shapes": dict(case.shapes), "params": dict(case.params)}
+
+
+def classes(spec: OpSpec, profile: str | None = None) -> tuple[ValueClass, ...]:
+    """The value classes a run under `profile` judges: the op's `value_classes` (every run's) and those only some
+    profiles judge (past 2**31 elements, GPU profiles only); None: every run's only."""
+    return (*spec.value_classes, *profile_classes(spec.name, profile))
 
 
 def profile_classes(op: str, profile: str | None) -> tuple[ValueClass, ...]:

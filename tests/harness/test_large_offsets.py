@@ -14,6 +14,7 @@ from harness.engine import chunked, large_lock, runner
 from harness.engine import strategies as hs
 from harness.engine.coverage import device_for
 from harness.engine.fixed import explicit_examples
+from harness.ops import large
 from harness.ops.large import NAME, NOT_EXPRESSIBLE
 
 GATED = ("silu", "gelu", "gelu_tanh", "swigluoai", "swigluoai_uninterleave", "swiglustep")
@@ -43,8 +44,8 @@ def _reference(op: str) -> registry.Adapter:
 def test_the_class_is_judged_under_gpu_only(op: str) -> None:
     spec = ops.get(op)
     for profile in ("ci", "dev", None):
-        assert NAME not in [vc.name for vc in spec.classes(profile)], (op, profile)
-    assert (NAME in [vc.name for vc in spec.classes("gpu")]) == (op not in NOT_EXPRESSIBLE), op
+        assert NAME not in [vc.name for vc in large.classes(spec, profile)], (op, profile)
+    assert (NAME in [vc.name for vc in large.classes(spec, "gpu")]) == (op not in NOT_EXPRESSIBLE), op
 
 
 @pytest.mark.parametrize("op", [op for op in ops.available() if op not in NOT_EXPRESSIBLE])
@@ -55,7 +56,7 @@ def test_one_case_per_op_just_past_2_31(op: str) -> None:
     assert not [c for c in explicit_examples(adapter, cells) if _elements(c) > 1 << 31]
     (case,) = hs.profile_class_cases(adapter, cells, "gpu")
     assert _elements(case) - 1 >= 1 << 31, case.shapes  # the last element's flat offset
-    vc = ops.get(op).classes("gpu")[-1]
+    vc = large.classes(ops.get(op), "gpu")[-1]
     assert vc.present(case, {})
     if op != "experts":  # the cheapest: one row fewer stays under (experts grow N by the cell's group multiple)
         dim = "T" if "T" in case.shapes else "M"
