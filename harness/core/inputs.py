@@ -27,6 +27,22 @@ def generator(case: Case, stream: str) -> torch.Generator:
     return torch.Generator().manual_seed(h & ((1 << 63) - 1))
 
 
+#: a tensor of more elements than this, for a GPU, is drawn there (a generator on the device): drawing 2**31
+#: values on the CPU and copying them took longer than the case (`harness.ops.large`); the values differ from
+#: the CPU's draw, but a case this large is only ever built on a GPU
+DEVICE_DRAWN_ABOVE = 1 << 28
+
+
+def _drawn(case: Case, stream: str, shape: tuple[int, ...], device: str, draw: str) -> torch.Tensor:
+    """`torch.randn` or `torch.rand` (`draw`) of `shape` in float32 from the case's stream: on the CPU, or on
+    `device` where the tensor is that large (`DEVICE_DRAWN_ABOVE`)."""
+    where = device if device != "cpu" and math.prod(shape) > DEVICE_DRAWN_ABOVE else "cpu"
+    g = generator(case, stream)
+    if where != "cpu":
+        g = torch.Generator(device=where).manual_seed(g.initial_seed())
+    return getattr(torch, draw)(shape, generator=g, dtype=torch.float32, device=where)
+
+
 def maybe_strided(case: Case, t: torch.Tensor) -> torch.Tensor:
     """Apply the case's layout flags: `non_contiguous` gives a view with a padded row stride (same values)."""
     if not case.layout.get("non_contiguous") or t.dim() < 2 or t.numel() == 0:
@@ -47,12 +63,12 @@ def in_layout(case: Case, name: str, t: torch.Tensor) -> torch.Tensor:
 
 def randn(case: Case, stream: str, shape: tuple[int, ...], dtype: torch.dtype, device: str,
           *, scale: float = 1.0) -> torch.Tensor:
-    t = torch.randn(shape, generator=generator(case, stream), dtype=torch.float32) * scale
+    t = _drawn(case, stream, shape, device, "randn") * scale
     return maybe_strided(case, t.to(dtype).to(device))
 
 
 def uniform(case: Case, stream: str, shape: tuple[int, ...], lo: float, hi: float, device: str) -> torch.Tensor:
-    t = torch.rand(shape, generator=generator(case, stream), dtype=torch.float32)
+    t = _drawn(case, stream, shape, device, "rand")
     return (lo + (hi - lo) * t).to(device)
 
 

@@ -48,11 +48,17 @@ from harness.core.sizes import limit
 from harness.engine import fitting, strided
 from harness.engine import strategies as hs
 from harness.engine.fixed import VACUOUS_KINDS, explicit_examples
+from harness.engine.profiles import name_of
+from harness.ops import large
 from harness.ops.base import ValueClass
 from harness.registry import Adapter, SupportRuleError
 
 #: a capability for each GPU generation, for support rules that read it (the report runs no kernel)
 CAPABILITIES = {"sm80": (8, 0), "sm89": (8, 9), "sm90": (9, 0), "sm100": (10, 0), "sm120": (12, 0)}
+
+#: the most input elements of a case whose inputs the report builds on the CPU (a larger one holds no class that
+#: reads inputs: the classes are small cases)
+LARGEST_BUILT = 1 << 26
 
 #: the token dims of the ops' cases (one row each)
 TOKEN_DIMS = ("M", "T", "max_tokens")
@@ -208,6 +214,10 @@ class _Counted:
         """Whether the inputs of `case` hold `vc`; a test written for the class's own cases that cannot read
         another case's inputs (fewer experts than it compares) finds it absent. Inputs that cannot be built raise:
         the generic test would fail that case."""
+        if not vc.reads_inputs:  # read from the shapes (a case past 2**31 elements is not built on the CPU)
+            return bool(vc.present(case, {}))
+        if ops.get(case.op).estimated_input_elements(case) > LARGEST_BUILT:
+            return False
         inputs = self.inputs(case)
         try:
             return bool(vc.present(case, inputs))
@@ -240,9 +250,9 @@ def _family(cell: Mapping[str, str], axes: Sequence[str]) -> str:
     return ", ".join(f"{a}={cell.get(a, '')}" for a in axes)
 
 
-def _value_class_rows(counted: _Counted, cells: Sequence[Mapping[str, str]]) -> list[Row]:
+def _value_class_rows(counted: _Counted, cells: Sequence[Mapping[str, str]], profile: str | None) -> list[Row]:
     adapter, rows = counted.adapter, []
-    for i, vc in enumerate(ops.get(adapter.op).value_classes):
+    for i, vc in enumerate(large.classes(ops.get(adapter.op), profile)):
         families = list(dict.fromkeys(_family(c, vc.family) for c in cells if vc.applies(adapter, c)))
         if not families:
             rows.append(Row("value class", vc.name, why="its `applies` holds for none of the declared cells",
@@ -369,7 +379,7 @@ def adapter_coverage(adapter: Adapter, device: DeviceInfo, profile: settings) ->
     if not cells:
         out.skipped = f"declares no cell on {device.generation}"
         return out
-    fixed = explicit_examples(adapter, cells)
+    fixed = explicit_examples(adapter, cells, name_of(profile))
     known = {c.case_id for c in fixed}
     drawn = [c for c in drawn_cases(adapter, cells, device, profile) if c.case_id not in known]
     out.known = [known_region(k, fixed) for k in adapter.known]
@@ -386,7 +396,7 @@ def adapter_coverage(adapter: Adapter, device: DeviceInfo, profile: settings) ->
     counted = _Counted(adapter, kept["drawn"], kept["fixed"])
     raw = _raw_boundary(adapter, cells)
     out.cells, out.drawn, out.fixed = len(cells), len(kept["drawn"]), len(kept["fixed"])
-    out.rows = [*_axis_rows(counted, cells, device.generation), *_value_class_rows(counted, cells),
+    out.rows = [*_axis_rows(counted, cells, device.generation), *_value_class_rows(counted, cells, name_of(profile)),
                 *_map_rows(counted, raw), *_layout_rows(counted, cells), *_boundary_rows(counted, cells, raw),
                 *_threshold_rows(counted, cells)]
     out.dims = _dim_stats(adapter, kept["drawn"] + kept["fixed"])

@@ -34,17 +34,18 @@ VACUOUS_KINDS = {"no token": lambda f: 0 in (f["shapes"].get("M"), f["shapes"].g
                  "no local expert": lambda f: f.get("params", {}).get("local_experts") == 0}
 
 
-def explicit_examples(adapter: Adapter, cells: list[dict[str, str]]) -> list[Case]:
+def explicit_examples(adapter: Adapter, cells: list[dict[str, str]], profile: str | None = None) -> list[Case]:
     """Cases run first, every time, before the drawn ones: the adapter's pinned regressions, the vacuous boundary
     cases hypothesis never draws, a few small cases that cover every declared value of every axis, one case of each
     of the op's value classes per family (zero groups, counts at block multiples...), and one case past each of
     the kernel's declared internal thresholds, at the cheapest shape that crosses it (the planted-bug suite runs
-    the same). The last three take the layout classes of the tensors of any strides in turn (`strided.spread`)."""
+    the same). The last three take the layout classes of the tensors of any strides in turn (`strided.spread`).
+    Under a GPU `profile` (`harness.ops.large.PROFILES`), last, one case per op past 2**31 elements (contiguous)."""
     cover, past = hs.value_covering_cases(adapter, cells), hs.threshold_cases(adapter, cells)
     # a class the cover or a threshold case already holds in a family gets no second case there
     planned = [*cover, *hs.value_class_cases(adapter, cells, held_by=[*cover, *past]), *past]
     return [*REGRESSIONS.get(adapter.name, []), *vacuous_boundary_cases(adapter, cells),
-            *strided.spread(adapter, planned)]
+            *strided.spread(adapter, planned), *hs.profile_class_cases(adapter, cells, profile)]
 
 
 def vacuous_boundary_cases(adapter: Adapter, cells: list[dict[str, str]]) -> list[Case]:

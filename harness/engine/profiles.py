@@ -35,6 +35,12 @@ def load_profile(name: str | None = None) -> str:
     return name
 
 
+def name_of(profile: settings) -> str | None:
+    """The name of one of `PROFILES` (None for another settings object): the profile-only value classes
+    (`harness.ops.large`) go by it."""
+    return next((name for name, p in PROFILES.items() if p is profile), None)
+
+
 def choose(*candidates: str | None) -> str:
     """The first candidate that names one of `PROFILES` (others, e.g. a repository's own profile, are passed over);
     `ci` when none does."""

@@ -32,6 +32,7 @@ from harness.core.compare import Comparison, bits, compare_bounded, compare_code
 from harness.core.device import DeviceInfo, release_cached_memory
 from harness.core.layouts import contiguous_strides as _contiguous
 from harness.core.result import Result
+from harness.engine import chunked, large_lock
 from harness.engine.arena import Arena, arena_bytes
 from harness.engine.host import STICKY_CUDA, HostDied, KernelRaised
 from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter, where  # noqa: F401  (re-exported)
@@ -573,7 +574,7 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     before = isolation.take()
     judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep, replayed=extra_runs)
     try:
-        with _deadline(_timeout_s(timeout)):
+        with large_lock.one_at_a_time(_input_elements(case)), _deadline(_timeout_s(timeout)):
             result = judging.run()
     except CaseTimeout as e:
         result = judging.result("error", f"hang: {e}", timeout=True)
@@ -590,6 +591,18 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
         metrics = {**metrics, "kernel_host": host_notes}
     result = dataclasses.replace(result, metrics=metrics, duration_s=round(time.perf_counter() - t0, 4))
     return _charged(result, changed) if changed else result
+
+
+def _input_elements(case: Case) -> int:
+    try:
+        return ops.get(case.op).estimated_input_elements(case)
+    except (ValueError, KeyError):  # no spec: the judging itself reports it
+        return 0
+
+
+def _judged(check: Check, actual: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> list[Comparison]:
+    """One output against one check: no NaN/Inf where the oracle is finite, then its comparison mode."""
+    return [c for c in (_finite(check, actual), _compare(check, actual, outputs)) if c is not None]
 
 
 def gated_verdict(case: Case, adapter: Adapter, device: DeviceInfo) -> Result | None:
@@ -879,7 +892,7 @@ class _Judging:
                 specs = spec.outputs(case, inputs)
             # before the kernel runs, with the functions as the harness loaded them
             with self.timed("oracle"), isolation.pristine():
-                expected = {c.name: c for c in spec.expected(case, inputs, conventions)}
+                expected = {c.name: c for c in chunked.expected(spec, case, inputs, conventions, _judged)}
         except Exception as e:  # a harness or case problem, not the kernel's
             if not self.declared:  # e.g. the adapter's conventions do not apply to a cell it does not claim
                 return self.result("unsupported", f"undeclared cell ({self.why_not}) cannot be built with this "
@@ -960,7 +973,7 @@ class _Judging:
         with self.timed("inputs"):
             inputs = self.inputs(spec, case)
         with self.timed("oracle"), isolation.pristine():
-            again = {c.name: c for c in spec.expected(case, inputs, conventions)}
+            again = {c.name: c for c in chunked.expected(spec, case, inputs, conventions, _judged)}
         out = self.kernel(inputs, spec.outputs(case, inputs), 0, "run on other inputs of the same shapes", case)
         found = [_compare(chk, out[name], out) for name, chk in again.items() if name in out]
         return _renamed(found, "fresh_inputs", f"on other inputs of the same shapes (seed {seed})")
@@ -1062,7 +1075,7 @@ def _run_once(judging: _Judging) -> OneRun:
         inputs = judging.inputs(spec, case)
         specs = spec.outputs(case, inputs)
         with isolation.pristine():
-            expected = {c.name: c for c in spec.expected(case, inputs, conventions)}
+            expected = {c.name: c for c in chunked.expected(spec, case, inputs, conventions, _judged)}
     except Exception as e:
         return OneRun(judging, judging.result("error", f"harness could not build the case: {type(e).__name__}: {e}"))
     try:

@@ -20,6 +20,7 @@ from harness.core.case import Case
 from harness.core.device import DeviceInfo
 from harness.engine import fitting, strided
 from harness.engine.fitting import accepted
+from harness.ops import large
 from harness.registry import Adapter
 
 
@@ -246,6 +247,28 @@ def _held(adapter: Adapter, cells: Sequence[Mapping[str, str]],
             continue
         buildable.append(case)
     return value_class_coverage(adapter, cells, buildable)
+
+
+def profile_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]], profile: str | None) -> list[Case]:
+    """One case of each value class only `profile` judges (`harness.ops.large`: past 2**31 elements, GPU profiles),
+    on the first declared cell it applies to (half-precision cells first: half the bytes): the cell's fitted
+    boundary case with tokens and the widest rows, its dim grown past 2**31 (`large.grow`). Left out where the
+    adapter's declarations turn that case away (a `<dim>_multiple` it breaks, a support rule for the shapes):
+    it does not get it."""
+    found: list[Case] = []
+    for vc in large.profile_classes(adapter.op, profile):
+        usable = sorted((c for c in cells if vc.applies(adapter, c)), key=lambda c: "float32" in c.values())
+        for cell in usable[:64]:
+            bases = [b for b in fitting.boundary(adapter, cell) if large.base_case(adapter.op, b)]
+            if not bases:
+                continue
+            # the widest rows: the fewest of them (outputs and programs) for the same 2**31 elements
+            base = max(bases, key=lambda b: large.LARGE[adapter.op].per_unit({"features": cell, **b}))
+            fields = large.grow(adapter.op, adapter, {"features": dict(cell), **base})
+            if accepted(adapter, None, cell, fields) and fitting.follows(adapter, fields):
+                found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields))
+            break
+    return found
 
 
 def value_class_coverage(adapter: Adapter, cells: Sequence[Mapping[str, str]],

@@ -71,6 +71,8 @@ class ValueClass:
     present(case, inputs): whether a case's inputs hold it (the coverage test asks the tensors, not the names).
     sized: the class is a size as much as values (384 experts, rows past 8k columns): its case is not taken again
     at another size past a threshold (`strategies.threshold_cases`), which would multiply the two.
+    profiles: the hypothesis profiles that judge it (None: every one; `harness.ops.large.classes`).
+    reads_inputs: False where `present` reads the case's shapes only (its inputs are too large for the CPU).
     """
 
     name: str
@@ -79,6 +81,8 @@ class ValueClass:
     fields: Callable[[Adapter, Mapping[str, str]], dict[str, Any]]
     present: Callable[[Case, Mapping[str, torch.Tensor]], bool]
     sized: bool = False
+    profiles: tuple[str, ...] | None = None
+    reads_inputs: bool = True
 
 
 @dataclass

@@ -35,6 +35,7 @@ from harness.engine import fitting, runner
 from harness.engine import strategies as hs
 from harness.engine.fixed import explicit_examples
 from harness.engine.fixed import vacuous_boundary_cases as _vacuous_boundary_cases  # noqa: F401 (tests use it)
+from harness.engine.profiles import name_of
 from harness.plugin import VERIFIED_PROPERTY
 
 pytestmark = pytest.mark.moe_generic
@@ -108,7 +109,9 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     deliberate: set[str] = set()
     # judged here, not as hypothesis @example: hypothesis would stop at the first that fails; each shard takes its
     # share of the explicit examples of every cell (on a GPU their large threshold shapes are the slow ones)
-    for pinned in explicit_examples(adapter, all_cells)[index::count]:
+    # the GPU profiles' cases past 2**31 elements, on a GPU only
+    large = name_of(moe_profile) if moe_device.is_cuda else None
+    for pinned in explicit_examples(adapter, all_cells, large)[index::count]:
         deliberate.add(pinned.case_id)
         search.example(pinned)
 

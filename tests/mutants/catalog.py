@@ -1,8 +1,8 @@
 """The planted bugs: each a small named variant of one of our kernels (or adapters), standing for a bug class seen
 in production MoE kernels. `tests/mutants/test_mutants.py` requires the generic property search to catch each.
 
-Not planted: int32 offset overflow at large M. It needs more than 2**31 elements (8 GiB of fp32 per tensor),
-which no CI case allocates; the kernels' int64 offsets are pinned by their own tests instead.
+Not here: int32 offset overflow at large M. It needs more than 2**31 elements, which no CI case allocates: those
+mutants are GPU-only (tests/mutants/catalog_large.py, caught by the `gpu` profile's large-offsets case).
 """
 
 from __future__ import annotations
