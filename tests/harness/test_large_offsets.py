@@ -41,11 +41,11 @@ def _reference(op: str) -> registry.Adapter:
 
 
 @pytest.mark.parametrize("op", ops.available())
-def test_the_class_is_judged_under_gpu_only(op: str) -> None:
+def test_the_class_is_judged_under_the_thorough_gpu_profile_only(op: str) -> None:
     spec = ops.get(op)
-    for profile in ("ci", "dev", None):
+    for profile in ("ci", "dev", "gpu", None):
         assert NAME not in [vc.name for vc in large.classes(spec, profile)], (op, profile)
-    assert (NAME in [vc.name for vc in large.classes(spec, "gpu")]) == (op not in NOT_EXPRESSIBLE), op
+    assert (NAME in [vc.name for vc in large.classes(spec, "thorough")]) == (op not in NOT_EXPRESSIBLE), op
 
 
 @pytest.mark.parametrize("op", [op for op in ops.available() if op not in NOT_EXPRESSIBLE])
@@ -54,9 +54,9 @@ def test_one_case_per_op_just_past_2_31(op: str) -> None:
     cells = hs.declared_cells(adapter, device_for("sm90"))
     assert not hs.profile_class_cases(adapter, cells, "ci")
     assert not [c for c in explicit_examples(adapter, cells) if _elements(c) > 1 << 31]
-    (case,) = hs.profile_class_cases(adapter, cells, "gpu")
+    (case,) = hs.profile_class_cases(adapter, cells, "thorough")
     assert _elements(case) - 1 >= 1 << 31, case.shapes  # the last element's flat offset
-    vc = large.classes(ops.get(op), "gpu")[-1]
+    vc = large.classes(ops.get(op), "thorough")[-1]
     assert vc.present(case, {})
     if op != "experts":  # the cheapest: one row fewer stays under (experts grow N by the cell's group multiple)
         dim = "T" if "T" in case.shapes else "M"

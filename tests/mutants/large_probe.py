@@ -16,7 +16,7 @@ def main(name: str) -> int:
     mutant = next(m for m in LARGE_MUTANTS if m.name == name)
     adapter = build(mutant)
     device = adapter.device_for(detect())
-    cases = hs.profile_class_cases(adapter, hs.declared_cells(adapter, device), "gpu")
+    cases = hs.profile_class_cases(adapter, hs.declared_cells(adapter, device), "thorough")
     if not cases:
         print(f"none\t{name}: no large-offsets case planned")
         return 2

@@ -31,7 +31,7 @@ def test_large_mutant_gets_a_case_past_2_31(mutant, device_info) -> None:  # typ
     adapter = build(mutant)
     cells = hs.declared_cells(adapter, adapter.device_for(device_info))
     assert not hs.profile_class_cases(adapter, cells, "ci")
-    (case,) = hs.profile_class_cases(adapter, cells, "gpu")
+    (case,) = hs.profile_class_cases(adapter, cells, "thorough")
     assert case.shapes["M"] * case.shapes["K"] > LARGE_OFFSET  # x [M, K]: its last offset is 2**31 or past
 
 
