@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.case import Case
+from harness.core.causes import EXTRA_RUNS
 
 #: the keys of a size range
 RANGE_KEYS = ("min", "max")
@@ -50,8 +51,10 @@ class KnownFinding:
         return all(dim in shapes and _size_in(int(shapes[dim]), want) for dim, want in self.shapes.items())
 
     def expected(self, failed_checks: Sequence[str]) -> bool:
-        """Whether a `fail` with these failed checks is this finding: some failed, each of them declared."""
-        return bool(failed_checks) and set(failed_checks) <= set(self.checks)
+        """Whether a `fail` with these failed checks is this finding: some failed, each of them declared (a check of
+        the extra runs a judging draws at random, `repeat:out`, counts as the check it repeats, `out`)."""
+        plain = {c.split(":", 1)[1] if c.startswith(EXTRA_RUNS) else c for c in failed_checks}
+        return bool(plain) and plain <= set(self.checks)
 
     def describe(self) -> str:
         """The region in words: `apply_weight_on_input in {Y}, k = 1, M >= 1`."""
