@@ -1008,9 +1008,7 @@ def oracle_checks(expected: Mapping[str, Check], outputs: Mapping[str, torch.Ten
         if name not in outputs:
             checks.append(_check(f"output:{name}", False, f"the oracle expects output {name!r}; kernel gave none"))
             continue
-        if (fin := _finite(chk, outputs[name])) is not None:
-            checks.append(fin)
-        checks.append(_compare(chk, outputs[name], outputs))
+        checks += _judged(chk, outputs[name], outputs)
     return checks
 
 

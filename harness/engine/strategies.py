@@ -220,7 +220,7 @@ def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]],
     (other fixed cases: a threshold case built from the class's fields) already hold gets no case of its own."""
     spec = ops.get(adapter.op)
     found: list[Case] = []
-    held = _held(adapter, cells, held_by) if held_by else {}
+    held = value_class_coverage(adapter, cells, held_by, skip_unbuildable=True) if held_by else {}
     for vc in spec.value_classes:
         families: dict[tuple[str, ...], Mapping[str, str]] = {}
         for cell in cells:
@@ -233,20 +233,6 @@ def value_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]],
             fields = dict(fitting.fitted(adapter, cell, fields, holds=vc.present) or fields)
             found.append(Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fields))
     return found
-
-
-def _held(adapter: Adapter, cells: Sequence[Mapping[str, str]],
-          cases: Sequence[Case]) -> dict[tuple[str, tuple[str, ...]], str | None]:
-    """`value_class_coverage` of `cases`, leaving out those whose inputs cannot be built (judged unsupported)."""
-    spec = ops.get(adapter.op)
-    buildable = []
-    for case in cases:
-        try:
-            spec.make_inputs(case, "cpu")
-        except ValueError:
-            continue
-        buildable.append(case)
-    return value_class_coverage(adapter, cells, buildable)
 
 
 def profile_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]], profile: str | None) -> list[Case]:
@@ -271,11 +257,24 @@ def profile_class_cases(adapter: Adapter, cells: Sequence[Mapping[str, str]], pr
     return found
 
 
-def value_class_coverage(adapter: Adapter, cells: Sequence[Mapping[str, str]],
-                         judged: Sequence[Case]) -> dict[tuple[str, tuple[str, ...]], str | None]:
+def value_class_coverage(adapter: Adapter, cells: Sequence[Mapping[str, str]], judged: Sequence[Case],
+                         skip_unbuildable: bool = False) -> dict[tuple[str, tuple[str, ...]], str | None]:
     """For each value class and family of the declared `cells`, the id of a case of `judged` whose inputs hold the
-    class (asked of the tensors it builds, on the CPU), or None where none does."""
+    class (asked of the tensors it builds, on the CPU, once per case), or None where none does. skip_unbuildable:
+    a case whose inputs cannot be built (judged unsupported) holds nothing, instead of raising its ValueError."""
     spec = ops.get(adapter.op)
+    built: dict[str, Mapping[str, Any] | None] = {}
+
+    def inputs(case: Case) -> Mapping[str, Any] | None:
+        if case.case_id not in built:
+            try:
+                built[case.case_id] = spec.make_inputs(case, "cpu")
+            except ValueError:
+                if not skip_unbuildable:
+                    raise
+                built[case.case_id] = None
+        return built[case.case_id]
+
     found: dict[tuple[str, tuple[str, ...]], str | None] = {}
     for vc in spec.value_classes:
         for cell in cells:
@@ -284,6 +283,6 @@ def value_class_coverage(adapter: Adapter, cells: Sequence[Mapping[str, str]],
         for case in judged:
             key = (vc.name, tuple(case.features.get(a, "") for a in vc.family))
             if found.get(key, "") is None and vc.applies(adapter, case.features) \
-                    and vc.present(case, spec.make_inputs(case, "cpu")):
+                    and (got := inputs(case)) is not None and vc.present(case, got):
                 found[key] = case.case_id
     return found
