@@ -284,9 +284,12 @@ def test_no_mapping_of_a_kernels_host_names_the_harness(tmp_path: Path, monkeypa
                                                          arena_file: str) -> None:
     """A kernel that looks for a sign of being judged in its memory map (its arena's name) finds none, whether the
     arena is a memfd or (where memfds cannot be sealed) an unlinked file in shared memory; the files of the checkout
-    itself (an extension a kernel loads from it) are no sign the judge adds."""
+    itself (an extension a kernel loads from it) and of the user's Python environment (a venv named after the tool)
+    are no sign the judge adds."""
     if arena_file != "memfd":
         monkeypatch.setattr(arena_mod, "_sealable", lambda: False)
     monkeypatch.setenv("HOSTILE_REPORT", str(tmp_path / "report"))
-    found = [line for line in _spy("READ_MAPS", tmp_path / "report").splitlines() if str(ROOT) not in line]
+    theirs = {str(ROOT), sys.prefix, sys.base_prefix, sys.exec_prefix}
+    found = [line for line in _spy("READ_MAPS", tmp_path / "report").splitlines()
+             if not any(f" {where}/" in line or line.endswith(f" {where}") for where in theirs)]
     assert not found, found
