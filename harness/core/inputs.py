@@ -61,9 +61,15 @@ def in_layout(case: Case, name: str, t: torch.Tensor) -> torch.Tensor:
     return maybe_strided(case, t)
 
 
+def normal(case: Case, stream: str, shape: tuple[int, ...], device: str, *, scale: float = 1.0) -> torch.Tensor:
+    """Standard normal values times `scale`, float32: drawn on the CPU, or on `device` (and left there) where the
+    tensor is that large (`DEVICE_DRAWN_ABOVE`)."""
+    return _drawn(case, stream, shape, device, "randn") * scale
+
+
 def randn(case: Case, stream: str, shape: tuple[int, ...], dtype: torch.dtype, device: str,
           *, scale: float = 1.0) -> torch.Tensor:
-    t = _drawn(case, stream, shape, device, "randn") * scale
+    t = normal(case, stream, shape, device, scale=scale)
     return maybe_strided(case, t.to(dtype).to(device))
 
 

@@ -1106,7 +1106,7 @@ def exercised(checks: Iterable[Check]) -> dict[str, Any]:
     how many of the floating-point ones are non-zero. `vacuous`: nothing judged, or every floating-point expected
     value zero (no local expert, no token): such a case can pass whatever the kernel computes."""
     elements = nonzero = floats = seen = 0
-    for chk in checks:
+    for chk in (part for c in checks for part in (c.parts or (c,))):
         t = chk.expected
         if t is None:
             continue

@@ -49,6 +49,9 @@ class Check:
     k: int = 1
     step_of: Callable[[torch.Tensor], torch.Tensor] | None = None
     judge: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Comparison] | None = None
+    #: a check judged a chunk of rows at a time (`harness.engine.chunked`): the checks of the chunks it judges (its
+    #: own `expected` is None where only some rows are judged), for what the case exercised
+    parts: tuple[Check, ...] = ()
 
 
 @dataclass(frozen=True)

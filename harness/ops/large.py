@@ -14,7 +14,7 @@ slots cannot be expressed in its contract.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.ops.base import OpSpec, ValueClass
@@ -39,6 +39,9 @@ class Large:
     dim: str
     tensor: str
     per_unit: Callable[[Mapping[str, Any]], int]
+    #: params the grown case is drawn with (a value pattern built on the CPU from many full-size intermediates
+    #: would cost more than the case; plain random values are drawn on the device)
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     def elements(self, fields: Mapping[str, Any]) -> int:
         return int(fields["shapes"][self.dim]) * self.per_unit(fields)
@@ -73,7 +76,7 @@ LARGE: dict[str, Large] = {
     "grouped_routing": Large("M", "router_logits [M, E]", lambda f: _s(f, "E")),
     "activation": Large("T", "x [T, 2N]", lambda f: 2 * _s(f, "N")),
     "act_quant": Large("T", "x [T, 2N]", lambda f: 2 * _s(f, "N")),
-    "group_quant": Large("M", "x [M, K]", lambda f: _s(f, "K")),
+    "group_quant": Large("M", "x [M, K]", lambda f: _s(f, "K"), {"pattern": "random"}),
     "reduce": Large("M", "expert_out [M, k, K]", lambda f: _s(f, "k") * _s(f, "K")),
     # the weights, with E and K of a small case and N grown (each expert's slice stays under 2**31, the expert
     # offset passes it); a case past 2**31 token slots would hold the tokens and intermediates as well
@@ -91,7 +94,8 @@ def grow(op: str, adapter: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
     if how.dim == "N":
         multiple = multiple * int(shapes["N"])
     shapes[how.dim] = how.size_past(fields, multiple)
-    return {**{k: v for k, v in fields.items() if k != "features"}, "shapes": shapes}
+    params = {**fields.get("params", {}), **how.params}
+    return {**{k: v for k, v in fields.items() if k != "features"}, "shapes": shapes, "params": params}
 
 
 def _first_boundary(op: str, adapter: Any, cell: Mapping[str, str]) -> dict[str, Any]:

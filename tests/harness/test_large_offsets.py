@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 
 import pytest
+import torch
 
 from harness import ops, registry
 from harness.core.case import Case
@@ -89,7 +90,7 @@ def test_the_chunked_oracle_judges_as_the_whole_one(op: str) -> None:
     spec, conv = ops.get(op), adapter.conventions_of(case, device_for("interp"))
     inputs = spec.make_inputs(case, "cpu")
     whole = spec.expected(case, inputs, conv)
-    parts = chunked.expected(spec, case, inputs, conv, runner._judged, rows_per_chunk=2)
+    parts = chunked.expected(spec, case, inputs, conv, runner._judged, rows_per_chunk=2, sampled=None)
     assert all(c.mode == "custom" and c.judge is not None for c in parts)  # really chunked
     outputs = dict(keep["outputs"])
     assert _verdicts(whole, outputs) == _verdicts(parts, outputs) == [True] * len(whole)
@@ -98,6 +99,68 @@ def test_the_chunked_oracle_judges_as_the_whole_one(op: str) -> None:
     bad[-1] = (bad[-1].float() + 7).to(bad.dtype) if bad.is_floating_point() else bad[-1] + 1
     wrong = {**outputs, name: bad}
     assert not all(_verdicts(whole, wrong)) and not all(_verdicts(parts, wrong))
+
+
+def test_the_judged_chunks_are_the_ends_and_a_random_sample() -> None:
+    """The first and the last chunk always (the last holds the offsets past 2**31), the others drawn afresh each
+    time: over many draws every middle chunk is picked, so no fixed row is never judged."""
+    draws = [chunked.judged_chunks(10, 2) for _ in range(300)]
+    assert all(len(d) == 4 and d[0] == 0 and d[-1] == 9 and d == sorted(set(d)) for d in draws)
+    assert {i for d in draws for i in d} == set(range(10))
+    assert chunked.judged_chunks(4, 2) == [0, 1, 2, 3] and chunked.judged_chunks(7, None) == list(range(7))
+
+
+def _sampled_judging(monkeypatch: pytest.MonkeyPatch, wrong_row: int | None, unwritten_row: int | None):  # type: ignore[no-untyped-def]
+    """A group_quant case of 8 rows judged a row a chunk, 1 sampled row between the ends, by the reference adapter
+    with one row's codes made wrong or left unwritten."""
+    import dataclasses
+
+    adapter, case = _small_case("group_quant")
+    case = case.replace(shapes={**case.shapes, "M": 8}, params={**case.params, "pattern": "random"})
+    monkeypatch.setattr(chunked, "chunk_rows", lambda spec, c, *a, **k: 1)
+    monkeypatch.setattr(chunked, "SAMPLED_CHUNKS", 1)
+    monkeypatch.setattr(chunked.expected, "__defaults__", (None, 1))
+
+    def run(c, inputs, outputs):  # type: ignore[no-untyped-def]
+        mine = {n: torch.empty_like(t) for n, t in outputs.items()}
+        adapter.run(c, inputs, mine)
+        if wrong_row is not None:
+            mine["codes"][wrong_row] = (mine["codes"][wrong_row].float() * 0.5).to(mine["codes"].dtype)
+        for name, t in mine.items():
+            rows = [r for r in range(t.shape[0]) if not (name == "codes" and r == unwritten_row)]
+            outputs[name][rows] = t[rows]
+
+    return runner.judge(case, dataclasses.replace(adapter, run=run), device_for("interp"), extra_runs={})
+
+
+def test_a_sampled_case_names_its_rows_and_judges_its_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    ok = _sampled_judging(monkeypatch, None, None)
+    assert ok.verdict == "pass", ok.reason
+    codes = next(c for c in ok.checks if c["name"] == "codes")
+    judged = codes["metrics"]["rows_judged"]
+    assert codes["metrics"]["rows"] == 8 and judged[0] == [0, 0] and judged[-1] == [7, 7] and len(judged) == 3
+    bad = _sampled_judging(monkeypatch, 7, None)
+    assert bad.verdict == "fail" and "rows 7..7" in bad.reason, bad.reason
+
+
+def test_what_a_sampled_case_exercised_is_its_judged_rows() -> None:
+    """A sampled check has no expected tensor of all rows: what the case exercised counts its judged chunks'."""
+    adapter, case = _small_case("reduce")
+    spec, conv = ops.get("reduce"), adapter.conventions_of(case, device_for("interp"))
+    inputs = spec.make_inputs(case, "cpu")
+    whole = runner.exercised(spec.expected(case, inputs, conv))["elements"]
+    rows = case.shapes["M"]
+    sampled = chunked.expected(spec, case, inputs, conv, runner._judged, rows_per_chunk=1, sampled=1)
+    assert all(c.expected is None and len(c.parts) == 3 for c in sampled)
+    assert runner.exercised(sampled)["elements"] == whole * 3 // rows > 0
+
+
+def test_a_sampled_case_still_requires_every_row_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows the oracle leaves out are still in the written check (the chunks' masks are all-true): a row the kernel
+    never wrote fails whether or not it was sampled."""
+    for row in range(1, 7):
+        r = _sampled_judging(monkeypatch, None, row)
+        assert r.verdict == "fail" and "written:codes" in r.metrics["failed_checks"], (row, r.reason)
 
 
 def test_chunks_only_large_row_independent_cases() -> None:
