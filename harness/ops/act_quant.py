@@ -142,7 +142,7 @@ def _act_round(v: torch.Tensor, dtype: torch.dtype, conventions: Mapping[str, An
 def operand_magnitude(x: torch.Tensor, act: str, kw: Mapping[str, Any]) -> torch.Tensor:
     """(|gate'| + 1) * (|up'| + 1) per output element, with the parts after the clamps the activation applies."""
     layout = kw.get("layout") or (ref.GateLayout.INTERLEAVED if act == "swigluoai" else ref.GateLayout.HALVES)
-    x = x.to(torch.float32)
+    x = x.to(torch.float64)  # the product of parts at the dtype's largest finite value overflows fp32
     if ref.GateLayout(layout) == ref.GateLayout.INTERLEAVED:
         p0, p1 = x[:, 0::2], x[:, 1::2]
     else:
@@ -182,6 +182,10 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     if case.params.get("values") == "edges":
         # an aligned zero run of 2 groups zeroes at least one output group in either layout (act(0) * up = 0)
         x = gen.edge_rows(case, x.float(), 2 * int(case.features["group_size"])).to(x.dtype)
+    elif case.params.get("values") == "extremes":
+        # the values beside the extremes within 0.5: |act(g)| <= |g| and up clamps, so act(gate) * up stays finite
+        # in fp32 (well inside it, for the error window too)
+        x = act_op.with_extremes(case, x.float().cpu(), x.dtype, beside=0.5).to(x.dtype).to(x.device)
     return {"x": x}
 
 
@@ -357,6 +361,19 @@ def _zero_groups_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, 
             "params": {**params, "values": "edges"}}
 
 
+def _extremes_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Four rows of two groups: the dtype's largest finite value, its negation, its smallest normal (`activation.
+    with_extremes`), beside values within 0.5."""
+    params = {"clamp_limit": 2.5} if cell["clamp_limit"] == "Y" else {}
+    return {"shapes": {"T": 4, "N": 2 * int(cell["group_size"])}, "dtypes": {"x": cell["dtype"]},
+            "params": {**params, "values": "extremes"}}
+
+
+#: per dtype: a group whose amax is act(max) * up (about 1e38 for bf16 and fp32, 3e4 for fp16) or act(-max) = -0
+#: beside it, and gates and ups at the smallest normal
+DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("dtype",), _extremes_fields,
+                            lambda case, inputs: act_op.has_extremes(inputs["x"], case.dtype("x")))
+
 ZERO_GROUPS = ValueClass("zero_groups", lambda a, c: True, ("scale_rule",), _zero_groups_fields,
                          lambda case, inputs: gen.has_zero_unit(inputs["x"], 2 * int(case.features["group_size"])))
 
@@ -364,7 +381,8 @@ ZERO_GROUPS = ValueClass("zero_groups", lambda a, c: True, ("scale_rule",), _zer
 SPECS = {"act_quant": OpSpec(name="act_quant", title="Fused activation + per-token-group fp8 quant", axes=AXES,
                              make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                              boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                             inapplicable=inapplicable, value_classes=(ZERO_GROUPS,), stages=stages)}
+                             inapplicable=inapplicable, value_classes=(ZERO_GROUPS, DTYPE_EXTREMES),
+                             stages=stages)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
