@@ -2,9 +2,10 @@
 
 What vLLM's silu_and_mul + per_token_group_quant_fp8 fusion and DeepGEMM's / SGLang's fused variants compute.
 
-Contract. Input `x [T, 2N]` (fp16, bf16, fp32), N a multiple of the group size. Outputs `codes [T, N]`
-float8_e4m3fn and `scales` in the cell's layout. With L = `case.params["clamp_limit"]` when the cell has
-clamp_limit=Y:
+Contract. Input `x [T, 2N]` (fp16, bf16, fp32), N a multiple of the group size, with act(gate') * up' finite in
+fp32 (a product past fp32's range has no finite scale: outside the contract, the oracle raises on it).
+Outputs `codes [T, N]` float8_e4m3fn and `scales` in the cell's layout. With L = `case.params["clamp_limit"]`
+when the cell has clamp_limit=Y:
 1. gate, up = the two parts of x (conventions `gate_order`, `layout`; the activation's own layout by default);
 2. clamp_limit (as swiglu-limit models): gate' = min(gate, L) (clamped above only), up' = clamp(up, -L, L), in fp32,
    *before* the activation and before the activation's own clamps (swigluoai's limit);

@@ -3,8 +3,8 @@ logits past exp's overflow, group widths that are not powers of two, expert ids 
 of exactly 0, the amax in the last block of a row past 8k columns, and inputs at the dtype's largest finite value.
 Each passes every case of a draw that stays inside the tame range, and is caught by the value class that leaves it
 (`harness/ops/*`: `LARGE_LOGITS`, `ODD_GROUP_WIDTH`, `MANY_EXPERTS`, `ZERO_WEIGHTS`, `LAST_BLOCK_AMAX`,
-`DTYPE_EXTREMES`, and the experts op's `ZERO_WEIGHTS` and `MANY_EXPERTS`); `tests/mutants/catalog.py` adds
-them.
+`DTYPE_EXTREMES` of group_quant (one case per input dtype), activation and act_quant, and the experts op's
+`ZERO_WEIGHTS` and `MANY_EXPERTS`); `tests/mutants/catalog.py` adds them.
 
 Not planted here: an int32 flat offset past 2**31 elements, which needs more memory than a CPU CI case allocates
 (the planted-bug suite runs under Triton's interpreter on the CPU).
