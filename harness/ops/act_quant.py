@@ -2,9 +2,10 @@
 
 What vLLM's silu_and_mul + per_token_group_quant_fp8 fusion and DeepGEMM's / SGLang's fused variants compute.
 
-Contract. Input `x [T, 2N]` (fp16, bf16, fp32), N a multiple of the group size. Outputs `codes [T, N]`
-float8_e4m3fn and `scales` in the cell's layout. With L = `case.params["clamp_limit"]` when the cell has
-clamp_limit=Y:
+Contract. Input `x [T, 2N]` (fp16, bf16, fp32), N a multiple of the group size, with act(gate') * up' finite in
+fp32 (a product past fp32's range has no finite scale: outside the contract, the oracle raises on it).
+Outputs `codes [T, N]` float8_e4m3fn and `scales` in the cell's layout. With L = `case.params["clamp_limit"]`
+when the cell has clamp_limit=Y:
 1. gate, up = the two parts of x (conventions `gate_order`, `layout`; the activation's own layout by default);
 2. clamp_limit (as swiglu-limit models): gate' = min(gate, L) (clamped above only), up' = clamp(up, -L, L), in fp32,
    *before* the activation and before the activation's own clamps (swigluoai's limit);
@@ -142,7 +143,7 @@ def _act_round(v: torch.Tensor, dtype: torch.dtype, conventions: Mapping[str, An
 def operand_magnitude(x: torch.Tensor, act: str, kw: Mapping[str, Any]) -> torch.Tensor:
     """(|gate'| + 1) * (|up'| + 1) per output element, with the parts after the clamps the activation applies."""
     layout = kw.get("layout") or (ref.GateLayout.INTERLEAVED if act == "swigluoai" else ref.GateLayout.HALVES)
-    x = x.to(torch.float32)
+    x = x.to(torch.float64)  # the product of parts at the dtype's largest finite value overflows fp32
     if ref.GateLayout(layout) == ref.GateLayout.INTERLEAVED:
         p0, p1 = x[:, 0::2], x[:, 1::2]
     else:
@@ -182,6 +183,10 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     if case.params.get("values") == "edges":
         # an aligned zero run of 2 groups zeroes at least one output group in either layout (act(0) * up = 0)
         x = gen.edge_rows(case, x.float(), 2 * int(case.features["group_size"])).to(x.dtype)
+    elif case.params.get("values") == "extremes":
+        # the values beside the extremes within 0.5: |act(g)| <= |g| and up clamps, so act(gate) * up stays finite
+        # in fp32 (well inside it, for the error window too)
+        x = act_op.with_extremes(case, x.float().cpu(), x.dtype, beside=0.5).to(x.dtype).to(x.device)
     return {"x": x}
 
 
@@ -357,6 +362,19 @@ def _zero_groups_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, 
             "params": {**params, "values": "edges"}}
 
 
+def _extremes_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Four rows of two groups: the dtype's largest finite value, its negation, its smallest normal (`activation.
+    with_extremes`), beside values within 0.5."""
+    params = {"clamp_limit": 2.5} if cell["clamp_limit"] == "Y" else {}
+    return {"shapes": {"T": 4, "N": 2 * int(cell["group_size"])}, "dtypes": {"x": cell["dtype"]},
+            "params": {**params, "values": "extremes"}}
+
+
+#: per dtype: a group whose amax is act(max) * up (about 1e38 for bf16 and fp32, 3e4 for fp16) or act(-max) = -0
+#: beside it, and gates and ups at the smallest normal
+DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("dtype",), _extremes_fields,
+                            lambda case, inputs: act_op.has_extremes(inputs["x"], case.dtype("x")))
+
 ZERO_GROUPS = ValueClass("zero_groups", lambda a, c: True, ("scale_rule",), _zero_groups_fields,
                          lambda case, inputs: gen.has_zero_unit(inputs["x"], 2 * int(case.features["group_size"])))
 
@@ -364,7 +382,8 @@ ZERO_GROUPS = ValueClass("zero_groups", lambda a, c: True, ("scale_rule",), _zer
 SPECS = {"act_quant": OpSpec(name="act_quant", title="Fused activation + per-token-group fp8 quant", axes=AXES,
                              make_inputs=make_inputs, outputs=outputs, expected=expected, draw=draw,
                              boundary=boundary, token_subset=token_subset, token_outputs=("codes", "scales"),
-                             inapplicable=inapplicable, value_classes=(ZERO_GROUPS,), stages=stages)}
+                             inapplicable=inapplicable, value_classes=(ZERO_GROUPS, DTYPE_EXTREMES),
+                             stages=stages)}
 
 
 # ---------------------------------------------------------------------------------------------------------------

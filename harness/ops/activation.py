@@ -16,7 +16,7 @@ from harness.core import inputs as gen
 from harness.core.case import Case
 from harness.core.errors import UNIT_ROUNDOFF, elementwise_bound, rounding_bracket, unit_roundoff
 from harness.core.sizes import edge_sizes, span
-from harness.ops.base import Axis, Check, OpSpec, OutputSpec
+from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
 from harness.ops.common import lim
 from harness.registry import Adapter
 from reference import activations as ref
@@ -63,11 +63,51 @@ def inner_rounding_slack(rounding: ref.Rounding | str | None, dtype: torch.dtype
     return _INNER_ROUNDINGS[ref.Rounding(rounding or "round_once")] * unit_roundoff(dtype)
 
 
+def with_extremes(case: Case, x: torch.Tensor, dtype: torch.dtype, *, beside: float | None = None) -> torch.Tensor:
+    """x [T, W] (float32) with, by row in turn, the dtype's largest finite value, its negation and its smallest
+    normal (two subnormals, multiples of tiny / 8, beside it) at an even column of the first half and an odd column
+    of the second: in gate and up under either layout and gate order, never the two parts of one output column.
+    Every fourth row stays as it was. beside: the other values of the extreme rows scaled into [-beside, beside]
+    (act_quant keeps act(gate) * up finite in fp32 that way); None: left ordinary, so products overflow."""
+    x = x.clone()
+    t, w = x.shape
+    half = w // 2
+    if half < 2:
+        return x
+    info = torch.finfo(dtype)
+    g = gen.generator(case, "extremes")
+    evens, odds = list(range(0, half, 2)), [c for c in range(half, w) if c % 2]
+    for r in range(t):
+        kind = r % 4
+        if kind == 3:
+            continue
+        if beside is not None:
+            x[r] = x[r] / x[r].abs().amax().clamp_min(1e-30) * beside
+        c0 = evens[int(torch.randint(0, len(evens), (1,), generator=g))]
+        c1 = next(c for c in odds[int(torch.randint(0, len(odds), (1,), generator=g)):] + odds if c != c0 + half)
+        value = (info.max, -info.max, info.tiny)[kind]
+        x[r, c0] = x[r, c1] = value
+        if kind == 2:  # subnormals beside the smallest normal
+            others = [c for c in range(w) if c not in (c0, c1)][:2]
+            x[r, others] = torch.tensor([3.0, -5.0])[: len(others)] * (info.tiny / 8)
+    return x
+
+
+def has_extremes(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether x holds its dtype's largest finite value, its negation and its smallest normal."""
+    info = torch.finfo(dtype)
+    v = x.detach().float()
+    return all(bool((v == e).any()) for e in (info.max, -info.max, info.tiny))
+
+
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     t, n = case.shape("T"), case.shape("N")
     width = 2 * n if ref.is_gated(case.features["activation"]) else n
     # scale 3: exercise the saturating and clamped regions (swigluoai limit 7) as well as the middle
-    return {"x": gen.randn(case, "x", (t, width), case.dtype("x"), device, scale=3.0)}
+    x = gen.randn(case, "x", (t, width), case.dtype("x"), device, scale=3.0)
+    if case.params.get("values") == "extremes":
+        x = gen.in_layout(case, "x", with_extremes(case, x.float().cpu(), x.dtype).to(x.dtype).to(device))
+    return {"x": x}
 
 
 def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
@@ -79,8 +119,10 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
     x = inputs["x"].detach().cpu()
     kw = oracle_kwargs(conventions, act)
     want = ref.apply_activation(act, x, out_dtype=torch.float32, **kw)
-    mag = operand_magnitude(x.float(), act, conventions)
-    bound = elementwise_bound(want, x.dtype, ulps_fp32=16, magnitude=mag)
+    # float64: at the dtype's largest finite value the operands' product overflows fp32 (an infinite bound)
+    mag = operand_magnitude(x.double(), act, conventions)
+    want, exact = overflowed(want, x.dtype)
+    bound = torch.where(exact, 0.0, elementwise_bound(want, x.dtype, ulps_fp32=16, magnitude=mag))
     rounding = ref.Rounding(kw.pop("rounding", ref.Rounding.ROUND_ONCE))
     if rounding != ref.Rounding.ROUND_ONCE:
         # the inner roundings, bracketed: the kernel's operands are exact (its input is x), so only its fp32
@@ -89,6 +131,14 @@ def expected(case: Case, inputs: Mapping[str, torch.Tensor], conventions: Mappin
         _, e_inner = rounded_activation(h, torch.zeros_like(h), act, kw, rounding, x.dtype, centre=want.double())
         bound = bound + (1 + unit_roundoff(x.dtype)) * e_inner.float()
     return [Check("out", "bounded", expected=want, bound=bound)]
+
+
+def overflowed(want: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 result with the output rounding's overflow applied (a value past `dtype`'s range rounds to inf:
+    silu(max) * up, relu(max)^2), and where it is not finite: there the kernel must give that value exactly."""
+    rounded = want.to(dtype).float()
+    want = torch.where(torch.isinf(rounded), rounded, want)
+    return want, ~torch.isfinite(want)
 
 
 def rounded_activation(h: torch.Tensor, e_h: torch.Tensor, act: str, act_kw: Mapping[str, Any],
@@ -244,6 +294,17 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
     return case.replace(shapes={**case.shapes, "T": x.shape[0]}), {"x": x}
 
 
+def _extremes_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    return {"shapes": {"T": 4, "N": _fit_n(adapter, 8)}, "dtypes": {"x": cell["dtype"]},
+            "params": {"values": "extremes"}}
+
+
+#: the dtype's largest finite value, its negation and its smallest normal in gate and up, beside ordinary values,
+#: per dtype: act(-max) is -0 (exp(max) overflows to inf, never inf / inf), act(max) * up may round to inf in the
+#: output dtype (the oracle's result then is that inf, required exactly), clamps (swigluoai) take max to the limit
+DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("dtype",), _extremes_fields,
+                            lambda case, inputs: has_extremes(inputs["x"], case.dtype("x")))
+
 SPECS = {"activation": OpSpec(name="activation", title="Gated activations", axes=AXES, make_inputs=make_inputs,
                               outputs=outputs, expected=expected, draw=draw, boundary=boundary,
-                              token_subset=token_subset, token_outputs=("out",))}
+                              token_subset=token_subset, token_outputs=("out",), value_classes=(DTYPE_EXTREMES,))}

@@ -574,8 +574,9 @@ LAST_BLOCK_AMAX = ValueClass("last_block_amax", lambda a, c: True, ("unit",),
 
 #: the input dtype's largest finite value (and its negation) and smallest normal (subnormals beside it), in
 #: units with ordinary values beside them: the scale of max finite must stay finite with codes at the code range's
-#: edge; a smallest-normal amax gives the scale of max(amax, eps)
-DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("unit",),
+#: edge; a smallest-normal amax gives the scale of max(amax, eps). One case per input dtype too: fp16's 65504 and
+#: 6.1e-5 (above eps) reach other code than bf16's and fp32's 3.4e38 and 1.2e-38 (below eps)
+DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("unit", "input_dtype"),
                             lambda a, c: _fields(c, 5, 3 * int(c["group_size"]) if c["unit"] == "group" else 130,
                                                  "extremes"),
                             lambda case, inputs: has_extremes(inputs["x"], case.dtype("x")))

@@ -33,7 +33,8 @@ def test_every_value_class_is_judged_in_every_run(name: str, device_info) -> Non
 def test_every_op_with_a_boundary_value_bug_class_declares_it() -> None:
     """The classes the planted bugs of tests/mutants/catalog_boundaries.py and catalog_values.py stand for, per
     op."""
-    want = {"group_quant": {"zero_units", "last_block_amax", "dtype_extremes"}, "act_quant": {"zero_groups"},
+    want = {"group_quant": {"zero_units", "last_block_amax", "dtype_extremes"},
+            "act_quant": {"zero_groups", "dtype_extremes"}, "activation": {"dtype_extremes"},
             "routing": {"nonfinite_rows", "large_logits", "many_experts"},
             "grouped_routing": {"nonfinite_rows", "large_logits", "many_experts", "odd_group_width"},
             "align": {"block_counts", "first_and_last_local_expert", "many_experts"},

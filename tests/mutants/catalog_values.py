@@ -3,8 +3,8 @@ logits past exp's overflow, group widths that are not powers of two, expert ids 
 of exactly 0, the amax in the last block of a row past 8k columns, and inputs at the dtype's largest finite value.
 Each passes every case of a draw that stays inside the tame range, and is caught by the value class that leaves it
 (`harness/ops/*`: `LARGE_LOGITS`, `ODD_GROUP_WIDTH`, `MANY_EXPERTS`, `ZERO_WEIGHTS`, `LAST_BLOCK_AMAX`,
-`DTYPE_EXTREMES`, and the experts op's `ZERO_WEIGHTS` and `MANY_EXPERTS`); `tests/mutants/catalog.py` adds
-them.
+`DTYPE_EXTREMES` of group_quant (one case per input dtype), activation and act_quant, and the experts op's
+`ZERO_WEIGHTS` and `MANY_EXPERTS`); `tests/mutants/catalog.py` adds them.
 
 Not planted here: an int32 flat offset past 2**31 elements, which needs more memory than a CPU CI case allocates
 (the planted-bug suite runs under Triton's interpreter on the CPU).
@@ -20,6 +20,8 @@ _GQ = "kernels.group_quant"
 _ALIGN = "kernels.align"
 _RED = "kernels.reduce"
 _EXPERTS = "kernels.fused_experts"
+_ACT = "kernels.activation"
+_AQ = "kernels.act_quant"
 
 VALUE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("routing-softmax-no-max-subtraction", "triton-routing", _ROUTING, (
@@ -63,4 +65,23 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "s = _scale_of(tl.max(tl.abs(x) * 256.0, axis=2) * 0.00390625, eps, QMAX, SCALE_MODE, FAST_DIV)"),),
         "the amax taken over x scaled by a power of two (headroom for a fixed-point step): exact while |x| * 256 "
         "stays finite in fp32, an inf scale at the input dtype's largest finite value"),
+    Mutant("gq-half-amax-doubled-in-fp16", "triton-group-quant", _GQ, (
+        P("    x = tl.load(x_ptr + xo, mask=mask, other=0.0).to(tl.float32)\n",
+          "    xin = tl.load(x_ptr + xo, mask=mask, other=0.0)\n    x = xin.to(tl.float32)\n"),
+        P("        s = _scale_of(tl.max(tl.abs(x), axis=2), eps, QMAX, SCALE_MODE, FAST_DIV)",
+          "        ax = tl.abs(x)\n"
+          "        if x_ptr.dtype.element_ty == tl.float16:\n"
+          "            ax = tl.abs((xin + xin).to(tl.float32)) * 0.5\n"
+          "        s = _scale_of(tl.max(ax, axis=2), eps, QMAX, SCALE_MODE, FAST_DIV)")),
+        "fp16 inputs only: the amax taken over x + x formed in half precision (halved after): exact while "
+        "|x| < 32752, inf at fp16's largest finite value (bf16 and fp32 inputs take the fp32 path)"),
+    Mutant("act-sigmoid-as-exp-ratio", "triton-activation", _ACT, (
+        P("    return 1.0 / (1.0 + tl.exp(-z))", "    return tl.exp(z) / (1.0 + tl.exp(z))"),),
+        "sigmoid as exp(z) / (1 + exp(z)): exact while z < 88, inf / inf = NaN past exp's overflow (a gate at "
+        "the dtype's largest finite value)"),
+    Mutant("aq-amax-as-root-of-max-square", "triton-act-quant", _AQ, (
+        P("amax = tl.maximum(tl.max(tl.abs(v), axis=2), eps)",
+          "amax = tl.maximum(tl.sqrt(tl.max(v * v, axis=2)), eps)"),),
+        "the group amax as sqrt(max v^2) (a norm-style reduction): exact while v^2 stays finite in fp32, an inf "
+        "scale past |v| = 1.8e19 (a product at the input dtype's largest finite value)"),
 )
