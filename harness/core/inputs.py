@@ -43,6 +43,13 @@ def _drawn(case: Case, stream: str, shape: tuple[int, ...], device: str, draw: s
     return getattr(torch, draw)(shape, generator=g, dtype=torch.float32, device=where)
 
 
+def has_extremes(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether x holds `dtype`'s largest finite value, its negation and its smallest normal."""
+    info = torch.finfo(dtype)
+    v = x.detach().float()
+    return all(bool((v == t).any()) for t in (info.max, -info.max, info.tiny))
+
+
 def maybe_strided(case: Case, t: torch.Tensor) -> torch.Tensor:
     """Apply the case's layout flags: `non_contiguous` gives a view with a padded row stride (same values)."""
     if not case.layout.get("non_contiguous") or t.dim() < 2 or t.numel() == 0:

@@ -373,7 +373,7 @@ def _extremes_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any
 #: per dtype: a group whose amax is act(max) * up (about 1e38 for bf16 and fp32, 3e4 for fp16) or act(-max) = -0
 #: beside it, and gates and ups at the smallest normal
 DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("dtype",), _extremes_fields,
-                            lambda case, inputs: act_op.has_extremes(inputs["x"], case.dtype("x")))
+                            lambda case, inputs: gen.has_extremes(inputs["x"], case.dtype("x")))
 
 ZERO_GROUPS = ValueClass("zero_groups", lambda a, c: True, ("scale_rule",), _zero_groups_fields,
                          lambda case, inputs: gen.has_zero_unit(inputs["x"], 2 * int(case.features["group_size"])))

@@ -93,13 +93,6 @@ def with_extremes(case: Case, x: torch.Tensor, dtype: torch.dtype, *, beside: fl
     return x
 
 
-def has_extremes(x: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether x holds its dtype's largest finite value, its negation and its smallest normal."""
-    info = torch.finfo(dtype)
-    v = x.detach().float()
-    return all(bool((v == e).any()) for e in (info.max, -info.max, info.tiny))
-
-
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     t, n = case.shape("T"), case.shape("N")
     width = 2 * n if ref.is_gated(case.features["activation"]) else n
@@ -303,7 +296,7 @@ def _extremes_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any
 #: per dtype: act(-max) is -0 (exp(max) overflows to inf, never inf / inf), act(max) * up may round to inf in the
 #: output dtype (the oracle's result then is that inf, required exactly), clamps (swigluoai) take max to the limit
 DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("dtype",), _extremes_fields,
-                            lambda case, inputs: has_extremes(inputs["x"], case.dtype("x")))
+                            lambda case, inputs: gen.has_extremes(inputs["x"], case.dtype("x")))
 
 SPECS = {"activation": OpSpec(name="activation", title="Gated activations", axes=AXES, make_inputs=make_inputs,
                               outputs=outputs, expected=expected, draw=draw, boundary=boundary,

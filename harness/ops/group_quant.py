@@ -232,13 +232,6 @@ def _with_extremes(x: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> t
     return x
 
 
-def has_extremes(x: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether x holds its dtype's largest finite value, its negation and the smallest normal."""
-    info = torch.finfo(dtype)
-    v = x.detach().float()
-    return all(bool((v == t).any()) for t in (info.max, -info.max, info.tiny))
-
-
 def _midpoints(quant_dtype: str, shape: tuple[int, ...], g: torch.Generator, int8_below: int = 127) -> torch.Tensor:
     """|values| exactly halfway between two adjacent codes below qmax (ties of the rounding)."""
     if quant_dtype == "int8":
@@ -579,7 +572,7 @@ LAST_BLOCK_AMAX = ValueClass("last_block_amax", lambda a, c: True, ("unit",),
 DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: True, ("unit", "input_dtype"),
                             lambda a, c: _fields(c, 5, 3 * int(c["group_size"]) if c["unit"] == "group" else 130,
                                                  "extremes"),
-                            lambda case, inputs: has_extremes(inputs["x"], case.dtype("x")))
+                            lambda case, inputs: gen.has_extremes(inputs["x"], case.dtype("x")))
 
 
 # per-tensor rows depend on the whole batch: an adapter declaring unit=tensor cannot claim batch invariance
