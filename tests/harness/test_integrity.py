@@ -355,3 +355,29 @@ def test_nan_payloads_are_not_a_change_between_runs() -> None:
     r = _judge(_wrong("reference-routing", "nan-or-one", number_or_nan, properties=both, conventions=conv), NAN_CELL,
                NAN_FIELDS)
     assert r.verdict == "fail" and "deterministic:topk_weights" in r.metrics["failed_checks"], r.reason
+
+
+def test_a_large_buffers_garbage_is_a_repeated_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past GARBAGE_BLOCK elements a buffer holds one block of garbage repeated (drawing billions of values took
+    longer than the case): still finite, never poison B, assorted within the block."""
+    monkeypatch.setattr(runner, "GARBAGE_BLOCK", 64)
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.int32):
+        t = runner._fill(torch.empty(64 * 5 + 9, dtype=dtype), 0)
+        assert torch.equal(runner.bits(t[64:128]), runner.bits(t[:64]))
+        assert torch.equal(runner.bits(t[-9:]), runner.bits(t[:9])) and len(set(t[:64].float().tolist())) > 32
+        assert bool(t.float().isfinite().all()) and not bool(runner._is_poison(t, 1).any())
+
+
+@pytest.mark.parametrize("row", [0, 20, 32])
+def test_an_unwritten_row_of_a_large_buffer_is_caught(monkeypatch: pytest.MonkeyPatch, row: int) -> None:
+    """With the garbage repeated, an element the kernel never wrote still holds what was there: caught."""
+    monkeypatch.setattr(runner, "GARBAGE_BLOCK", 64)
+
+    def run(case, inputs, outputs):  # type: ignore[no-untyped-def]
+        full = {"out": torch.empty_like(outputs["out"])}
+        _reference_run("reference-activation")(case, inputs, full)
+        keep = [r for r in range(full["out"].shape[0]) if r != row]
+        outputs["out"][keep] = full["out"][keep]
+
+    r = _judge(_wrong("reference-activation", "unwritten-row", run), ACT_CELL, ACT_FIELDS)
+    assert r.verdict == "fail" and "written:out" in r.metrics["failed_checks"], r.reason
