@@ -103,14 +103,15 @@ def _pytest(tmp_path: Path, attacks: list[str], *args: str) -> subprocess.Comple
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
-#: under xdist each worker starts a kernel host per adapter it judges (on a GPU each with a CUDA context: the whole
-#: list took about two minutes as one item), so the attacks are judged in two sessions, each an item of its own
+#: each adapter gets a kernel host of its own (on a GPU each with a CUDA context: the whole list took about two
+#: minutes as one item on an H200), so the attacks are judged in two sessions per mode, each an item of its own
 HALF = len(ATTACKS) // 2
 
 
-@pytest.mark.parametrize(("workers", "attacks"), [([], ATTACKS), (["-n", "2"], ATTACKS[:HALF]),
-                                                  (["-n", "2"], ATTACKS[HALF:])],
-                         ids=["one-process", "xdist-first-half", "xdist-second-half"])
+@pytest.mark.parametrize(("workers", "attacks"), [([], ATTACKS[:HALF]), ([], ATTACKS[HALF:]),
+                                                  (["-n", "2"], ATTACKS[:HALF]), (["-n", "2"], ATTACKS[HALF:])],
+                         ids=["one-process-first-half", "one-process-second-half", "xdist-first-half",
+                              "xdist-second-half"])
 def test_attacks_fail_under_pytest(tmp_path: Path, workers: list[str], attacks: list[str]) -> None:
     before = _children_of(os.getpid())
     done = _pytest(tmp_path, attacks, *workers)

@@ -40,9 +40,12 @@ CI_PROFILE = ("--moe-profile", "ci")
 
 
 def _like(name: str, run, *, activations: int | None = None) -> Adapter:  # type: ignore[no-untyped-def]
-    """An activation adapter running `run`; `activations`: only the first that many of the reference's (a kernel
-    that kills its host costs a host start, seconds on a GPU, per case: a few cases make the point)."""
-    support = {**_reference.support, "activation": _reference.support["activation"][:activations]}
+    """An activation adapter running `run`; `activations`: only the first that many of the reference's, in one
+    dtype (a kernel that kills its host costs a host start, seconds on a GPU, per case: a few cases make the
+    point)."""
+    support = dict(_reference.support)
+    if activations is not None:
+        support.update(activation=support["activation"][:activations], dtype=support["dtype"][:1])
     return Adapter(name=name, op="activation", source="tests.harness.test_robustness", run=run, support=support,
                    conventions=_reference.conventions)
 
