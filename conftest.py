@@ -24,6 +24,9 @@ if not is_installed():
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # a test that changes planning in memory must not be handed a plan remembered from another run
+    # (tests/harness/test_plan_cache.py turns the cache on in a folder of its own)
+    os.environ.setdefault("MOE_HARNESS_PLAN_CACHE", "off")
     if not config.getoption("hypothesis_profile", default=None):
         load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
     # every test that runs a kernel in Triton's interpreter gets the fidelity fixes of this Triton release, not only

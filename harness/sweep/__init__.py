@@ -30,6 +30,7 @@ from harness.engine import remote, runner, sandbox
 from harness.engine.host import Host
 from harness.store import manifest
 from harness.store.results import ResultStore, load_results, new_run_id, sweep_file
+from harness.sweep import plan_cache
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
 from harness.sweep.schedule import ChunkQueue
 from harness.sweep.selection import (
@@ -208,7 +209,7 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
     for spec_name in adapter_specs:
         adapter = remote.open_adapter(spec_name, "cpu", host=planner)
         try:
-            p = plan(adapter, profile)
+            p = _planned(adapter, spec_name, profile, run.device)
         except Exception as e:  # an op without a spec, or a boundary() that raises: say so, sweep the rest
             run.main.append_meta("adapter", {**adapter_record(adapter, None, run.device, profile),
                                              "plan_error": f"{type(e).__name__}: {e}"})
@@ -233,6 +234,17 @@ def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard:
         if on_plan is not None:
             on_plan(adapter.name, p)
     return planned
+
+
+def _planned(adapter: Any, spec_name: str, profile: str, device: DeviceInfo) -> Plan:
+    """`plan(adapter, profile)`, remembered per machine (`plan_cache`: signed here, made again when it does not
+    match)."""
+    name = plan_cache.key(adapter, spec_name, profile, device.generation)
+    found = plan_cache.load(name)
+    if found is None:
+        found = plan(adapter, profile)
+        plan_cache.store(name, found)
+    return found
 
 
 #: chunks cut per worker: few, since a worker that changes adapter starts a kernel host; once the chunks are out, idle
