@@ -42,10 +42,17 @@ def explicit_examples(adapter: Adapter, cells: list[dict[str, str]], profile: st
     the same). The last three take the layout classes of the tensors of any strides in turn (`strided.spread`).
     Under a GPU `profile` (`harness.ops.large.PROFILES`), last, one case per op past 2**31 elements (contiguous)."""
     cover, past = hs.value_covering_cases(adapter, cells), hs.threshold_cases(adapter, cells)
-    # a class the cover or a threshold case already holds in a family gets no second case there
-    planned = [*cover, *hs.value_class_cases(adapter, cells, held_by=[*cover, *past]), *past]
+    # a class the cover or a threshold case already holds in a family gets no second case there (a case the
+    # adapter's limits turn away holds nothing: it is never judged)
+    judged = [c for c in (*cover, *past) if fitting.accepted(adapter, None, c.features, _fields(c))
+              and fitting.follows(adapter, _fields(c))]
+    planned = [*cover, *hs.value_class_cases(adapter, cells, held_by=judged), *past]
     return [*REGRESSIONS.get(adapter.name, []), *vacuous_boundary_cases(adapter, cells),
             *strided.spread(adapter, planned), *hs.profile_class_cases(adapter, cells, profile)]
+
+
+def _fields(case: Case) -> dict[str, object]:
+    return {"shapes": case.shapes, "params": case.params}
 
 
 def vacuous_boundary_cases(adapter: Adapter, cells: list[dict[str, str]]) -> list[Case]:
