@@ -55,6 +55,13 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "e = tl.load(sorted_ids_ptr + pid_m).to(tl.int8).to(tl.int32)"),),
         "a decode batch's expert ids narrowed to int8: right while E <= 128",
         {"quant_type": ("none",), "format": ("standard",)}),
+    Mutant("experts-decode-nonlocal-slot-as-last-expert", "triton-experts", _EXPERTS, (
+        P("st = slot_blocks(ids, c1.block_m, expert_map)",
+          "st = slot_blocks(ids, c1.block_m, None if expert_map is None else expert_map % num_local)"),
+        P("HAS_MAP=expert_map is not None,", "HAS_MAP=expert_map is not None and numel > PER_SLOT_MAX,")),
+        "a decode batch's slot of a non-local expert (-1 after the map) computed with w13[-1] (the last local "
+        "expert) and its router weight, and summed: the decode reduce trusts the GEMM to leave such rows zero",
+        {"quant_type": ("none",), "format": ("standard",)}),
     Mutant("gq-wide-row-amax-full-blocks-only", "triton-group-quant", _GQ, (
         P("    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K, BLOCK_K):\n",
           "    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):\n"),),
