@@ -29,6 +29,11 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "ex = tl.where(col_ok, libdevice.exp(xm), 0.0)"),),
         "softmax as exp(x) / sum exp(x): exact while |x| < 88, inf / inf = NaN past exp's overflow",
         {"scoring": ("softmax",), "nonfinite_rows": ("N",)}),
+    Mutant("routing-renormalize-eps-in-denominator", "triton-routing", _ROUTING, (
+        P("tl.div_rn(out_w, tl.where(tot > 0, tot, 1.0))", "tl.div_rn(out_w, tot + 1e-20)"),),
+        "renormalized weights w / (sum + 1e-20): exact while the chosen sigmoids sum past ~1e-13, far off where "
+        "tiny sigmoids (logits below -30) are all a row offers or the correction bias picks",
+        {"scoring": ("sigmoid",), "renormalize": ("Y",)}),
     Mutant("grouped-group-stride-pow2", "triton-grouped-routing", _ROUTING, (
         P("eid = g3 * PER_GROUP + p3", "eid = g3 * BLOCK_P + p3"),),
         "the padded group width (next power of two) used as the group stride: right only for power-of-two groups"),
