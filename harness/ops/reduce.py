@@ -49,6 +49,8 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     }
     if case.params.get("values") == "zero_weights":
         found["topk_weights"] = gen.zero_weights(case, found["topk_weights"])
+    if case.params.get("values") == "extremes" and k and m:
+        found["expert_out"] = _with_extremes(case, found["expert_out"])
     if case.params.get("values") == "order" and k >= 3 and m:
         found["expert_out"], found["topk_weights"] = _order_sensitive(case, found["expert_out"],
                                                                       found["topk_weights"])
@@ -70,6 +72,18 @@ def _order_sensitive(case: Case, y: torch.Tensor, w: torch.Tensor) -> tuple[torc
         w[t, b] = w[t, a]
         y[t, c] = y[t, c] * ORDER_SMALL
     return y, w
+
+
+def _with_extremes(case: Case, y: torch.Tensor) -> torch.Tensor:
+    """y with, token by token, the dtype's largest finite value, its negation and its smallest normal in one
+    column of one slot (the slot cycles, the column is drawn), the other slots ordinary: with router weights
+    below 1 that sum to 1 the weighted sum stays within the output dtype's range (the contract's)."""
+    info, g = torch.finfo(y.dtype), gen.generator(case, "extremes")
+    y = y.clone()
+    for t in range(y.shape[0]):
+        c = int(torch.randint(0, y.shape[2], (1,), generator=g))
+        y[t, t % y.shape[1], c] = (info.max, -info.max, info.tiny)[t % 3]
+    return y
 
 
 def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
@@ -206,11 +220,26 @@ def _zero_weights_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str,
     return {"shapes": {"M": 7, "E": 8, "k": 4, "K": 65}, "dtypes": {"expert_out": cell["dtype"]}, "params": params}
 
 
+def _extremes_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Expert outputs at the dtype's largest finite value, its negation and its smallest normal
+    (`_with_extremes`), three slots, factor 1 (2.5 would take the sum past the range: outside the contract)."""
+    params: dict[str, Any] = {"routed_scaling_factor": 1.0, "values": "extremes"}
+    if yes(cell["expert_map"]):
+        params.update(map_fields(adapter, 8, 8))
+    return {"shapes": {"M": 6, "E": 8, "k": 3, "K": 65}, "dtypes": {"expert_out": cell["dtype"]}, "params": params}
+
+
 ZERO_WEIGHTS = ValueClass("zero_weights", lambda a, c: not (yes(c["apply_weight_on_input"])
                                                          or yes(c["weights_applied"])), ("accumulation",),
                           _zero_weights_fields, lambda case, inputs: gen.has_zero_weights(inputs["topk_weights"]))
 ORDER = ValueClass("summation_order", lambda a, c: not yes(c["apply_weight_on_input"]), ("accumulation",),
                    _order_fields, _order_present)
+#: the router weights applied here (below 1, summing to 1), so that the sum stays in range; per dtype (fp16's
+#: range differs) and accumulation (the per-step roundings meet the extremes on their own path)
+DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: not (yes(c["apply_weight_on_input"])
+                                                             or yes(c["weights_applied"])), ("accumulation", "dtype"),
+                            _extremes_fields,
+                            lambda case, inputs: gen.has_extremes(inputs["expert_out"], case.dtype("expert_out")))
 MAP_ENDS = ValueClass("first_and_last_local_expert", lambda a, c: yes(c["expert_map"])
                       and not yes(c["apply_weight_on_input"]), ("accumulation",), _order_fields, _ends_present)
 
@@ -222,4 +251,4 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 
 SPECS = {"reduce": OpSpec(name="reduce", title="Unpermute-reduce", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                           expected=expected, draw=draw, boundary=boundary, token_subset=token_subset,
-                          token_outputs=("out",), value_classes=(ORDER, MAP_ENDS, ZERO_WEIGHTS))}
+                          token_outputs=("out",), value_classes=(ORDER, MAP_ENDS, ZERO_WEIGHTS, DTYPE_EXTREMES))}

@@ -51,6 +51,13 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "tl.store(out_ptr + t * stride_om + cols * stride_ok, acc.to(out_ty), mask=cmask & (live != 0.0))")),
         "a token whose router weights are all 0 (masked or padded slots) skipped: its output row never written",
         {"weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
+    Mutant("reduce-terms-prescaled-for-headroom", "triton-reduce", _RED, (
+        P("            summed = acc + term\n", "            summed = acc + term * 16.0\n"),
+        P("    if SCALE:\n        acc = acc * factor\n",
+          "    if not SEQUENTIAL:\n        acc = acc * 0.0625\n    if SCALE:\n        acc = acc * factor\n")),
+        "fp32 accumulation of every term times 16, the sum times 1/16 after (a fixed-point style headroom): exact "
+        "while 16 |w y| stays finite in fp32, inf for an expert output at bf16's (or fp32's) largest finite value",
+        {"accumulation": ("fp32",), "weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
     Mutant("experts-zero-weight-read-as-unset", "triton-experts", _EXPERTS, (
         P("        out = out * rw[:, None]\n", "        out = out * tl.where(rw == 0.0, 1.0, rw)[:, None]\n"),),
         "a router weight of 0 taken for 'no weight given' (1.0): right while every weight is positive",
