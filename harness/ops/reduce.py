@@ -235,9 +235,9 @@ ZERO_WEIGHTS = ValueClass("zero_weights", lambda a, c: not (yes(c["apply_weight_
 ORDER = ValueClass("summation_order", lambda a, c: not yes(c["apply_weight_on_input"]), ("accumulation",),
                    _order_fields, _order_present)
 #: the router weights applied here (below 1, summing to 1), so that the sum stays in range; per dtype (fp16's
-#: range differs) and accumulation (the per-step roundings meet the extremes on their own path)
+#: range differs from bf16's and fp32's)
 DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: not (yes(c["apply_weight_on_input"])
-                                                             or yes(c["weights_applied"])), ("accumulation", "dtype"),
+                                                             or yes(c["weights_applied"])), ("dtype",),
                             _extremes_fields,
                             lambda case, inputs: gen.has_extremes(inputs["expert_out"], case.dtype("expert_out")))
 MAP_ENDS = ValueClass("first_and_last_local_expert", lambda a, c: yes(c["expert_map"])

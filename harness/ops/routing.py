@@ -374,10 +374,10 @@ def _unfinite_cell(a: Adapter, c: Mapping[str, str]) -> bool:
 #: logits past exp's overflow and at the dtype's largest finite value (saturated sigmoids, exactly-zero scores)
 LARGE_LOGITS = ValueClass("large_logits", _unfinite_cell, ("logits_dtype",),
                           lambda a, c: _fields_of(c, 8, 16, 4, (4, 2), "extreme"), _extreme_present)
-#: sigmoid scores tied at exactly 1.0 and rows of tiny non-zero ones (the chosen ones renormalize to ordinary
-#: weights; a correction bias picks among them), in each sigmoid cell's renormalize and bias family
-SATURATED_SIGMOIDS = ValueClass("saturated_sigmoids", lambda a, c: _unfinite_cell(a, c) and c["scoring"] == "sigmoid",
-                                ("renormalize", "correction_bias"),
+#: sigmoid scores tied at exactly 1.0 and rows of tiny non-zero ones, which renormalize to ordinary weights (not
+#: renormalized, an error on them is below any bound), with and without a correction bias picking among them
+SATURATED_SIGMOIDS = ValueClass("saturated_sigmoids", lambda a, c: _unfinite_cell(a, c) and c["scoring"] == "sigmoid"
+                                and yes(c["renormalize"]), ("correction_bias",),
                                 lambda a, c: _fields_of(c, 10, 16, 4, (4, 2), "extreme"), _saturated_present)
 #: Kimi K2's 384 experts, top-8 (ids past 127 and 255), in groups of 48 for grouped routing
 MANY_EXPERTS = ValueClass("many_experts", _unfinite_cell, (), lambda a, c: _fields_of(c, 5, 384, 8, (8, 4), "random"),
