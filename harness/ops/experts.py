@@ -13,6 +13,10 @@ intermediate by its exact code range, and its scale's movement once, on each uni
 (experts_quant.requant_terms). Loose by design: fp8_mma_promoted (harness.core.errors.FP8_MMA_REL: the tensor core's
 partial sums are not rounded in a documented way, so only a relative worst case on |products| is sound), and the
 quantized schemes' floor: each bracket is paid as a worst case summed over N (docs/BOUNDS.md).
+
+Outside the contract: inputs whose GEMM products or sums pass fp32's range (x or weights near the dtype's largest
+finite value). Whether an fp32 dot's partial sums overflow depends on the order of the kernel's adds, which the
+fp64 oracle cannot know, so no value class puts the dtype's largest finite value here (the reduce op's does).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 With fp32 accumulation the only error a correct kernel may add is the final rounding (1 u of the output format)
 plus a random-walk fp32 term, so a kernel that accumulates in bf16 where fp32 is declared falls outside the bound.
 With sequential output-dtype accumulation the oracle emulates the sequence, and each add may round either way.
+Inputs are in the contract while |factor| * sum |w y| is finite in the output dtype (then no partial sum overflows,
+in any order); the `dtype_extremes` class holds expert outputs at the dtype's largest finite value within that.
 """
 
 from __future__ import annotations
