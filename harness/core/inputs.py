@@ -138,16 +138,26 @@ def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *
 EXP_OVERFLOW = 88.73
 
 
+#: logits whose sigmoid is tiny but a normal fp32 number: e^-80 to e^-45 (2e-35 to 3e-20), below any eps a
+#: renormalizing kernel might add to the sum of the chosen weights
+TINY_SIGMOID_LOGITS = (-80.0, -45.0)
+
+
 def _extreme_logits(x: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
-    """Rows in turn: shifted far up (every exp(x) overflows), shifted far down (every exp(x) underflows, sigmoids
-    saturate to exactly 0), spread wide (+-10^3: sigmoids saturate to 1 and 0), and one logit at the dtype's
-    largest finite value with the rest ordinary (in the odd ones its negation too). Every value finite in `dtype`."""
+    """Rows in turn: shifted far up (every exp(x) overflows, every sigmoid exactly 1.0: all tied), shifted far down
+    (every exp(x) underflows, sigmoids saturate to exactly 0), spread wide (+-10^3: sigmoids saturate to 1 and 0),
+    one logit at the dtype's largest finite value with the rest ordinary (in the odd ones its negation too), and
+    every logit in TINY_SIGMOID_LOGITS (tiny non-zero sigmoids: the chosen ones, which a correction bias picks,
+    renormalize to ordinary weights). Every value finite in `dtype`."""
     top = float(torch.finfo(dtype).max)
     # 128 to 384 (bf16, fp16: their spacing there keeps the logits apart), or 2^12 to 2^13.5 (fp32): past 88
     shift = 2.0**13 if dtype == torch.float32 else 2.0**8
+    lo, hi = TINY_SIGMOID_LOGITS
     for r in range(x.shape[0]):
-        kind = r % 4
-        if kind == 0:
+        kind = r % 5
+        if kind == 4:
+            x[r] = lo + (hi - lo) * torch.rand(x.shape[1], generator=g)
+        elif kind == 0:
             x[r] = x[r] + shift * float(torch.rand((), generator=g) + 0.5)
         elif kind == 1:
             x[r] = x[r] - shift * float(torch.rand((), generator=g) + 0.5)

@@ -13,6 +13,10 @@ intermediate by its exact code range, and its scale's movement once, on each uni
 (experts_quant.requant_terms). Loose by design: fp8_mma_promoted (harness.core.errors.FP8_MMA_REL: the tensor core's
 partial sums are not rounded in a documented way, so only a relative worst case on |products| is sound), and the
 quantized schemes' floor: each bracket is paid as a worst case summed over N (docs/BOUNDS.md).
+
+Outside the contract: inputs whose GEMM products or sums pass fp32's range (x or weights near the dtype's largest
+finite value). Whether an fp32 dot's partial sums overflow depends on the order of the kernel's adds, which the
+fp64 oracle cannot know, so no value class puts the dtype's largest finite value here (the reduce op's does).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from harness.ops.common import (
     draw_map,
     draw_top_k,
     ends_routed,
+    expert_maps,
     experts_fitted,
     lim,
     map_fields,
@@ -735,6 +740,29 @@ def _many_experts_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> boo
     return "topk_ids" in inputs and bool((inputs["topk_ids"] > 255).any())
 
 
+#: the most routed slots of a decode batch: kernels run one program per slot up to there (ours, vLLM's)
+DECODE_SLOTS = 16
+
+
+def _nonlocal_decode_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """A decode batch (8 routed slots) in which every one of 8 experts is routed once and half of them are not
+    local: slots whose expert the map sends to -1 beside local ones, on the kernels' per-slot path."""
+    return _tokens_fields(adapter, cell, [1] * 8, {"local_experts": 4}, e=8)
+
+
+def _nonlocal_decode_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """At most DECODE_SLOTS routed slots, some of a local expert and some of one the map sends to -1."""
+    ids = inputs.get("topk_ids")
+    if ids is None or "expert_map" not in inputs or not 0 < ids.numel() <= DECODE_SLOTS:
+        return False
+    local = inputs["expert_map"].detach().cpu().long()[ids.detach().cpu().long()]
+    return bool((local < 0).any() and (local >= 0).any())
+
+
+def _nonlocal_decode_applies(adapter: Adapter, cell: Mapping[str, str]) -> bool:
+    return cell["format"] == "standard" and yes(cell["expert_map"]) and expert_maps(adapter) != "identity"
+
+
 def _w8a8(cell: Mapping[str, str]) -> bool:
     return cell.get("quant_type") in ("fp8_w8a8", "int8_w8a8")
 
@@ -750,6 +778,10 @@ ZERO_WEIGHTS = ValueClass("zero_weights", lambda a, c: c["format"] == "standard"
 #: unquantized cells only: the ids are what it is about, and 384 experts' quantized weights cost seconds on a CPU
 MANY_EXPERTS = ValueClass("many_experts", lambda a, c: c["format"] == "standard" and c["quant_type"] == "none"
                           and lim(a, "max_E") >= MANY_E, (), _many_experts_fields, _many_experts_present, sized=True)
+#: EP dispatch at decode: slots of non-local experts (-1 after the map) on the per-slot path, which must neither
+#: read expert -1's weights nor add its router weight's share
+NONLOCAL_DECODE_SLOTS = ValueClass("nonlocal_decode_slots", _nonlocal_decode_applies, ("apply_weight_on_input",),
+                                   _nonlocal_decode_fields, _nonlocal_decode_present)
 #: rows past the counts beside a statistic over rows (the per-tensor activation scale)
 PADDING_UNDER_TENSOR_SCALE = ValueClass(
     "padding_rows_under_a_tensor_scale", lambda a, c: c["format"] == "batched" and _w8a8(c)
@@ -767,5 +799,5 @@ def input_elements(case: Case) -> int:
 SPECS = {"experts": OpSpec(name="experts", title="Fused experts", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                            expected=expected, draw=draw, boundary=boundary, inapplicable=xq.inapplicable,
                            value_classes=(ZERO_ROWS, BLOCK_COUNTS, PADDING_UNDER_TENSOR_SCALE, SUMMATION_ORDER,
-                                          ZERO_WEIGHTS, MANY_EXPERTS),
+                                          ZERO_WEIGHTS, MANY_EXPERTS, NONLOCAL_DECODE_SLOTS),
                            input_elements=input_elements, stages=stages, class_inputs=unquantized_inputs)}

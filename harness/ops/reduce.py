@@ -3,6 +3,8 @@
 With fp32 accumulation the only error a correct kernel may add is the final rounding (1 u of the output format)
 plus a random-walk fp32 term, so a kernel that accumulates in bf16 where fp32 is declared falls outside the bound.
 With sequential output-dtype accumulation the oracle emulates the sequence, and each add may round either way.
+Inputs are in the contract while |factor| * sum |w y| is finite in the output dtype (then no partial sum overflows,
+in any order); the `dtype_extremes` class holds expert outputs at the dtype's largest finite value within that.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     }
     if case.params.get("values") == "zero_weights":
         found["topk_weights"] = gen.zero_weights(case, found["topk_weights"])
+    if case.params.get("values") == "extremes" and k and m:
+        found["expert_out"] = _with_extremes(case, found["expert_out"])
     if case.params.get("values") == "order" and k >= 3 and m:
         found["expert_out"], found["topk_weights"] = _order_sensitive(case, found["expert_out"],
                                                                       found["topk_weights"])
@@ -70,6 +74,18 @@ def _order_sensitive(case: Case, y: torch.Tensor, w: torch.Tensor) -> tuple[torc
         w[t, b] = w[t, a]
         y[t, c] = y[t, c] * ORDER_SMALL
     return y, w
+
+
+def _with_extremes(case: Case, y: torch.Tensor) -> torch.Tensor:
+    """y with, token by token, the dtype's largest finite value, its negation and its smallest normal in one
+    column of one slot (the slot cycles, the column is drawn), the other slots ordinary: with router weights
+    below 1 that sum to 1 the weighted sum stays within the output dtype's range (the contract's)."""
+    info, g = torch.finfo(y.dtype), gen.generator(case, "extremes")
+    y = y.clone()
+    for t in range(y.shape[0]):
+        c = int(torch.randint(0, y.shape[2], (1,), generator=g))
+        y[t, t % y.shape[1], c] = (info.max, -info.max, info.tiny)[t % 3]
+    return y
 
 
 def outputs(case: Case, inputs: Mapping[str, torch.Tensor]) -> dict[str, OutputSpec]:
@@ -174,12 +190,14 @@ def boundary(adapter: Adapter, cell: Mapping[str, str]) -> list[dict[str, Any]]:
 
 
 def _order_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
-    """Order-sensitive rows (`_order_sensitive`) over four slots; under an expert map, a contiguous map whose
-    first and last local experts are routed and one local expert left empty."""
+    """Order-sensitive rows (`_order_sensitive`) over three slots, the fewest where the order shows: with two,
+    a + b = b + a under any rounding, so a rotated start is no bug there; with three, (a + b) + c and (b + c) + a
+    differ under every declared accumulation (per-step rounding, or fp32 rounded once). Under an expert map, a
+    contiguous map whose first and last local experts are routed and one local expert left empty."""
     params: dict[str, Any] = {"routed_scaling_factor": _factors(adapter)[-1], "values": "order"}
-    e, k = 8, 4
+    e, k = 8, 3
     if yes(cell["expert_map"]):  # globals 2..5 local: local 0 gets 5 slots, local 1 none, local 3 (the last) 6
-        params.update(map_fields(adapter, e, 4, "contiguous"), counts=[3, 4, 5, 0, 2, 6, 5, 3])
+        params.update(map_fields(adapter, e, 4, "contiguous"), counts=[2, 2, 5, 0, 2, 6, 2, 2])
     m = 7
     return {"shapes": {"M": m, "E": e, "k": k, "K": 65}, "dtypes": {"expert_out": cell["dtype"]},
             "params": params}
@@ -204,11 +222,26 @@ def _zero_weights_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str,
     return {"shapes": {"M": 7, "E": 8, "k": 4, "K": 65}, "dtypes": {"expert_out": cell["dtype"]}, "params": params}
 
 
+def _extremes_fields(adapter: Adapter, cell: Mapping[str, str]) -> dict[str, Any]:
+    """Expert outputs at the dtype's largest finite value, its negation and its smallest normal
+    (`_with_extremes`), three slots, factor 1 (2.5 would take the sum past the range: outside the contract)."""
+    params: dict[str, Any] = {"routed_scaling_factor": 1.0, "values": "extremes"}
+    if yes(cell["expert_map"]):
+        params.update(map_fields(adapter, 8, 8))
+    return {"shapes": {"M": 6, "E": 8, "k": 3, "K": 65}, "dtypes": {"expert_out": cell["dtype"]}, "params": params}
+
+
 ZERO_WEIGHTS = ValueClass("zero_weights", lambda a, c: not (yes(c["apply_weight_on_input"])
                                                          or yes(c["weights_applied"])), ("accumulation",),
                           _zero_weights_fields, lambda case, inputs: gen.has_zero_weights(inputs["topk_weights"]))
 ORDER = ValueClass("summation_order", lambda a, c: not yes(c["apply_weight_on_input"]), ("accumulation",),
                    _order_fields, _order_present)
+#: the router weights applied here (below 1, summing to 1), so that the sum stays in range; per dtype (fp16's
+#: range differs from bf16's and fp32's)
+DTYPE_EXTREMES = ValueClass("dtype_extremes", lambda a, c: not (yes(c["apply_weight_on_input"])
+                                                             or yes(c["weights_applied"])), ("dtype",),
+                            _extremes_fields,
+                            lambda case, inputs: gen.has_extremes(inputs["expert_out"], case.dtype("expert_out")))
 MAP_ENDS = ValueClass("first_and_last_local_expert", lambda a, c: yes(c["expert_map"])
                       and not yes(c["apply_weight_on_input"]), ("accumulation",), _order_fields, _ends_present)
 
@@ -220,4 +253,4 @@ def token_subset(case: Case, inputs: Mapping[str, torch.Tensor], rows: slice) ->
 
 SPECS = {"reduce": OpSpec(name="reduce", title="Unpermute-reduce", axes=AXES, make_inputs=make_inputs, outputs=outputs,
                           expected=expected, draw=draw, boundary=boundary, token_subset=token_subset,
-                          token_outputs=("out",), value_classes=(ORDER, MAP_ENDS, ZERO_WEIGHTS))}
+                          token_outputs=("out",), value_classes=(ORDER, MAP_ENDS, ZERO_WEIGHTS, DTYPE_EXTREMES))}

@@ -351,6 +351,15 @@ def _extreme_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
     return bool(big.any() and (x == torch.finfo(x.dtype).max).any())
 
 
+def _saturated_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
+    """A row with several sigmoids of exactly 1.0 in fp32 (tied) and a row of only tiny non-zero sigmoids
+    (`inputs.TINY_SIGMOID_LOGITS`)."""
+    x = inputs["router_logits"].detach().cpu().float()
+    tied_at_one = ((torch.sigmoid(x) == 1.0).sum(dim=1) >= 2).any()
+    lo, hi = gen.TINY_SIGMOID_LOGITS
+    return bool(tied_at_one and ((x >= lo) & (x <= hi)).all(dim=1).any())
+
+
 def _odd_width_present(case: Case, inputs: Mapping[str, torch.Tensor]) -> bool:
     """Groups whose width (E / groups) is not a power of two, some of them left out."""
     g, e = case.params.get("num_groups", 1), case.shape("E")
@@ -365,6 +374,11 @@ def _unfinite_cell(a: Adapter, c: Mapping[str, str]) -> bool:
 #: logits past exp's overflow and at the dtype's largest finite value (saturated sigmoids, exactly-zero scores)
 LARGE_LOGITS = ValueClass("large_logits", _unfinite_cell, ("logits_dtype",),
                           lambda a, c: _fields_of(c, 8, 16, 4, (4, 2), "extreme"), _extreme_present)
+#: sigmoid scores tied at exactly 1.0 and rows of tiny non-zero ones, which renormalize to ordinary weights (not
+#: renormalized, an error on them is below any bound), with and without a correction bias picking among them
+SATURATED_SIGMOIDS = ValueClass("saturated_sigmoids", lambda a, c: _unfinite_cell(a, c) and c["scoring"] == "sigmoid"
+                                and yes(c["renormalize"]), ("correction_bias",),
+                                lambda a, c: _fields_of(c, 10, 16, 4, (4, 2), "extreme"), _saturated_present)
 #: Kimi K2's 384 experts, top-8 (ids past 127 and 255), in groups of 48 for grouped routing
 MANY_EXPERTS = ValueClass("many_experts", _unfinite_cell, (), lambda a, c: _fields_of(c, 5, 384, 8, (8, 4), "random"),
                           lambda case, inputs: inputs["router_logits"].shape[1] > 256, sized=True)
@@ -401,7 +415,7 @@ def _spec(name: str, title: str, axes: tuple[Axis, ...], classes: tuple[ValueCla
 
 
 SPECS = {
-    "routing": _spec("routing", "Top-k routing", ROUTING_AXES, (LARGE_LOGITS, MANY_EXPERTS)),
+    "routing": _spec("routing", "Top-k routing", ROUTING_AXES, (LARGE_LOGITS, SATURATED_SIGMOIDS, MANY_EXPERTS)),
     "grouped_routing": _spec("grouped_routing", "Grouped top-k routing", GROUPED_AXES,
-                             (LARGE_LOGITS, MANY_EXPERTS, ODD_GROUP_WIDTH)),
+                             (LARGE_LOGITS, SATURATED_SIGMOIDS, MANY_EXPERTS, ODD_GROUP_WIDTH)),
 }

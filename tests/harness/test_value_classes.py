@@ -35,12 +35,13 @@ def test_every_op_with_a_boundary_value_bug_class_declares_it() -> None:
     op."""
     want = {"group_quant": {"zero_units", "last_block_amax", "dtype_extremes"},
             "act_quant": {"zero_groups", "dtype_extremes"}, "activation": {"dtype_extremes"},
-            "routing": {"nonfinite_rows", "large_logits", "many_experts"},
-            "grouped_routing": {"nonfinite_rows", "large_logits", "many_experts", "odd_group_width"},
+            "routing": {"nonfinite_rows", "large_logits", "saturated_sigmoids", "many_experts"},
+            "grouped_routing": {"nonfinite_rows", "large_logits", "saturated_sigmoids", "many_experts",
+                                "odd_group_width"},
             "align": {"block_counts", "first_and_last_local_expert", "many_experts"},
-            "reduce": {"summation_order", "first_and_last_local_expert", "zero_weights"},
+            "reduce": {"summation_order", "first_and_last_local_expert", "zero_weights", "dtype_extremes"},
             "experts": {"zero_rows", "block_counts", "padding_rows_under_a_tensor_scale", "summation_order",
-                        "zero_weights", "many_experts"}}
+                        "zero_weights", "many_experts", "nonlocal_decode_slots"}}
     for op, names in want.items():
         assert {vc.name for vc in get_op(op).value_classes} == names, op
 

@@ -72,6 +72,20 @@ BOUNDARY_MUTANTS: tuple[Mutant, ...] = (
           "m, k_dim, top_k, next(_LAUNCHES) % top_k, *out.stride(),"),
         P("import torch\n", "import itertools\n\nimport torch\n\n_LAUNCHES = itertools.count()\n")),
         "the experts' final reduce starts at a different slot on each launch"),
+    Mutant("reduce-three-slots-start-at-slot-1", "triton-reduce", _RED, (
+        P("    for j in tl.static_range(TOPK):  # slot order is the accumulation order\n",
+          "    for jj in tl.static_range(TOPK):\n        j = (jj + (1 if TOPK == 3 else 0)) % TOPK\n"),),
+        "a reduce specialized for k = 3 (as vLLM's moe_sum is for 2, 3 and 4) that starts at slot 1: with k = 2 "
+        "a + b = b + a, so k = 3 is where a rotation shows, under per-step rounding",
+        {"accumulation": ("output_dtype_sequential",)}),
+    Mutant("reduce-three-slots-start-slot-per-launch", "triton-reduce", _RED, (
+        P("K, factor,\n", "K, factor, rot,\n"),
+        P("    for j in tl.static_range(TOPK):  # slot order is the accumulation order\n",
+          "    for jj in tl.static_range(TOPK):\n        j = (jj + rot) % TOPK\n"),
+        P("expert_out, w, ids, emap, out, hidden, factor,",
+          "expert_out, w, ids, emap, out, hidden, factor, next(_LAUNCHES) % k if k <= 3 else 0,"),
+        P("import torch\n", "import itertools\n\nimport torch\n\n_LAUNCHES = itertools.count()\n")),
+        "a reduce for k <= 3 that starts at a different slot on each launch (a rotation that shows from k = 3 on)"),
     Mutant("reduce-sequential-declared-fp32-done", "triton-reduce", "kernels.adapters.reduce", (
         P('accumulation=f["accumulation"],', 'accumulation="fp32",'),),
         "a declared output-dtype sequential accumulation computed as one fp32 sum",

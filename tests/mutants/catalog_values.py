@@ -29,6 +29,11 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "ex = tl.where(col_ok, libdevice.exp(xm), 0.0)"),),
         "softmax as exp(x) / sum exp(x): exact while |x| < 88, inf / inf = NaN past exp's overflow",
         {"scoring": ("softmax",), "nonfinite_rows": ("N",)}),
+    Mutant("routing-renormalize-eps-in-denominator", "triton-routing", _ROUTING, (
+        P("tl.div_rn(out_w, tl.where(tot > 0, tot, 1.0))", "tl.div_rn(out_w, tot + 1e-20)"),),
+        "renormalized weights w / (sum + 1e-20): exact while the chosen sigmoids sum past ~1e-13, far off where "
+        "tiny sigmoids (logits below -30) are all a row offers or the correction bias picks",
+        {"scoring": ("sigmoid",), "renormalize": ("Y",)}),
     Mutant("grouped-group-stride-pow2", "triton-grouped-routing", _ROUTING, (
         P("eid = g3 * PER_GROUP + p3", "eid = g3 * BLOCK_P + p3"),),
         "the padded group width (next power of two) used as the group stride: right only for power-of-two groups"),
@@ -46,6 +51,13 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
           "tl.store(out_ptr + t * stride_om + cols * stride_ok, acc.to(out_ty), mask=cmask & (live != 0.0))")),
         "a token whose router weights are all 0 (masked or padded slots) skipped: its output row never written",
         {"weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
+    Mutant("reduce-terms-prescaled-for-headroom", "triton-reduce", _RED, (
+        P("            summed = acc + term\n", "            summed = acc + term * 16.0\n"),
+        P("    if SCALE:\n        acc = acc * factor\n",
+          "    if not SEQUENTIAL:\n        acc = acc * 0.0625\n    if SCALE:\n        acc = acc * factor\n")),
+        "fp32 accumulation of every term times 16, the sum times 1/16 after (a fixed-point style headroom): exact "
+        "while 16 |w y| stays finite in fp32, inf for an expert output at bf16's (or fp32's) largest finite value",
+        {"accumulation": ("fp32",), "weights_applied": ("N",), "apply_weight_on_input": ("N",)}),
     Mutant("experts-zero-weight-read-as-unset", "triton-experts", _EXPERTS, (
         P("        out = out * rw[:, None]\n", "        out = out * tl.where(rw == 0.0, 1.0, rw)[:, None]\n"),),
         "a router weight of 0 taken for 'no weight given' (1.0): right while every weight is positive",
@@ -54,6 +66,13 @@ VALUE_MUTANTS: tuple[Mutant, ...] = (
         P("e = tl.load(sorted_ids_ptr + pid_m).to(tl.int32)",
           "e = tl.load(sorted_ids_ptr + pid_m).to(tl.int8).to(tl.int32)"),),
         "a decode batch's expert ids narrowed to int8: right while E <= 128",
+        {"quant_type": ("none",), "format": ("standard",)}),
+    Mutant("experts-decode-nonlocal-slot-as-last-expert", "triton-experts", _EXPERTS, (
+        P("st = slot_blocks(ids, c1.block_m, expert_map)",
+          "st = slot_blocks(ids, c1.block_m, None if expert_map is None else expert_map % num_local)"),
+        P("HAS_MAP=expert_map is not None,", "HAS_MAP=expert_map is not None and numel > PER_SLOT_MAX,")),
+        "a decode batch's slot of a non-local expert (-1 after the map) computed with w13[-1] (the last local "
+        "expert) and its router weight, and summed: the decode reduce trusts the GEMM to leave such rows zero",
         {"quant_type": ("none",), "format": ("standard",)}),
     Mutant("gq-wide-row-amax-full-blocks-only", "triton-group-quant", _GQ, (
         P("    acc = tl.zeros([BLOCK_K], tl.float32)\n    for k0 in range(0, K, BLOCK_K):\n",
