@@ -54,7 +54,8 @@ def test_declared_thresholds_are_crossed_in_the_matrix_on_the_gpu_scale(monkeypa
         assert sorted({c.shapes[dim] for c in plan(adapter).cases if c.shapes.get(dim) in sizes}) == sizes
     # the activation's is cheap enough to judge anywhere: past the first tile, still right
     act = registry.resolve("triton-activation")
-    (case,) = [c for c in explicit_examples(act, hs.declared_cells(act, device_info)) if c.shapes.get("N") == 1025]
+    # the first case crossing it (a value class's case may cross it as well)
+    case = next(c for c in explicit_examples(act, hs.declared_cells(act, device_info)) if c.shapes.get("N") == 1025)
     r = judge(case, act, device_info, unverifiable=unverifiable)
     assert r.verdict in ("pass", "not-verifiable"), r.reason
 
@@ -72,7 +73,9 @@ def test_every_run_covers_every_declared_value(name: str, device_info) -> None: 
     seen = {(a, v) for c in examples if c.shapes.get("M", 1) and c.shapes.get("T", 1)
             and c.params.get("local_experts", 1) for a, v in c.features.items()}
     assert {(a, v) for c in cells for a, v in c.items()} <= seen
-    assert len(examples) <= 20  # a handful, not a sweep (value classes and thresholds included)
+    # a handful, not a sweep (value classes per family and thresholds included: group_quant's extremes per unit
+    # and input dtype are nine)
+    assert len(examples) <= 28
 
 
 @pytest.mark.parametrize("name", ["triton-activation", "triton-experts", "triton-group-quant", "triton-act-quant",
