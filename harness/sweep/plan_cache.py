@@ -3,11 +3,12 @@
 An entry is found by a key of everything that decides a plan: the adapter's declaration record (as its host
 described it), the content of the files its declarations and rules can come from (the repository's `harness/`,
 `reference/` and `kernels/` sources, and the top package of a `module:object` spec, found on the path without
-importing it), the profile, the generation, the size scale and the torch and Triton versions. An entry holds the
-unsharded plan (a shard is cut from it as from a fresh one) and an HMAC of its key and body under this machine's
-manifest key (`harness.core.keyfile`), which kernel hosts cannot read: an entry that is not signed by it, or does
-not match its key, is ignored and the plan made again. Entries are written by the judge's process only, in the
-user's cache folder next to the import probe's (`harness.registry.probe_cache`); `MOE_HARNESS_PLAN_CACHE=off`
+importing it, or those of the packages registering adapters by entry point), the adapter's library as its host
+found it (version, or why it is missing), the profile, the generation, the size scale and the torch and Triton
+versions. An entry holds the unsharded plan (a shard is cut from it as from a fresh one) and an HMAC of its key and body
+under this machine's manifest key (`harness.core.keyfile`), which kernel hosts cannot read: an entry that is not signed
+by it, or does not match its key, is ignored and the plan made again. Entries are written by the judge's process only,
+in the user's cache folder next to the import probe's (`harness.registry.probe_cache`); `MOE_HARNESS_PLAN_CACHE=off`
 turns them off.
 """
 
@@ -94,12 +95,27 @@ def key(adapter: Any, spec: str, profile: str, generation: str) -> str:
     from harness.core.sizes import scale
 
     package = _package_of(spec)
+    library = getattr(adapter, "library", None)
     text = json.dumps({"schema": SCHEMA, "declaration": declaration(adapter), "spec": spec, "profile": profile,
                        "generation": generation, "scale": scale(), "torch": torch.__version__,
                        "triton": _version("triton"), "harness": _own_sources(),
-                       "package": _tree_hash([package]) if package is not None else ""},
+                       "package": _tree_hash([package]) if package is not None else "",
+                       "entry_points": "" if package is not None else _entry_point_sources(),
+                       "library": "" if library is None else [library.label(), library.missing()]},
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_point_sources() -> str:
+    """The sources of the packages that register adapters by entry point (a registered name may be theirs), found
+    without importing them."""
+    from importlib import metadata
+
+    from harness.registry import ENTRY_POINT_GROUP
+
+    tops = sorted({ep.value.split(":", 1)[0].split(".")[0] for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+    return _tree_hash(p for p in (_package_of(f"{top}:_") for top in tops) if p is not None)
 
 
 def _version(distribution: str) -> str:

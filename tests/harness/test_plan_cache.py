@@ -94,3 +94,24 @@ def test_an_entry_signed_for_another_key_is_refused(cache: Path) -> None:
     (cache / f"{'0' * len(name)}.json").write_text(json.dumps(entry), encoding="utf-8")
     assert plan_cache.load("0" * len(name)) is None
     assert plan_cache.load(name) is not None
+
+
+def test_another_library_version_or_entry_point_source_is_a_new_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registered adapter's rules may live in the library it wraps or in a package registering it by entry point:
+    the library's version (or why it is missing) and those packages' sources are in the key."""
+    from harness.registry import Library
+
+    adapter = registry.resolve(ADAPTER)
+
+    class Installed(Library):
+        def label(self) -> str:
+            return self.written_for
+
+        def missing(self) -> str | None:
+            return None
+
+    older, newer = (dataclasses.replace(adapter, library=Installed("somelib", "somelib", v, "")) for v in ("1", "2"))
+    assert plan_cache.key(older, ADAPTER, "quick", "interp") != plan_cache.key(newer, ADAPTER, "quick", "interp")
+    before = plan_cache.key(adapter, ADAPTER, "quick", "interp")
+    monkeypatch.setattr(plan_cache, "_entry_point_sources", lambda: "edited")
+    assert plan_cache.key(adapter, ADAPTER, "quick", "interp") != before
