@@ -204,6 +204,11 @@ class Served:
         except SupportRuleError as e:
             return {"rule_error": str(e)}
 
+    def do_rules(self, spec: str, device: Mapping[str, Any] | None,
+                 cells: list[Mapping[str, str]]) -> dict[str, Any]:
+        """`do_rule` for many whole cells (no shapes) at once, in order."""
+        return {"ok": [self.do_rule(spec, device, features, None) for features in cells]}
+
     def do_conventions(self, spec: str, case: Mapping[str, Any], device: Mapping[str, Any]) -> dict[str, Any]:
         adapter = self.adapter(spec)
         try:

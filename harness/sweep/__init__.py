@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from harness import registry
+from harness import ops, registry
 from harness.core import files
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
@@ -242,6 +242,9 @@ def _planned(adapter: Any, spec_name: str, profile: str, device: DeviceInfo) -> 
     name = plan_cache.key(adapter, spec_name, profile, device.generation)
     found = plan_cache.load(name)
     if found is None:
+        with contextlib.suppress(ValueError):  # an op without a spec: plan() says so
+            if isinstance(adapter, remote.RemoteAdapter):
+                adapter.prefetch_rules(None, ops.get(adapter.op).all_cells())
         found = plan(adapter, profile)
         plan_cache.store(name, found)
     return found

@@ -115,3 +115,35 @@ def test_another_library_version_or_entry_point_source_is_a_new_key(monkeypatch:
     before = plan_cache.key(adapter, ADAPTER, "quick", "interp")
     monkeypatch.setattr(plan_cache, "_entry_point_sources", lambda: "edited")
     assert plan_cache.key(adapter, ADAPTER, "quick", "interp") != before
+
+
+def _no_float16(device: object, features: dict) -> str | None:  # type: ignore[type-arg]
+    return "no float16" if features.get("dtype") == "float16" else None
+
+
+#: resolvable as tests.harness.test_plan_cache:CELL_RULED (a support rule of whole cells, asked in a host)
+CELL_RULED = dataclasses.replace(registry.resolve(ADAPTER), name="cell-ruled", requires=_no_float16)
+
+
+def test_the_rules_of_whole_cells_asked_at_once_answer_as_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning asks the host for the rule's answer of every cell in one request (thousands of round trips
+    otherwise): the answers are those asked one by one, and no cell is asked again."""
+    from harness import ops
+    from harness.engine import remote
+
+    cells = ops.get("activation").all_cells()
+    spec = "tests.harness.test_plan_cache:CELL_RULED"
+    one = remote.open_adapter(spec, "cpu")
+    try:
+        singly = [one.claims(c) for c in cells]
+    finally:
+        remote.close_adapter(spec, "cpu")
+    batch = remote.open_adapter(spec, "cpu")
+    try:
+        batch.prefetch_rules(None, cells)
+        monkeypatch.setattr(remote, "_ask", lambda *a: pytest.fail(f"asked again: {a[1][:3]}"))
+        assert [batch.claims(c) for c in cells] == singly
+    finally:
+        monkeypatch.undo()
+        remote.close_adapter(spec, "cpu")
+    assert True in singly and False in singly
