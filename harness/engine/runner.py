@@ -29,6 +29,7 @@ import torch
 from harness import ops, registry
 from harness.core import isolation
 from harness.core.case import Case
+from harness.core.causes import EXTRA_RUNS
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set, run_bits
 from harness.core.device import DeviceInfo, release_cached_memory
 from harness.core.layouts import contiguous_strides as _contiguous
@@ -475,6 +476,12 @@ def _unchanged(inputs: Mapping[str, torch.Tensor], snapshot: Mapping[str, torch.
 
 
 def _summary(checks: list[Comparison]) -> tuple[str, dict[str, Any]]:
+    """The reason and metrics of a judging's checks. Where the first run failed, the extra runs drawn at random (one
+    judging in eight) repeat its failure: the reason, margin and error are the first run's, so a verdict reads the
+    same whether or not they were drawn (`failed_checks` names every failed check)."""
+    failed = [c for c in checks if not c.passed]
+    if any(not c.name.startswith(EXTRA_RUNS) for c in failed):
+        checks = [c for c in checks if not c.name.startswith(EXTRA_RUNS)]
     metrics: dict[str, Any] = {}
     margins = [c.metrics["margin"] for c in checks if "margin" in c.metrics]
     if margins:
@@ -482,9 +489,8 @@ def _summary(checks: list[Comparison]) -> tuple[str, dict[str, Any]]:
     errs = [c.metrics["max_error"] for c in checks if "max_error" in c.metrics]
     if errs:
         metrics["max_error"] = max(errs)
-    failed = [c for c in checks if not c.passed]
     metrics["failed_checks"] = [c.name for c in failed]
-    return "; ".join(c.reason for c in failed), metrics
+    return "; ".join(c.reason for c in checks if not c.passed), metrics
 
 
 def _describe(e: BaseException) -> str:

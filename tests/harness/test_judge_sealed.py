@@ -154,6 +154,17 @@ def test_a_kernel_right_only_on_its_first_call_with_given_inputs_fails() -> None
     assert "on the same inputs again" in r.reason
 
 
+def test_a_first_run_failure_reads_the_same_whether_or_not_the_extra_runs_were_drawn() -> None:
+    """The extra runs (one judging in eight, drawn at random) repeat a first run's failure: the verdict's reason and
+    margin stay the first run's, so a rendered matrix does not change with the draw; failed_checks names them."""
+    adapter = remote.open_adapter(f"{ATTACKS}:ARENA_AWARE", "cpu")
+    plain = runner.judge(_case(), adapter, detect("cpu"), extra_runs={})
+    drawn = runner.judge(_case(), adapter, detect("cpu"), extra_runs={"seed": 5, "order": ["repeat", "fresh"]})
+    assert plain.verdict == drawn.verdict == "fail", (plain.reason, drawn.reason)
+    assert {"repeat:out", "fresh_inputs:out"} <= set(drawn.metrics["failed_checks"]), drawn.metrics["failed_checks"]
+    assert drawn.reason == plain.reason and drawn.metrics["margin"] == plain.metrics["margin"], drawn.reason
+
+
 def test_a_kernel_that_recognises_the_arena_by_its_outputs_layout_fails() -> None:
     """An output in the arena was a view at the guard's offset into a larger storage: right only when it sees one."""
     r = runner.judge(_case(), remote.open_adapter(f"{ATTACKS}:ARENA_AWARE", "cpu"), detect("cpu"))
