@@ -15,7 +15,6 @@ adapter's declarations as before (`harness.registry.sealed`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -24,6 +23,8 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
+
+from harness.core import entries
 
 #: `off` turns the remembered probes off
 ENV = "MOE_HARNESS_PROBE_CACHE"
@@ -36,9 +37,7 @@ _KEYED_ENV = ("PYTHONPATH", "MOE_THIRD_PARTY", "TRITON_INTERPRET", "CUDA_VISIBLE
 
 def folder() -> Path | None:
     """Where the entries are (None: turned off)."""
-    if os.environ.get(ENV, "").lower() == "off":
-        return None
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-harness" / "probes"
+    return entries.folder("probes", ENV)
 
 
 def key(origins: Sequence[tuple[str, str]]) -> str:
@@ -88,17 +87,4 @@ def record(name: str, files: Iterable[str]) -> None:
     if where is None or not mine:
         return
     body = json.dumps({"files": {f: _digest(f) for f in mine}}, indent=0)
-    with contextlib.suppress(OSError):
-        where.mkdir(parents=True, exist_ok=True)
-        tmp = where / f"{name}.{os.getpid()}.tmp"
-        tmp.write_text(body, encoding="utf-8")
-        tmp.replace(where / f"{name}.json")
-        _prune(where)
-
-
-def _prune(where: Path) -> None:
-    """Only the `KEEP` newest entries stay (a test's temporary module path makes a key of its own each run)."""
-    entries = sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for old in entries[KEEP:]:
-        with contextlib.suppress(OSError):
-            old.unlink()
+    entries.keep(where, name, body, KEEP)  # a test's temporary module path makes a key of its own each run

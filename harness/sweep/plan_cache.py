@@ -20,11 +20,11 @@ import hashlib
 import hmac
 import importlib.machinery
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.core import entries
 from harness.core.case import Case
 from harness.sweep.selection import Plan
 
@@ -41,9 +41,7 @@ PLAN_SOURCES = ("harness", "reference", "kernels")
 
 def folder() -> Path | None:
     """Where the entries are (None: turned off)."""
-    if os.environ.get(ENV, "").lower() == "off":
-        return None
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-harness" / "plans"
+    return entries.folder("plans", ENV)
 
 
 def _tree_hash(roots: Iterable[Path]) -> str:
@@ -169,16 +167,4 @@ def store(name: str, p: Plan) -> None:
     if where is None or secret is None or p.whole is not None:
         return
     body = _to_json(p)
-    with contextlib.suppress(OSError):
-        where.mkdir(parents=True, exist_ok=True)
-        tmp = where / f"{name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"plan": body, "hmac": _sign(secret, name, body)}), encoding="utf-8")
-        tmp.replace(where / f"{name}.json")
-        _prune(where)
-
-
-def _prune(where: Path) -> None:
-    entries = sorted(where.glob("*.json"), key=lambda f: f.stat().st_mtime_ns, reverse=True)
-    for old in entries[KEEP:]:
-        with contextlib.suppress(OSError):
-            old.unlink()
+    entries.keep(where, name, json.dumps({"plan": body, "hmac": _sign(secret, name, body)}), KEEP)
