@@ -26,6 +26,8 @@ TREE_ENV = "MOE_HARNESS_TREE"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 _token: str | None = None
+#: the signal that last asked this process to stop (its name), None before any
+_stop_signal: str | None = None
 
 
 def own_tree() -> str:
@@ -44,14 +46,27 @@ def owns_tree() -> bool:
 
 def interrupt_on_signals() -> dict[int, Any]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt (naming the signal) in the main thread, as Ctrl-C does, so that the
-    run stops through its cleanup instead of dying on the spot; the handlers they replace ({} off the main thread)."""
+    run stops through its cleanup instead of dying on the spot; Ctrl-C still raises it, and each is remembered
+    (`stop_requested`); the handlers they replace ({} off the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 
     def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        global _stop_signal
+        _stop_signal = signal.Signals(signum).name
+        raise KeyboardInterrupt(_stop_signal)
 
-    return {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    replaced = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        replaced[signal.SIGINT] = signal.signal(signal.SIGINT, stop)
+    return replaced
+
+
+def stop_requested() -> str | None:
+    """The signal that asked this process to stop (SIGINT, SIGTERM, SIGHUP), None if none did. A KeyboardInterrupt
+    raised inside a lock's wait can surface as another error (pytest then reports an internal error, not an
+    interruption): whoever decides whether a run was cut short by the user asks this too."""
+    return _stop_signal
 
 
 @contextlib.contextmanager
