@@ -4,8 +4,9 @@ A library we did not write can be wrong in a region of the input space (SGLang's
 divergence is documented in docs/FINDINGS.md with a case file, and every case of the region fails the same way.
 The adapter declares it so that the generic test does not spend minutes shrinking the same cause on every run:
 
-- `region`: which cases it covers, as feature values (`features`: axis -> values) and sizes (`shapes`: dim -> the
-  sizes, a tuple of them or a range {"min": a, "max": b}); a case is inside when every constraint holds;
+- `region`: which cases it covers, as feature values (`features`: axis -> values), sizes (`shapes`: dim -> the
+  sizes, a tuple of them or a range {"min": a, "max": b}) and integer parameters of the op (`params`: name -> values
+  or a range, e.g. grouped routing's `num_groups`); a case is inside when every constraint holds;
 - `checks`: the checks that fail there (a `fail` whose failed checks are all among them is the finding);
 - `case`: one case inside the region, which every run judges and which must still fail that way (if it passes,
   the finding no longer reproduces and its declaration must go);
@@ -32,23 +33,31 @@ RANGE_KEYS = ("min", "max")
 @dataclass(frozen=True)
 class KnownFinding:
     """A documented divergence of an adapter's kernel (module docstring). `features`: axis -> the values of the
-    region; `shapes`: dim -> a tuple of sizes or {"min": a, "max": b} (either bound may be left out)."""
+    region; `shapes`: dim -> a tuple of sizes or {"min": a, "max": b} (either bound may be left out); `params`: an
+    integer parameter of the op's cases -> values or a range, as `shapes`."""
 
     finding: str
     checks: tuple[str, ...]
     case: Case
     features: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     shapes: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     def contains(self, case: Case) -> bool:
         """Whether `case` lies in the region (a case of another op, or without one of its dims, does not)."""
-        return case.op == self.case.op and self.holds(case.features, case.shapes)
+        return case.op == self.case.op and self.holds(case.features, case.shapes, case.params)
 
-    def holds(self, features: Mapping[str, str], shapes: Mapping[str, int]) -> bool:
-        """Whether a case of the adapter's op with these features and sizes lies in the region."""
+    def holds(self, features: Mapping[str, str], shapes: Mapping[str, int],
+              params: Mapping[str, Any] | None = None) -> bool:
+        """Whether a case of the adapter's op with these features, sizes and parameters lies in the region (a case
+        without a constrained parameter does not)."""
         if any(features.get(axis) not in values for axis, values in self.features.items()):
             return False
-        return all(dim in shapes and _size_in(int(shapes[dim]), want) for dim, want in self.shapes.items())
+        if not all(dim in shapes and _size_in(int(shapes[dim]), want) for dim, want in self.shapes.items()):
+            return False
+        given = params or {}
+        return all(isinstance(given.get(name), int) and _size_in(given[name], want)
+                   for name, want in self.params.items())
 
     def expected(self, failed_checks: Sequence[str]) -> bool:
         """Whether a `fail` with these failed checks is this finding: some failed, each of them declared (a check of
@@ -59,19 +68,27 @@ class KnownFinding:
     def describe(self) -> str:
         """The region in words: `apply_weight_on_input in {Y}, k = 1, M >= 1`."""
         parts = [f"{axis} in {{{', '.join(values)}}}" for axis, values in self.features.items()]
-        parts += [_describe_size(dim, want) for dim, want in self.shapes.items()]
+        parts += [_describe_size(dim, want) for dim, want in {**self.shapes, **self.params}.items()]
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"finding": self.finding, "checks": list(self.checks), "case": self.case.to_dict(),
                 "features": {a: list(v) for a, v in self.features.items()},
-                "shapes": {d: (dict(w) if isinstance(w, Mapping) else list(w)) for d, w in self.shapes.items()}}
+                "shapes": _sizes_dict(self.shapes), "params": _sizes_dict(self.params)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KnownFinding:
         return cls(finding=d["finding"], checks=tuple(d["checks"]), case=Case.from_dict(d["case"]),
                    features={a: tuple(v) for a, v in d.get("features", {}).items()},
-                   shapes={k: dict(w) if isinstance(w, Mapping) else tuple(w) for k, w in d.get("shapes", {}).items()})
+                   shapes=_sizes_from(d.get("shapes", {})), params=_sizes_from(d.get("params", {})))
+
+
+def _sizes_dict(sizes: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (dict(w) if isinstance(w, Mapping) else list(w)) for k, w in sizes.items()}
+
+
+def _sizes_from(sizes: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: dict(w) if isinstance(w, Mapping) else tuple(w) for k, w in sizes.items()}
 
 
 def _size_in(size: int, want: Any) -> bool:
@@ -104,15 +121,16 @@ def validate(known: KnownFinding, adapter: str, op: str, support: Mapping[str, S
     if (known.case.adapter, known.case.op) != (adapter, op):
         raise ValueError(f"{where}: its case must be a case of adapter {adapter!r} (op {op}), got adapter "
                          f"{known.case.adapter!r} (op {known.case.op})")
-    if not known.features and not known.shapes:
+    if not known.features and not known.shapes and not known.params:
         raise ValueError(f"{where}: its region has no constraint, so it covers every case of the adapter; name the "
                          "feature values (features={axis: values}) or sizes (shapes={dim: sizes}) where it occurs")
     _check_features(known, where, support)
     _check_shapes(known, where)
+    _check_params(known, where)
     if not known.contains(known.case):
         raise ValueError(f"{where}: its case (features {dict(known.case.features)}, shapes {dict(known.case.shapes)}) "
                          f"lies outside its region ({known.describe()}); the region must contain it")
-    if all(set(v) >= set(support.get(a, ())) for a, v in known.features.items()) \
+    if not known.params and all(set(v) >= set(support.get(a, ())) for a, v in known.features.items()) \
             and all(_all_sizes(dim, want, limits) for dim, want in known.shapes.items()):
         raise ValueError(f"{where}: its region ({known.describe()}) covers every case the adapter declares; a "
                          "known finding excludes part of the input space, never all of it")
@@ -142,6 +160,19 @@ def _check_shapes(known: KnownFinding, where: str) -> None:
                                  f"may be left out) with min <= max, got {dict(want)!r}")
         elif isinstance(want, (str, bytes)) or not want or not all(isinstance(v, int) and v >= 0 for v in want):
             raise ValueError(f"{where}: shapes[{dim!r}] must be a non-empty tuple of sizes (ints >= 0) or a range "
+                             f"{{'min': a, 'max': b}}, got {want!r}")
+
+
+def _check_params(known: KnownFinding, where: str) -> None:
+    for name, want in known.params.items():
+        if not isinstance(known.case.params.get(name), int):
+            raise ValueError(f"{where}: params names {name!r}, which its case does not have as an integer; its "
+                             f"params: {', '.join(known.case.params) or 'none'}")
+        ok = (all(k in RANGE_KEYS and isinstance(v, int) for k, v in want.items()) and bool(want)
+              and want.get("min", 0) <= want.get("max", want.get("min", 0))) if isinstance(want, Mapping) else \
+            (not isinstance(want, (str, bytes)) and bool(want) and all(isinstance(v, int) for v in want))
+        if not ok:
+            raise ValueError(f"{where}: params[{name!r}] must be a non-empty tuple of ints or a range "
                              f"{{'min': a, 'max': b}}, got {want!r}")
 
 

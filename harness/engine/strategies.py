@@ -70,7 +70,7 @@ def cases(draw: st.DrawFn, adapter: Adapter, cells: Sequence[Mapping[str, str]],
 def known_region(adapter: Adapter, cell: Mapping[str, str], fields: Mapping[str, Any]) -> bool:
     """Whether a case of `cell` with these fields lies in one of the adapter's known findings' regions (the search
     draws again: the finding's own case is judged every run, `harness.core.known`)."""
-    return any(k.holds(cell, fields["shapes"]) for k in adapter.known)
+    return any(k.holds(cell, fields["shapes"], fields.get("params")) for k in adapter.known)
 
 
 class Searcher(Protocol):

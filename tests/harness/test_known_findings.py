@@ -201,3 +201,40 @@ def test_the_sglang_finding_is_the_documented_one() -> None:
     assert found.contains(case.replace(shapes={**case.shapes, "E": 1, "M": 40}))
     assert not found.contains(case.replace(shapes={**case.shapes, "k": 2}))
     assert not found.contains(case.replace(shapes={**case.shapes, "M": 0}))  # no token: it returns at once
+
+
+def _grouped(**change: object) -> KnownFinding:
+    """A region constrained by an op parameter (grouped routing's num_groups), as vllm-cuda-grouped-topk declares."""
+    found = KnownFinding(
+        finding="a fake finding: one group", checks=("topk_weights",), features={"scoring": ("softmax",)},
+        params={"num_groups": (1,)},
+        case=Case(op="grouped_routing", adapter="fake-grouped", features={"scoring": "softmax"},
+                  shapes={"E": 8, "M": 2, "k": 1}, params={"num_groups": 1, "topk_group": 1}, seed=0))
+    return dataclasses.replace(found, **change)
+
+
+def test_a_region_can_be_bounded_by_an_op_parameter() -> None:
+    from harness.core.known import validate
+
+    found = _grouped()
+    case = found.case
+    assert found.contains(case) and found.describe() == "scoring in {softmax}, num_groups = 1"
+    assert not found.contains(case.replace(params={"num_groups": 4, "topk_group": 2}))
+    assert not found.contains(case.replace(params={}))  # a case without the parameter lies outside
+    assert KnownFinding.from_dict(json.loads(json.dumps(found.to_dict()))) == found
+    ranged = _grouped(params={"num_groups": {"min": 2}}, case=case.replace(params={"num_groups": 2}))
+    assert ranged.contains(ranged.case) and not ranged.contains(case) and "num_groups >= 2" in ranged.describe()
+    # the search's test: a drawn case's fields carry its params
+    adapter = type("A", (), {"known": (found,)})()
+    assert hs.known_region(adapter, case.features, {"shapes": case.shapes, "params": case.params})
+    assert not hs.known_region(adapter, case.features, {"shapes": case.shapes, "params": {"num_groups": 2}})
+    support = {"scoring": ("softmax", "sigmoid")}
+    validate(found, "fake-grouped", "grouped_routing", support, {})
+    # a region bounded by a parameter never covers the whole space, even with every feature value named
+    validate(_grouped(features={"scoring": ("softmax", "sigmoid")}), "fake-grouped", "grouped_routing", support, {})
+    for change, words in [({"params": {"groups": (1,)}}, "params names 'groups'"),
+                          ({"params": {"num_groups": ()}}, "non-empty tuple of ints or a range"),
+                          ({"params": {"num_groups": {"min": 3, "max": 1}}}, "non-empty tuple of ints or a range"),
+                          ({"params": {"num_groups": (2,)}}, "lies outside its region")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            validate(_grouped(**change), "fake-grouped", "grouped_routing", support, {})
