@@ -118,7 +118,8 @@ def _run_topk_sigmoid(case: Case, inputs: Tensors, outputs: Tensors) -> None:
 
 GROUPED_SUPPORT = {"scoring": ("softmax", "sigmoid"), "correction_bias": ("Y",), "renormalize": ("Y", "N"),
                    "scaling_placement": ("weights", "reduce"), "logits_dtype": _FLOATS, "nonfinite_rows": ("N",)}
-GROUPED_CONVENTIONS = {"score_dtype": "input", "tie_break": "lower_index", "renormalize_eps": 1e-20}
+#: no tie order declared: on sm90 tied groups went to the higher group index in 6 of 140 cases (docs/FINDINGS.md 19)
+GROUPED_CONVENTIONS = {"score_dtype": "input", "renormalize_eps": 1e-20}
 #: the op's checks: n_group <= 32, topk <= 32; past 8 experts per token it leaves its small-count kernel
 GROUPED_LIMITS = {"max_num_groups": 32, "max_k": 32, "cross_k": 9}
 #: vLLM's scoring_func ids of the op
@@ -172,10 +173,33 @@ TOPK_SIGMOID = register(Adapter(
     support={"scoring": ("sigmoid",), **TOPK_SUPPORT}, conventions=TOPK_CONVENTIONS,
     limits={"cross_E": TOPK_CROSS_E}, **_ROUTING,
     description="vLLM CUDA topk_sigmoid (fused sigmoid + top-k, correction bias, renormalize), fp32 scores"))
+_GROUPED_CASE = Case(op="grouped_routing", adapter="vllm-cuda-grouped-topk", seed=0, dtypes={}, shapes={},
+                     features={"correction_bias": "Y", "nonfinite_rows": "N", "renormalize": "Y"})
+#: FINDINGS 16, softmax: with one group the weights come from (score + bias) - bias in fp32, so a score below half
+#: the bias's ulp weighs 0 and larger ones are rounded to that ulp
+SOFTMAX_ONE_GROUP_BIASED = KnownFinding(
+    finding="docs/FINDINGS.md 16 (softmax with one group: weights from (score + bias) - bias)",
+    checks=("topk_weights",), features={"scoring": ("softmax",)}, params={"num_groups": (1,)},
+    case=_GROUPED_CASE.replace(
+        seed=399514, routing="some_empty", dtypes={"router_logits": "bfloat16"}, shapes={"E": 8, "M": 2, "k": 1},
+        features={**_GROUPED_CASE.features, "logits_dtype": "bfloat16", "scaling_placement": "reduce",
+                  "scoring": "softmax"},
+        params={"num_groups": 1, "routed_scaling_factor": 1.0, "topk_group": 1}))
+#: FINDINGS 16, sigmoid: 0.5 * tanh(0.5 x) + 0.5 in fp32 has an absolute error near 2^-25 (tiny sigmoids are 0 or
+#: far off), on every path (one group and several)
+SIGMOID_TANH_FORM = KnownFinding(
+    finding="docs/FINDINGS.md 16 (sigmoid as 0.5 * tanh(0.5 x) + 0.5: absolute error of about 2^-25)",
+    checks=("topk_weights",), features={"scoring": ("sigmoid",)},
+    case=_GROUPED_CASE.replace(
+        seed=261, routing="skewed", dtypes={"router_logits": "float32"}, shapes={"E": 8, "M": 5, "k": 5},
+        features={**_GROUPED_CASE.features, "logits_dtype": "float32", "scaling_placement": "weights",
+                  "scoring": "sigmoid"},
+        params={"num_groups": 2, "routed_scaling_factor": 1.0, "topk_group": 2}))
+
 GROUPED_TOPK = register(Adapter(
     name="vllm-cuda-grouped-topk", op="grouped_routing", source="vllm _moe_C.grouped_topk (CUDA)", run=_run_grouped,
     support=GROUPED_SUPPORT, conventions=GROUPED_CONVENTIONS, limits=GROUPED_LIMITS, requires=_grouped_requires,
-    **_ROUTING,
+    known=(SOFTMAX_ONE_GROUP_BIASED, SIGMOID_TANH_FORM), **_ROUTING,
     description="vLLM CUDA grouped_topk (DeepSeek V3 noaux_tc: biased top-2 group scores), as fused_grouped_topk "
                 "calls it"))
 
