@@ -226,8 +226,14 @@ print(f"flashinfer: compiled {len(done)} translation units in {time.time() - t1:
 if r.returncode == 124:
     print("flashinfer: stopped at the time limit; run --build again (same options) to go on")
     sys.exit(3)
-if r.returncode != 0:
-    print(r.stdout[-8000:])
+if r.returncode != 0:  # the failed units and their messages first: ninja's command lines would bury them
+    out = r.stdout.splitlines()
+    failed = [i for i, line in enumerate(out) if line.startswith("FAILED:")]
+    for i in failed:
+        print("\n".join(line[:400] for line in out[i:i + 30] if not line.startswith("[")))
+    if not failed:
+        print(r.stdout[-4000:])
+    print("ninja stderr:", r.stderr[-4000:] or "-")
     sys.exit(r.returncode)
 missing = flashinfer_only.undefined_launchers(so)  # a narrowing that dropped what the dispatcher calls shows here
 if missing is None:

@@ -171,7 +171,9 @@ class Spec:
         self.ninja_path, self.jit_library_path = self.build_dir / "build.ninja", self.build_dir / f"{name}.so"
     def write_ninja(self):  # a real ninja file: each unit takes a moment, the link makes a shared library
         self.build_dir.mkdir(parents=True, exist_ok=True)
-        lines = ["# flags " + " ".join(self.flags), "rule cc", "  command = sleep 0.3 && echo > $out",
+        lines = ["# flags " + " ".join(self.flags), "rule cc",
+                 "  command = if grep -q BROKEN $in; then echo $in: error: a broken unit; exit 1; fi; "
+                 "sleep 0.3 && echo > $out # " + "long-nvcc-flags " * 200,
                  "rule link", "  command = c++ -shared -fPIC -x c++ /dev/null -o $out"]
         lines += [f"build {s.name}.o: cc {s}" for s in self.sources]
         lines += [f"build {self.name}.so: link " + " ".join(f"{s.name}.o" for s in self.sources),
@@ -197,10 +199,10 @@ def gen_cutlass_fused_moe_module(nvcc_flags, device_arch, use_fast_build=False, 
 }
 
 
-def bundle(folder: Path) -> Path:
+def bundle(folder: Path, files: dict[str, str] | None = None) -> Path:
     folder.mkdir(parents=True)
     with tarfile.open(folder / "flashinfer-bundle.tar.xz", "w:xz") as tar:
-        for name, text in STUB.items():
+        for name, text in (files or STUB).items():
             data = text.encode()
             info = tarfile.TarInfo(f"site/flashinfer/{name}")
             info.size = len(data)
@@ -275,3 +277,14 @@ def test_the_link_check_names_a_launcher_the_module_uses_but_lacks(tmp_path: Pat
         subprocess.run(["c++", "-shared", "-fPIC", "-O0", str(src), "-o", str(lib)], check=True, timeout=60)
         found[name] = fo.undefined_launchers(lib)
     assert found == {"whole": [], "narrowed": ["void tma_kernelLauncher<int>(int)"]}
+
+
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="needs ninja (on the GPU machine the bundle brings its own)")
+def test_a_failed_unit_is_named_with_its_message(tmp_path: Path) -> None:
+    # the units still running when one fails print their long command lines after its message (nvcc's are KBs)
+    broken = {**STUB, "data/csrc/moe_gemm_kernels_bf16_bf16.cu": STUB["data/csrc/moe_gemm_kernels_bf16_bf16.cu"]
+              + "BROKEN\n"}
+    done = build(bundle(tmp_path / "fi", broken), "--only", "bf16")
+    assert done.returncode not in (0, 3), done.stdout + done.stderr
+    assert "FAILED:" in done.stdout and "moe_gemm_kernels_bf16_bf16.cu: error: a broken unit" in done.stdout, (
+        done.stdout[-3000:])

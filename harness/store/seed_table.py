@@ -47,9 +47,11 @@ SEED_ROWS: tuple[SeedRow, ...] = (
             "vLLM's CUTLASS grouped fp8 GEMMs are CUDA ops of its extensions (bash scripts/vllm_cuda.sh): they run "
             "only on a GPU (sm90, sm100), never on the CPU; sm90 verdicts come from the lent GPU"),
     SeedRow("vLLM", "flashinfer", ("flashinfer-cutlass-experts",), "Y", "FlashInferExperts",
-            "FlashInfer 0.7.2.post1's sm90 CUTLASS MoE JIT-compiles 248 translation units on first use; on the lent "
-            "H100 10 compiled in 400 s (8 jobs), so the build (an hour or more) does not fit its 10-minute calls "
-            "(scripts/flashinfer.sh builds it resumably; the adapter runs wherever FlashInfer is installed)"),
+            "FlashInfer 0.7.2.post1's sm90 CUTLASS MoE module is 248 translation units; narrowed to the bf16 cells "
+            "(scripts/flashinfer.sh --build --only bf16 --fast: 58 units), 17 compiled in 409 s with 15 jobs on the "
+            "lent H200's 16 cores, four mixed-input MoE GEMM units taking 397-409 s each, before a failed unit "
+            "stopped the call: the rest (about 20-40 min) does not fit a session's 30 minutes of device time (the "
+            "adapter runs wherever FlashInfer is installed)"),
     SeedRow("vLLM", "gpt oss triton", ("vllm-oai-triton-experts",), "Y",
             "triton_kernel_fused_experts, OAITritonExperts",
             "OpenAI's triton_kernels (vendored by vLLM's CUDA wheel) launches its GEMMs (matmul_ogs) only on a GPU: "
