@@ -138,11 +138,16 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
             del resolved[other]
         t0 = time.perf_counter()
         try:  # the adapter's module is imported in its kernel host, never in this judging process
-            adapter = resolved.get(spec) or remote.open_adapter(spec, dev.device, spare=spare)
-            resolved[spec], spare = adapter, None
+            adapter = resolved.get(spec)
+            if adapter is None:
+                adapter, spare = remote.open_adapter(spec, dev.device, spare=spare), None
+            resolved[spec] = adapter
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
+        if spare is None:  # the next adapter's host starts while this one's cases are judged
+            spare = Host(dev.device)
+            spare.start()
         for index, case_dict in items:
             if adapter.host is not None:  # a host replaced after a death starts before the case's clock does
                 with contextlib.suppress(HostDied):

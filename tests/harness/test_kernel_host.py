@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from harness import plugin
+from harness.core.case import Case
 from harness.core.device import detect
 from harness.core.result import Result
 from harness.engine import host as host_mod
@@ -354,3 +355,56 @@ def test_an_adapter_opens_in_a_spare_host_started_ahead() -> None:
         spare.close()  # a failed check must not leave it running (pytest would wait for it at exit)
         unused.close()
     assert closed
+
+
+def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each adapter a worker opens takes the host started ahead, and a new one starts at once, before the adapter's
+    cases are judged: the next adapter's host start overlaps this one's cases (one spare at a time)."""
+    from harness.sweep import workers
+
+    events: list[str] = []
+
+    class FakeHost:
+        def __init__(self, device: str) -> None:
+            self.n = len([e for e in events if e.startswith("start")]) + 1
+
+        def start(self) -> None:
+            events.append(f"start host{self.n}")
+
+        def close(self) -> None:
+            events.append(f"close host{self.n}")
+
+    class FakeAdapter:
+        host = None
+
+    def open_adapter(spec: str, device: str, *, spare: FakeHost | None = None) -> FakeAdapter:
+        events.append(f"open {spec} in host{spare.n if spare else '?'}")
+        return FakeAdapter()
+
+    def judge(case: Case, adapter: object, dev: object, unverifiable: object) -> Result:
+        events.append(f"judge {case.adapter}")
+        return Result(case=case, verdict="pass", reason="")
+
+    class Conn:
+        def __init__(self, msgs: list) -> None:
+            self.msgs = msgs
+
+        def recv(self) -> object:
+            return self.msgs.pop(0)
+
+        def send(self, msg: tuple) -> None:
+            pass
+
+    monkeypatch.setattr(workers, "Host", FakeHost)
+    monkeypatch.setattr(workers.remote, "open_adapter", open_adapter)
+    monkeypatch.setattr(workers.remote, "close_adapter", lambda spec, device: events.append(f"close {spec}"))
+    monkeypatch.setattr(workers.remote, "close_all", lambda: None)
+    monkeypatch.setattr(workers, "judge_safely", judge)
+    case = {"a": Case(op="activation", adapter="a", features={}, shapes={}, seed=0).to_dict(),
+            "b": Case(op="activation", adapter="b", features={}, shapes={}, seed=0).to_dict()}
+    first = FakeHost("cpu")
+    first.start()
+    workers._judge_chunks(Conn([("a", [(0, case["a"])]), ("a", [(1, case["a"])]), ("b", [(2, case["b"])]), None]),
+                          detect("cpu"), None, first)
+    assert events == ["start host1", "open a in host1", "start host2", "judge a", "judge a", "close a",
+                      "open b in host2", "start host3", "judge b", "close host3"], events
