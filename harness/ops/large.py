@@ -21,8 +21,9 @@ from harness.ops.base import OpSpec, ValueClass
 
 #: the first flat offset an int32 cannot hold
 LARGE_OFFSET = 1 << 31
-#: the profiles that judge it (GPU runs only). Not `gpu` yet: on an H200 one such case (group_quant, 2.1e9 bf16
-#: elements, hosted) ran past 60 s, and each of some 20 adapters would get one in the GPU suite
+#: the profiles that judge it (GPU runs only). Not `gpu` yet: on an H200 one such case took 39 to 58 s in a kernel
+#: host (32 s in process), mostly copies through the CPU, and each of some 25 adapters would get one in the GPU
+#: suite (docs/PERFORMANCE.md)
 PROFILES = ("thorough",)
 #: the class's name, in every op
 NAME = "large_offsets"
