@@ -96,8 +96,16 @@ def _zipf(num: int, g: torch.Generator, a: float = 1.2) -> torch.Tensor:
     return ranks.pow(-a)
 
 
+def _on_device(case: Case, shape: tuple[int, ...], device: str) -> bool:
+    """Whether a routing-pattern tensor of `shape` is drawn on `device`: past `DEVICE_DRAWN_ABOVE` elements with the
+    plain `random` pattern (the others draw row by row on the CPU; a large case is grown with `random`)."""
+    return case.routing == "random" and device != "cpu" and math.prod(shape) > DEVICE_DRAWN_ABOVE
+
+
 def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *, k: int = 1) -> torch.Tensor:
     """Router logits [m, e] following the case's routing pattern."""
+    if _on_device(case, (m, e), device):
+        return (_drawn(case, "logits", (m, e), device, "randn") * 2.0).to(dtype)
     g = generator(case, "logits")
     x = torch.randn((m, e), generator=g, dtype=torch.float32) * 2.0
     pattern = case.routing
@@ -211,6 +219,8 @@ def topk_ids(case: Case, m: int, e: int, k: int, device: str) -> torch.Tensor:
     pattern = case.routing
     if m == 0:
         return torch.empty((0, k), dtype=torch.int32, device=device)
+    if _on_device(case, (m, e), device):
+        return _drawn(case, "topk_ids", (m, e), device, "rand").argsort(dim=1)[:, :k].to(torch.int32).contiguous()
     if pattern == "one_expert":
         ids = torch.randperm(e, generator=g)[:k].expand(m, k)
     elif pattern in ("skewed", "some_empty"):

@@ -43,6 +43,9 @@ class Large:
     #: params the grown case is drawn with (a value pattern built on the CPU from many full-size intermediates
     #: would cost more than the case; plain random values are drawn on the device)
     params: Mapping[str, Any] = field(default_factory=dict)
+    #: the routing pattern the grown case is drawn with, where its inputs follow one (`random`: drawn on the
+    #: device; the others draw row by row on the CPU: 20 s for a routing case's 2**31 logits on an H200)
+    routing: str | None = None
 
     def elements(self, fields: Mapping[str, Any]) -> int:
         return int(fields["shapes"][self.dim]) * self.per_unit(fields)
@@ -73,12 +76,12 @@ def _w13_per_n(fields: Mapping[str, Any]) -> int:
 
 #: op -> how its case passes 2**31 (the tensor named is the one whose offsets pass)
 LARGE: dict[str, Large] = {
-    "routing": Large("M", "router_logits [M, E]", lambda f: _s(f, "E")),
-    "grouped_routing": Large("M", "router_logits [M, E]", lambda f: _s(f, "E")),
+    "routing": Large("M", "router_logits [M, E]", lambda f: _s(f, "E"), routing="random"),
+    "grouped_routing": Large("M", "router_logits [M, E]", lambda f: _s(f, "E"), routing="random"),
     "activation": Large("T", "x [T, 2N]", lambda f: 2 * _s(f, "N")),
     "act_quant": Large("T", "x [T, 2N]", lambda f: 2 * _s(f, "N")),
     "group_quant": Large("M", "x [M, K]", lambda f: _s(f, "K"), {"pattern": "random"}),
-    "reduce": Large("M", "expert_out [M, k, K]", lambda f: _s(f, "k") * _s(f, "K")),
+    "reduce": Large("M", "expert_out [M, k, K]", lambda f: _s(f, "k") * _s(f, "K"), routing="random"),
     # the weights, with E and K of a small case and N grown (each expert's slice stays under 2**31, the expert
     # offset passes it); a case past 2**31 token slots would hold the tokens and intermediates as well
     "experts": Large("N", "w13 [local experts, 2N, K]", _w13_per_n),
@@ -96,7 +99,10 @@ def grow(op: str, adapter: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
         multiple = multiple * int(shapes["N"])
     shapes[how.dim] = how.size_past(fields, multiple)
     params = {**fields.get("params", {}), **how.params}
-    return {**{k: v for k, v in fields.items() if k != "features"}, "shapes": shapes, "params": params}
+    grown = {**{k: v for k, v in fields.items() if k != "features"}, "shapes": shapes, "params": params}
+    if how.routing is not None:
+        grown["routing"] = how.routing
+    return grown
 
 
 def _first_boundary(op: str, adapter: Any, cell: Mapping[str, str]) -> dict[str, Any]:

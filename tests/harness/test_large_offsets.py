@@ -189,3 +189,27 @@ def test_a_large_case_holds_the_machine_wide_lock(tmp_path) -> None:  # type: ig
     assert not taken()
     with large_lock.one_at_a_time(10, above=10, path=path) as held:
         assert not held and not taken()
+
+
+def test_large_routing_inputs_are_drawn_on_the_device_with_the_random_pattern(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops whose inputs follow a routing pattern grow their large case with `random`, the pattern drawn on the
+    device past DEVICE_DRAWN_ABOVE elements (the others draw row by row on the CPU); smaller tensors, other patterns
+    and the CPU keep the CPU's draw, so every replayable small case keeps its inputs."""
+    from harness.core import inputs as gen
+
+    for op in ("routing", "grouped_routing", "reduce"):
+        adapter = _reference(op)
+        for cell in hs.declared_cells(adapter, device_for("sm90"))[:3]:
+            fields = {"features": dict(cell), **large._first_boundary(op, adapter, cell)}
+            fields["routing"] = "skewed"
+            assert large.grow(op, adapter, fields)["routing"] == "random", op
+    big = Case(op="routing", adapter="x", features={}, shapes={}, seed=1, routing="random")
+    m, e = gen.DEVICE_DRAWN_ABOVE // 64 + 1, 64
+    assert gen._on_device(big, (m, e), "cuda:0")
+    assert not gen._on_device(big, (m, e), "cpu")
+    assert not gen._on_device(big, (m - 1, e), "cuda:0")
+    assert not gen._on_device(big.replace(routing="skewed"), (m, e), "cuda:0")
+    # below the threshold a GPU case's logits are the CPU's draw, moved (what a replay on another machine rebuilds)
+    monkeypatch.setattr(gen, "_drawn", lambda *a, **k: pytest.fail("drawn on the device below the threshold"))
+    small = big.replace(shapes={"M": 5, "E": 8, "k": 2})
+    assert gen.router_logits(small, 5, 8, torch.float32, "cpu").shape == (5, 8)
