@@ -145,7 +145,9 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
-        if spare is None:  # the next adapter's host starts while this one's cases are judged
+        if spare is None and dev.is_cuda:
+            # on a GPU the next adapter's host (its CUDA context) starts while this one's cases are judged; on the
+            # CPU the cores are busy judging, and a host started ahead only added work (7% on a 2-core sweep test)
             spare = Host(dev.device)
             spare.start()
         for index, case_dict in items:

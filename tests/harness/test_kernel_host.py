@@ -357,9 +357,12 @@ def test_an_adapter_opens_in_a_spare_host_started_ahead() -> None:
     assert closed
 
 
-def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each adapter a worker opens takes the host started ahead, and a new one starts at once, before the adapter's
-    cases are judged: the next adapter's host start overlaps this one's cases (one spare at a time)."""
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatch: pytest.MonkeyPatch,
+                                                                      gpu: bool) -> None:
+    """On a GPU each adapter a worker opens takes the host started ahead, and a new one starts at once, before the
+    adapter's cases are judged: the next adapter's host start overlaps this one's cases (one spare at a time). On
+    the CPU only the first host is started ahead."""
     from harness.sweep import workers
 
     events: list[str] = []
@@ -404,7 +407,13 @@ def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatc
             "b": Case(op="activation", adapter="b", features={}, shapes={}, seed=0).to_dict()}
     first = FakeHost("cpu")
     first.start()
+    dev = dataclasses.replace(detect("cpu"), device="cuda:0") if gpu else detect("cpu")
+    assert dev.is_cuda == gpu
     workers._judge_chunks(Conn([("a", [(0, case["a"])]), ("a", [(1, case["a"])]), ("b", [(2, case["b"])]), None]),
-                          detect("cpu"), None, first)
-    assert events == ["start host1", "open a in host1", "start host2", "judge a", "judge a", "close a",
-                      "open b in host2", "start host3", "judge b", "close host3"], events
+                          dev, None, first)
+    if gpu:
+        assert events == ["start host1", "open a in host1", "start host2", "judge a", "judge a", "close a",
+                          "open b in host2", "start host3", "judge b", "close host3"], events
+    else:
+        assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "open b in host?",
+                          "judge b"], events
