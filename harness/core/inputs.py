@@ -33,10 +33,15 @@ def generator(case: Case, stream: str) -> torch.Generator:
 DEVICE_DRAWN_ABOVE = 1 << 28
 
 
+def device_drawn(shape: tuple[int, ...], device: str) -> bool:
+    """Whether a tensor of `shape` for `device` is drawn there (`DEVICE_DRAWN_ABOVE`), not on the CPU."""
+    return device != "cpu" and math.prod(shape) > DEVICE_DRAWN_ABOVE
+
+
 def _drawn(case: Case, stream: str, shape: tuple[int, ...], device: str, draw: str) -> torch.Tensor:
     """`torch.randn` or `torch.rand` (`draw`) of `shape` in float32 from the case's stream: on the CPU, or on
-    `device` where the tensor is that large (`DEVICE_DRAWN_ABOVE`)."""
-    where = device if device != "cpu" and math.prod(shape) > DEVICE_DRAWN_ABOVE else "cpu"
+    `device` where the tensor is that large (`device_drawn`)."""
+    where = device if device_drawn(shape, device) else "cpu"
     g = generator(case, stream)
     if where != "cpu":
         g = torch.Generator(device=where).manual_seed(g.initial_seed())
@@ -99,7 +104,7 @@ def _zipf(num: int, g: torch.Generator, a: float = 1.2) -> torch.Tensor:
 def _on_device(case: Case, shape: tuple[int, ...], device: str) -> bool:
     """Whether a routing-pattern tensor of `shape` is drawn on `device`: past `DEVICE_DRAWN_ABOVE` elements with the
     plain `random` pattern (the others draw row by row on the CPU; a large case is grown with `random`)."""
-    return case.routing == "random" and device != "cpu" and math.prod(shape) > DEVICE_DRAWN_ABOVE
+    return case.routing == "random" and device_drawn(shape, device)
 
 
 def router_logits(case: Case, m: int, e: int, dtype: torch.dtype, device: str, *, k: int = 1) -> torch.Tensor:

@@ -154,11 +154,10 @@ def _check_shapes(known: KnownFinding, where: str) -> None:
             raise ValueError(f"{where}: shapes names dim {dim!r}, which its op's cases do not have; dims: "
                              f"{', '.join(known.case.shapes)}")
         if isinstance(want, Mapping):
-            bad = set(want) - set(RANGE_KEYS) or not want or not all(isinstance(v, int) for v in want.values())
-            if bad or want.get("min", 0) > want.get("max", want.get("min", 0)):
+            if not _valid_range(want):
                 raise ValueError(f"{where}: shapes[{dim!r}] as a range must be {{'min': int, 'max': int}} (either "
                                  f"may be left out) with min <= max, got {dict(want)!r}")
-        elif isinstance(want, (str, bytes)) or not want or not all(isinstance(v, int) and v >= 0 for v in want):
+        elif not _valid_values(want, least=0):
             raise ValueError(f"{where}: shapes[{dim!r}] must be a non-empty tuple of sizes (ints >= 0) or a range "
                              f"{{'min': a, 'max': b}}, got {want!r}")
 
@@ -168,12 +167,21 @@ def _check_params(known: KnownFinding, where: str) -> None:
         if not isinstance(known.case.params.get(name), int):
             raise ValueError(f"{where}: params names {name!r}, which its case does not have as an integer; its "
                              f"params: {', '.join(known.case.params) or 'none'}")
-        ok = (all(k in RANGE_KEYS and isinstance(v, int) for k, v in want.items()) and bool(want)
-              and want.get("min", 0) <= want.get("max", want.get("min", 0))) if isinstance(want, Mapping) else \
-            (not isinstance(want, (str, bytes)) and bool(want) and all(isinstance(v, int) for v in want))
-        if not ok:
+        if not (_valid_range(want) if isinstance(want, Mapping) else _valid_values(want)):
             raise ValueError(f"{where}: params[{name!r}] must be a non-empty tuple of ints or a range "
                              f"{{'min': a, 'max': b}}, got {want!r}")
+
+
+def _valid_range(want: Mapping[str, Any]) -> bool:
+    """{"min": a, "max": b} (either left out, not both) of ints with a <= b."""
+    return (bool(want) and set(want) <= set(RANGE_KEYS) and all(isinstance(v, int) for v in want.values())
+            and want.get("min", 0) <= want.get("max", want.get("min", 0)))
+
+
+def _valid_values(want: Any, least: int | None = None) -> bool:
+    """A non-empty sequence of ints (each at least `least`, when given)."""
+    return (not isinstance(want, (str, bytes)) and bool(want)
+            and all(isinstance(v, int) and (least is None or v >= least) for v in want))
 
 
 def _all_sizes(dim: str, want: Any, limits: Mapping[str, Any]) -> bool:

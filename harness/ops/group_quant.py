@@ -300,7 +300,7 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
 
 def make_inputs(case: Case, device: str) -> dict[str, torch.Tensor]:
     m, k = case.shape("M"), case.shape("K")
-    if case.params.get("pattern", "random") == "random" and device != "cpu" and m * k > gen.DEVICE_DRAWN_ABOVE:
+    if case.params.get("pattern", "random") == "random" and gen.device_drawn((m, k), device):
         # a case past 2**31 elements: its values drawn where it is judged (`gen.normal`), not built on the CPU
         x = gen.normal(case, "x", (m, k), device, scale=2.0 ** case.params.get("exponent", 0)).to(case.dtype("x"))
     else:

@@ -629,13 +629,20 @@ def pytest_sessionfinish_first(session: pytest.Session, exitstatus: int) -> None
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    else:
+    elif _interrupted(exitstatus) and owns_process(config):
         from harness.core import stopping
 
-        if not (exitstatus == pytest.ExitCode.INTERRUPTED or stopping.stop_requested()) or not owns_process(config):
-            return
         with stopping.uninterrupted():
             stopping.end_tree()
+
+
+def _interrupted(exitstatus: int) -> bool:
+    """Whether the session was cut short by Ctrl-C or a stop signal: its exit status says so, or, where the signal
+    landed inside a lock's wait and pytest ended with an internal error instead, the signal was seen
+    (`stopping.stop_requested`)."""
+    from harness.core import stopping
+
+    return exitstatus == pytest.ExitCode.INTERRUPTED or stopping.stop_requested() is not None
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -645,14 +652,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     uid = getattr(config.option, "testrunuid", None)
     if hasattr(config, "workerinput") or not uid or not is_active(config):
         return
-    from harness.core import stopping
     from harness.store.results import resolve_pending
 
     reporter = config.pluginmanager.getplugin("terminalreporter")
-    if exitstatus == pytest.ExitCode.INTERRUPTED or stopping.stop_requested():
+    if _interrupted(exitstatus):
         # Ctrl-C (or SIGTERM) reached the workers too: what they were running was cut short by the user, not by a
-        # kernel, so it stays without a verdict (not run) instead of becoming an error blamed on the kernel. The
-        # signal is asked for as well: one that lands inside a lock's wait ends the session as an internal error
+        # kernel, so it stays without a verdict (not run) instead of becoming an error blamed on the kernel
         if reporter is not None:
             reporter.write_line("moe-harness: session interrupted; the cases that were running have no verdict")
         return
