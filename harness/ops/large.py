@@ -1,11 +1,15 @@
-"""The large-offsets value class: one case per op whose largest flat offset in one tensor passes 2**31 elements.
+"""The large-offsets value class: one case per op whose offsets pass 2**31 elements where a kernel computes them.
 
-A kernel that computes an offset in int32 (`pid * stride` without a cast to int64) is right at every smaller size
-and reads or writes out of bounds past it. Such a case holds gigabytes, so only the GPU profiles judge it
-(`PROFILES`, `classes`; never `ci` or a CPU run), one per op, at the cheapest shape that passes: one dim of a
-small boundary case of the cell grown (`grow`) until the tensor `Large.tensor` holds more than 2**31 elements, so its
-last element's offset is at least 2**31. Its presence is read from the case's shapes (`Large.offset`), never from its
-inputs (which the CPU cannot build). An adapter that declares a `max_<dim>` on the grown dim does not get it.
+A kernel that computes an offset in int32 (`row * stride`, `expert * stride_e` without a cast to int64) is right at
+every smaller size and reads or writes out of bounds past it. Such a case holds gigabytes, so only the GPU profiles
+judge it (`PROFILES`, `classes`; never `ci` or a CPU run), one per op, at the cheapest shape that reaches the bug:
+one dim of a small boundary case of the cell grown (`grow`) until whole units of the tensor `Large.tensor` start
+past 2**31, not merely its last element. Kernels add an element's column to a row's (or a block's) start, so a
+tensor whose last row starts below 2**31 keeps every int32 product in range: the last `BLOCK_MARGIN` rows (a
+kernel's whole last block of rows) start at 2**31 or past it, and for the experts the last local expert's weights
+do, with a routed token reaching that expert. Its presence is read from the case's shapes (`Large.passes`), never
+from its inputs (which the CPU cannot build). An adapter that declares a `max_<dim>` on the grown dim does not get
+it.
 
 align has none: its output `sorted_token_ids` is int32 and holds flat slot ids up to M*k, so a case past 2**31
 slots cannot be expressed in its contract.
@@ -21,7 +25,11 @@ from harness.ops.base import OpSpec, ValueClass
 
 #: the first flat offset an int32 cannot hold
 LARGE_OFFSET = 1 << 31
-#: the profiles that judge it (GPU runs only). Not `gpu` yet: on an H200 one such case took 39 to 58 s in a kernel
+#: rows of the grown dim that start at 2**31 or past it (where the grown dim is the tensor's first): a kernel that
+#: computes `block * BLOCK_M * stride` in int32 overflows only in a block that starts past 2**31, so the last
+#: block of any BLOCK_M up to this many rows must
+BLOCK_MARGIN = 256
+#: the profiles that judge it (GPU runs only). Not `gpu` yet: on an H200 one such case took 32 to 58 s in a kernel
 #: host (32 s in process), mostly copies through the CPU, and each of some 25 adapters would get one in the GPU
 #: suite (docs/PERFORMANCE.md)
 PROFILES = ("thorough",)
@@ -30,12 +38,16 @@ NAME = "large_offsets"
 #: ops that cannot have it, and why
 NOT_EXPRESSIBLE = {"align": "its output sorted_token_ids is int32 and holds flat slot ids up to M*k: past 2**31 "
                             "slots the contract itself cannot express the result"}
+#: seeds tried for a grown experts case whose routed tokens reach the last local expert
+ROUTING_SEEDS = 256
 
 
 @dataclass(frozen=True)
 class Large:
     """How one op passes 2**31: `dim` grows; `per_unit(fields)` elements of `tensor` per unit of `dim` (the rest
-    of its shape; `fields`: a case's features, shapes and params), so the tensor holds `shapes[dim] * per_unit`."""
+    of its shape; `fields`: a case's features, shapes and params), so the tensor holds `shapes[dim] * per_unit`.
+    `outer(fields)`: the count of the tensor's first dim where that is not `dim` (the experts' w13 grows N; its
+    first dim is the local experts), whose last unit must start past 2**31."""
 
     dim: str
     tensor: str
@@ -46,17 +58,31 @@ class Large:
     #: the routing pattern the grown case is drawn with, where its inputs follow one (`random`: drawn on the
     #: device; the others draw row by row on the CPU: 20 s for a routing case's 2**31 logits on an H200)
     routing: str | None = None
+    outer: Callable[[Mapping[str, Any]], int] | None = None
 
     def elements(self, fields: Mapping[str, Any]) -> int:
         return int(fields["shapes"][self.dim]) * self.per_unit(fields)
 
-    def offset(self, fields: Mapping[str, Any]) -> int:
-        """The largest flat offset into `tensor` (its last element's)."""
-        return self.elements(fields) - 1
+    def _units(self, fields: Mapping[str, Any]) -> tuple[int, int]:
+        """The count of the tensor's first dim, and how many of its last units must start past 2**31."""
+        if self.outer is None:
+            return int(fields["shapes"][self.dim]), BLOCK_MARGIN
+        return self.outer(fields), 1
+
+    def passes(self, fields: Mapping[str, Any]) -> bool:
+        """Whether the last units of the tensor's first dim (`BLOCK_MARGIN` rows, or the last expert) start at
+        2**31 or past it."""
+        count, margin = self._units(fields)
+        return count > margin and (count - margin) * (self.elements(fields) // count) >= LARGE_OFFSET
 
     def size_past(self, fields: Mapping[str, Any], multiple: int = 1) -> int:
-        """The fewest units of `dim` (a multiple of `multiple`) that put the last offset at 2**31 or past it."""
-        units = LARGE_OFFSET // self.per_unit(fields) + 1
+        """The fewest units of `dim` (a multiple of `multiple`) with which the case `passes`."""
+        if self.outer is None:
+            units = -(-LARGE_OFFSET // self.per_unit(fields)) + BLOCK_MARGIN
+        else:
+            count = self.outer(fields)
+            per_outer_unit = self.per_unit(fields) // count  # elements of one expert per unit of `dim`
+            units = -(-LARGE_OFFSET // ((count - 1) * per_outer_unit))
         return -(-units // multiple) * multiple
 
 
@@ -64,14 +90,17 @@ def _s(fields: Mapping[str, Any], dim: str) -> int:
     return int(fields["shapes"][dim])
 
 
+def _local_experts(fields: Mapping[str, Any]) -> int:
+    return int(fields.get("params", {}).get("local_experts", _s(fields, "E")))
+
+
 def _w13_per_n(fields: Mapping[str, Any]) -> int:
     """Elements of w13 [local experts, 2N or N, K] per unit of N (2N rows for a gated activation)."""
     from harness.ops.experts_quant import ACTIVATIONS
     from reference.activations import is_gated
 
-    local = int(fields.get("params", {}).get("local_experts", _s(fields, "E")))
     act = fields.get("features", {}).get("activation")
-    return local * (2 if act is None or is_gated(ACTIVATIONS[act]) else 1) * _s(fields, "K")
+    return _local_experts(fields) * (2 if act is None or is_gated(ACTIVATIONS[act]) else 1) * _s(fields, "K")
 
 
 #: op -> how its case passes 2**31 (the tensor named is the one whose offsets pass)
@@ -82,16 +111,17 @@ LARGE: dict[str, Large] = {
     "act_quant": Large("T", "x [T, 2N]", lambda f: 2 * _s(f, "N")),
     "group_quant": Large("M", "x [M, K]", lambda f: _s(f, "K"), {"pattern": "random"}),
     "reduce": Large("M", "expert_out [M, k, K]", lambda f: _s(f, "k") * _s(f, "K"), routing="random"),
-    # the weights, with E and K of a small case and N grown (each expert's slice stays under 2**31, the expert
-    # offset passes it); a case past 2**31 token slots would hold the tokens and intermediates as well
-    "experts": Large("N", "w13 [local experts, 2N, K]", _w13_per_n),
+    # the weights, with E and K of a small case and N grown until the last local expert's slice starts past
+    # 2**31 (each slice stays under it: `expert * stride` is the product that passes); a case past 2**31 token
+    # slots would hold the tokens and intermediates as well
+    "experts": Large("N", "w13 [local experts, 2N, K]", _w13_per_n, outer=_local_experts),
 }
 
 
 def grow(op: str, adapter: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
     """`fields` (a small case of the cell) with the op's dim grown past 2**31 in its tensor (a multiple of the
     adapter's `<dim>_multiple` and of the dim's old size where it grows N, whose divisibility the cell's groups
-    need)."""
+    need); an experts case takes the first seed whose routed tokens reach the last local expert (`_reaching_seed`)."""
     how = LARGE[op]
     shapes = dict(fields["shapes"])
     multiple = int(adapter.limits.get(f"{how.dim}_multiple", 1))
@@ -102,7 +132,37 @@ def grow(op: str, adapter: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
     grown = {**{k: v for k, v in fields.items() if k != "features"}, "shapes": shapes, "params": params}
     if how.routing is not None:
         grown["routing"] = how.routing
+    if how.outer is not None:
+        grown["seed"] = _reaching_seed(op, adapter, fields)
     return grown
+
+
+def last_local_expert_routed(inputs: Mapping[str, Any], local: int) -> bool:
+    """Whether an experts case's inputs give its last local expert (of `local`) a token: a routed slot reaching it
+    (through the expert map where there is one), or in the batched format a count. That expert's weights are the
+    ones the grown case puts past 2**31."""
+    if "expert_num_tokens" in inputs:
+        return int(inputs["expert_num_tokens"][local - 1]) > 0
+    ids = inputs["topk_ids"].long().reshape(-1)
+    if "expert_map" in inputs:
+        ids = inputs["expert_map"].long()[ids]
+    return bool((ids == local - 1).any())
+
+
+def _reaching_seed(op: str, adapter: Any, fields: Mapping[str, Any]) -> int:
+    """The first seed from the case's own with which the small case's routed tokens reach its last local expert
+    (the routing and the map depend on the seed, M, E and k only, which the grown case keeps)."""
+    from harness import ops
+    from harness.core.case import Case
+
+    spec, first = ops.get(op), int(fields.get("seed", 0))
+    rest = {k: v for k, v in fields.items() if k not in ("features", "seed")}
+    for seed in range(first, first + ROUTING_SEEDS):
+        small = Case(op=op, adapter=adapter.name, features=dict(fields["features"]), seed=seed, **rest)
+        if last_local_expert_routed(spec.make_inputs(small, "cpu"), _local_experts(fields)):
+            return seed
+    raise ValueError(f"{op}: no seed of {first}..{first + ROUTING_SEEDS - 1} routes a token to the last local "
+                     f"expert of {dict(fields['shapes'])}")
 
 
 def _first_boundary(op: str, adapter: Any, cell: Mapping[str, str]) -> dict[str, Any]:
@@ -115,10 +175,12 @@ def _first_boundary(op: str, adapter: Any, cell: Mapping[str, str]) -> dict[str,
 
 
 def _base(op: str, fields: Mapping[str, Any]) -> bool:
-    """A case to grow: tokens and a local expert, no per-expert counts (they fix the token count), contiguous."""
+    """A case to grow: tokens and a local expert (two for the experts: the last one's weights start past 2**31),
+    no per-expert counts (they fix the token count), contiguous."""
     shapes, params = fields["shapes"], fields.get("params", {})
+    local_ok = LARGE[op].outer is None or _local_experts({"shapes": shapes, "params": params}) >= 2
     return (all(int(shapes.get(t, 1)) > 0 for t in ("M", "T", "max_tokens")) and params.get("local_experts", 1) != 0
-            and "counts" not in params and LARGE[op].dim in shapes and not fields.get("layout"))
+            and "counts" not in params and LARGE[op].dim in shapes and not fields.get("layout") and local_ok)
 
 
 def base_case(op: str, fields: Mapping[str, Any]) -> bool:
@@ -132,7 +194,7 @@ def large_class(op: str) -> ValueClass:
     return ValueClass(
         NAME, lambda a, c: a.limits.get(f"max_{how.dim}") is None, (),
         lambda a, c: grow(op, a, {"features": dict(c), **_first_boundary(op, a, c)}),
-        lambda case, inputs: how.offset(fields_of(case)) >= LARGE_OFFSET,
+        lambda case, inputs: how.passes(fields_of(case)),
         sized=True, profiles=PROFILES, reads_inputs=False)
 
 

@@ -21,20 +21,21 @@ from harness.ops.large import NAME, NOT_EXPRESSIBLE
 GATED = ("silu", "gelu", "gelu_tanh", "swigluoai", "swigluoai_uninterleave", "swiglustep")
 
 
-def _elements(case: Case) -> int:
-    """Elements of the tensor whose offsets pass 2**31, written out per op (not read from `harness.ops.large`)."""
+def _rows(case: Case) -> tuple[int, int]:
+    """The first dim of the tensor whose offsets pass 2**31 and its elements per unit, written out per op (not read
+    from `harness.ops.large`)."""
     s = case.shapes
     if case.op in ("routing", "grouped_routing"):
-        return s["M"] * s["E"]  # router_logits [M, E]
+        return s["M"], s["E"]  # router_logits [M, E]
     if case.op in ("activation", "act_quant"):
-        return s["T"] * 2 * s["N"]  # x [T, 2N]
+        return s["T"], 2 * s["N"]  # x [T, 2N]
     if case.op == "group_quant":
-        return s["M"] * s["K"]  # x [M, K]
+        return s["M"], s["K"]  # x [M, K]
     if case.op == "reduce":
-        return s["M"] * s["k"] * s["K"]  # expert_out [M, k, K]
+        return s["M"], s["k"] * s["K"]  # expert_out [M, k, K]
     local = case.params.get("local_experts", s["E"])  # experts: w13 [local experts, 2N (gated) or N, K]
     rows = 2 * s["N"] if case.features["activation"] in GATED else s["N"]
-    return local * rows * s["K"]
+    return local, rows * s["K"]
 
 
 def _reference(op: str) -> registry.Adapter:
@@ -50,19 +51,46 @@ def test_the_class_is_judged_under_the_thorough_gpu_profile_only(op: str) -> Non
 
 
 @pytest.mark.parametrize("op", [op for op in ops.available() if op not in NOT_EXPRESSIBLE])
-def test_one_case_per_op_just_past_2_31(op: str) -> None:
+def test_one_case_per_op_whose_last_rows_start_past_2_31(op: str) -> None:
+    """Not only the last element: the last 256 rows (a kernel's last block of rows) start at 2**31 or past it, so
+    `row * stride` in int32 wraps there; the experts' last local expert starts past it and a routed token reaches
+    it, so `expert * stride` wraps where a kernel reads. The cheapest such case: one row fewer does not."""
     adapter = _reference(op)
     cells = hs.declared_cells(adapter, device_for("sm90"))
     assert not hs.profile_class_cases(adapter, cells, "ci")
-    assert not [c for c in explicit_examples(adapter, cells) if _elements(c) > 1 << 31]
+    assert not [c for c in explicit_examples(adapter, cells) if _rows(c)[0] * _rows(c)[1] > 1 << 31]
     (case,) = hs.profile_class_cases(adapter, cells, "thorough")
-    assert _elements(case) - 1 >= 1 << 31, case.shapes  # the last element's flat offset
+    count, each = _rows(case)
     vc = large.classes(ops.get(op), "thorough")[-1]
     assert vc.present(case, {})
-    if op != "experts":  # the cheapest: one row fewer stays under (experts grow N by the cell's group multiple)
-        dim = "T" if "T" in case.shapes else "M"
-        fewer = case.replace(shapes={**case.shapes, dim: case.shapes[dim] - 1})
-        assert _elements(fewer) - 1 < 1 << 31 and not vc.present(fewer, {}), fewer.shapes
+    if op == "experts":
+        assert (count - 1) * each >= 1 << 31, case.shapes  # the last local expert's first weight
+        small = case.replace(shapes={**case.shapes, "N": 16})  # the same seed, tokens and experts: the same routing
+        inputs = ops.get(op).make_inputs(small, "cpu")
+        ids = inputs["topk_ids"].long()
+        local = inputs["expert_map"].long()[ids] if "expert_map" in inputs else ids
+        assert bool((local == count - 1).any()), (case.seed, ids.tolist())
+        return
+    assert (count - 256) * each >= 1 << 31 > (count - 257) * each, case.shapes
+    dim = "T" if "T" in case.shapes else "M"
+    fewer = case.replace(shapes={**case.shapes, dim: case.shapes[dim] - 1})
+    assert not vc.present(fewer, {}), fewer.shapes
+
+
+def test_an_experts_case_takes_a_seed_that_routes_to_the_last_local_expert() -> None:
+    """The grown experts case keeps the small case's tokens and experts and takes the first seed whose routing
+    reaches the last local expert, counting from the case's own: with one token of k = 1 over 8 experts, seed 1
+    does not, a later seed does."""
+    adapter = _reference("experts")
+    cell = hs.declared_cells(adapter, device_for("sm90"))[0]
+    base = {"features": dict(cell), "shapes": {"M": 1, "E": 8, "k": 1, "K": 32, "N": 16},
+            "dtypes": {"x": cell["dtype"]}, "routing": "random", "params": {}, "seed": 1}
+    seed = large.grow("experts", adapter, base)["seed"]
+    hits = []
+    for s in range(1, seed + 1):
+        small = Case(op="experts", adapter=adapter.name, **{**base, "seed": s})
+        hits.append(int(ops.get("experts").make_inputs(small, "cpu")["topk_ids"].reshape(-1)[0]) == 7)
+    assert seed > 1 and hits[-1] and not any(hits[:-1]), (seed, hits)
 
 
 #: (op, axis values of its reference cell) for the chunk test: row-independent ops

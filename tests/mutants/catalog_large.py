@@ -11,4 +11,8 @@ LARGE_MUTANTS: tuple[Mutant, ...] = (
         Patch("return rows.to(tl.int64) * stride", "return rows * stride"),),
         "row offsets computed in int32 (rows * stride wraps past 2**31 elements: reads and writes out of bounds)",
         {"unit": ("group",)}),
+    Mutant("experts-int32-expert-offsets", "triton-experts", "kernels.fused_experts", (
+        Patch("e64 = e.to(tl.int64)", "e64 = e"),),
+        "expert offsets computed in int32 (expert * stride_e wraps once an expert's weights start past 2**31 "
+        "elements: the tokens of the last experts read another expert's weights or out of bounds)"),
 )

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
+from harness import ops
 from harness.engine import strategies as hs
-from harness.ops.large import LARGE_OFFSET
+from harness.ops import large
 from tests.mutants.build import build, patched_source
 from tests.mutants.catalog_large import LARGE_MUTANTS
 
@@ -32,7 +33,7 @@ def test_large_mutant_gets_a_case_past_2_31(mutant, device_info) -> None:  # typ
     cells = hs.declared_cells(adapter, adapter.device_for(device_info))
     assert not hs.profile_class_cases(adapter, cells, "ci")
     (case,) = hs.profile_class_cases(adapter, cells, "thorough")
-    assert case.shapes["M"] * case.shapes["K"] > LARGE_OFFSET  # x [M, K]: its last offset is 2**31 or past
+    assert large.classes(ops.get(case.op), "thorough")[-1].present(case, {}), case.shapes
 
 
 @pytest.mark.parametrize("mutant", LARGE_MUTANTS, ids=lambda m: m.name)

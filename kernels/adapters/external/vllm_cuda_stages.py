@@ -196,10 +196,22 @@ SIGMOID_TANH_FORM = KnownFinding(
                   "scoring": "sigmoid"},
         params={"num_groups": 2, "routed_scaling_factor": 1.0, "topk_group": 2}))
 
+#: FINDINGS 19: past 8 groups (16 and 32 seen, E 64 and 128, fp32, bf16 and fp16, one token or 171) the kernel
+#: chooses among the first 8 groups only; E = 112 in 28 groups passed, so the region keeps to powers of two
+FIRST_EIGHT_GROUPS = KnownFinding(
+    finding="docs/FINDINGS.md 19 (past 8 groups, only groups 0-7 are chosen from)",
+    checks=("topk_ids",), shapes={"E": (16, 32, 64, 128, 256, 512)}, params={"num_groups": {"min": 9}},
+    case=_GROUPED_CASE.replace(
+        seed=2, routing="skewed", dtypes={"router_logits": "bfloat16"}, shapes={"E": 64, "M": 171, "k": 1},
+        layout={"router_logits": "column_step"},
+        features={**_GROUPED_CASE.features, "logits_dtype": "bfloat16", "scaling_placement": "weights",
+                  "scoring": "softmax"},
+        params={"num_groups": 16, "routed_scaling_factor": 2.5, "topk_group": 2}))
+
 GROUPED_TOPK = register(Adapter(
     name="vllm-cuda-grouped-topk", op="grouped_routing", source="vllm _moe_C.grouped_topk (CUDA)", run=_run_grouped,
     support=GROUPED_SUPPORT, conventions=GROUPED_CONVENTIONS, limits=GROUPED_LIMITS, requires=_grouped_requires,
-    known=(SOFTMAX_ONE_GROUP_BIASED, SIGMOID_TANH_FORM), **_ROUTING,
+    known=(SOFTMAX_ONE_GROUP_BIASED, SIGMOID_TANH_FORM, FIRST_EIGHT_GROUPS), **_ROUTING,
     description="vLLM CUDA grouped_topk (DeepSeek V3 noaux_tc: biased top-2 group scores), as fused_grouped_topk "
                 "calls it"))
 
