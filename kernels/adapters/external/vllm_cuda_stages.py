@@ -196,11 +196,11 @@ SIGMOID_TANH_FORM = KnownFinding(
                   "scoring": "sigmoid"},
         params={"num_groups": 2, "routed_scaling_factor": 1.0, "topk_group": 2}))
 
-#: FINDINGS 19: past 8 groups (16 and 32 seen, E 64 and 128, fp32, bf16 and fp16, one token or 171) the kernel
-#: chooses among the first 8 groups only; E = 112 in 28 groups passed, so the region keeps to powers of two
+#: FINDINGS 19: past 8 groups the kernel chooses among the first 8 groups only (direct calls: 16 and 32 groups, E 64
+#: and 128, fp32, bf16 and fp16, one token or 171; the generic test: E = 66 in 11 groups as well)
 FIRST_EIGHT_GROUPS = KnownFinding(
     finding="docs/FINDINGS.md 19 (past 8 groups, only groups 0-7 are chosen from)",
-    checks=("topk_ids",), shapes={"E": (16, 32, 64, 128, 256, 512)}, params={"num_groups": {"min": 9}},
+    checks=("topk_ids",), params={"num_groups": {"min": 9}},
     case=_GROUPED_CASE.replace(
         seed=2, routing="skewed", dtypes={"router_logits": "bfloat16"}, shapes={"E": 64, "M": 171, "k": 1},
         layout={"router_logits": "column_step"},
