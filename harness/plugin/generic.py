@@ -129,6 +129,11 @@ ACCEPTED = ("pass", "not-verifiable", "unsupported")
 #: the distinct causes of failure one property test finds before it stops looking and reports them
 MAX_CAUSES = 8
 
+#: kernel-host deaths (a crash, a lost CUDA context, a hang) after which a property test judges no more cases of
+#: that cell: each costs a fresh host with a fresh CUDA context (seconds on a loaded GPU), and a kernel that kills
+#: its host on every case of a cell has said so by then (other cells are still searched)
+DEATHS_PER_CELL = 2
+
 #: (verdict, what failed, the separating features: the (axis, value) pairs of the cell that set it apart)
 Cause = tuple[str, str, tuple[tuple[str, str], ...]]
 
@@ -166,12 +171,24 @@ class _Search:
         self.raised: dict[Cause, Result] = {}
         self.known: list[Result] = []  # fixed cases that failed as a known finding declares
         self.excluded = 0  # draws inside a known finding's region, not judged
+        self.deaths: dict[tuple[tuple[str, str], ...], int] = {}  # cell -> its cases that ended their kernel host
+        self.unjudged = 0  # cases of such cells not judged (`DEATHS_PER_CELL`)
+
+    def given_up(self, case: Case) -> bool:
+        """Whether `case` is not judged: a new case of a cell whose cases ended their kernel host DEATHS_PER_CELL
+        times."""
+        if case.case_id in self.seen or self.deaths.get(_cell(case), 0) < DEATHS_PER_CELL:
+            return False
+        self.unjudged += 1
+        return True
 
     def judge(self, case: Case) -> Result:
         if (r := self.seen.get(case.case_id)) is None:
             self.results.begin(case, self.device.to_dict(), self.device.generation)  # resolved if the kernel kills us
             r = self.seen[case.case_id] = runner.judge(case, self.adapter, self.device, unverifiable=self.unverifiable)
             self.results.append(r)
+            if r.metrics.get("host_died") or r.metrics.get("timeout"):
+                self.deaths[_cell(case)] = self.deaths.get(_cell(case), 0) + 1
             if r.verdict != "unsupported":
                 self.judged.append(r)
             if as_known(self.adapter.known, r) is not None:
@@ -189,6 +206,8 @@ class _Search:
 
     def example(self, case: Case) -> None:
         """An explicit example, judged before the search; the cause of its failure is known to the search."""
+        if self.given_up(case):
+            return
         if (key := self.cause(self.judge(case))) is not None:
             self.causes.setdefault(key, self.seen[case.case_id])
 
@@ -197,6 +216,8 @@ class _Search:
         distinct types apart and never shrinks one into another); a found cause passes, so the search goes on."""
         if finding_of(self.adapter.known, case) is not None:
             self.excluded += 1  # the finding's region: its own case is judged every run instead
+            return
+        if self.given_up(case):
             return
         r = self.judge(case)
         key = self.cause(r)
@@ -229,6 +250,10 @@ class _Search:
         chosen = {id(r) for r in self.causes.values()}
         parts = [f"{len(groups)} distinct cause(s) of failure among {len(self.judged)} judged cases"
                  + (f" (the search stopped after {MAX_CAUSES} causes)" if len(self.causes) >= MAX_CAUSES else "")]
+        if self.unjudged:
+            given_up = sum(n >= DEATHS_PER_CELL for n in self.deaths.values())
+            parts.append(f"{self.unjudged} case(s) of {given_up} cell(s) not judged: each of those cells' cases had "
+                         f"ended the kernel host {DEATHS_PER_CELL} times (crash, lost CUDA context or hang)")
         for n, ((verdict, what, separating), found) in enumerate(groups.items(), 1):
             where = (", ".join(f"{k}={v}" for k, v in separating) if separating
                      else "no feature value sets it apart (each ran without it elsewhere)")
@@ -236,6 +261,10 @@ class _Search:
             parts.append(f"cause {n}: {verdict} ({what}) where {where}; {len(found)} failing case(s), one of them:\n"
                          f"  {_explain(r)}")
         return "\n".join(parts) if groups else ""
+
+
+def _cell(case: Case) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(case.features.items()))
 
 
 def as_known(known: tuple[KnownFinding, ...], r: Result) -> KnownFinding | None:

@@ -34,6 +34,10 @@ _PROPERTY_ITEM = re.compile(rf"::{PROPERTY_TEST}\[(?P<name>.+?)(?:-shard(?P<shar
 ITEM_TARGET_S = 60.0
 #: the most shards one adapter's property test is split into (each shard draws at least a few cases of its own)
 MAX_SHARDS = 16
+#: a property test recorded as shorter than this (its shares summed as the heaviest implies) is not split: each
+#: item starts a kernel host with a CUDA context of its own, and in the loaded GPU suite the four 6-s shards of a
+#: reference adapter (2.2 s each on an idle H200) were mostly those starts
+SPLIT_ABOVE_S = 40.0
 
 
 def property_seconds(durations: Mapping[str, float]) -> dict[str, float]:
@@ -63,11 +67,14 @@ def shards_for(name: str, durations: Mapping[str, float], base: int, *, target_s
                most: int = MAX_SHARDS) -> int:
     """How many shards adapter `name`'s property test is split into: `base` (the session's count), or more where
     its recorded property test would make the heaviest item of `base` shards longer than `target_s` (at most
-    `most`; `property_peaks`). A session that does not split (`base` 1: one worker, or a CPU run) is left so; an
-    adapter the file does not know (a new one) gets `base`: on a GPU with eight workers or more, 4."""
+    `most`; `property_peaks`), or one where it is recorded as shorter than `SPLIT_ABOVE_S`. A session that does not
+    split (`base` 1: one worker, or a CPU run) is left so; an adapter the file does not know (a new one) gets
+    `base`: on a GPU with eight workers or more, 4."""
     total = property_peaks(durations).get(name)
     if base <= 1 or total is None:
         return base
+    if total < SPLIT_ABOVE_S:
+        return 1
     return max(base, min(most, math.ceil(total / target_s)))
 
 

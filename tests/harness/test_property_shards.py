@@ -12,7 +12,14 @@ import pytest
 
 from harness import plugin
 from harness.plugin import schedule
-from harness.plugin.schedule import ITEM_TARGET_S, MAX_SHARDS, Expected, property_seconds, shards_for
+from harness.plugin.schedule import (
+    ITEM_TARGET_S,
+    MAX_SHARDS,
+    SPLIT_ABOVE_S,
+    Expected,
+    property_seconds,
+    shards_for,
+)
 
 GENERIC = "harness/plugin/generic.py::test_declared_cases_pass"
 #: the longest an item may take in the GPU suite
@@ -28,18 +35,31 @@ def _recorded(seconds: dict[str, list[float]]) -> dict[str, float]:
 
 def test_a_long_property_test_is_split_into_more_shards() -> None:
     # the SGLang shards of the GPU suite before: 340 s and 285 s among four
-    durations = _recorded({"slow": [340.0, 285.0, 40.0, 35.0], "fast": [10.0] * 4, "huge": [3000.0] * 4})
-    assert property_seconds(durations) == {"slow": 700.0, "fast": 40.0, "huge": 12000.0}
+    durations = _recorded({"slow": [340.0, 285.0, 40.0, 35.0], "fast": [10.5] * 4, "huge": [3000.0] * 4,
+                           "short": [6.0, 6.0, 2.0, 6.0]})
+    assert property_seconds(durations) == {"slow": 700.0, "fast": 42.0, "huge": 12000.0, "short": 20.0}
     assert shards_for("slow", durations, base=4) == MAX_SHARDS  # its heaviest share: 340 s x 4 / 60 s = 23
     even = _recorded({"even": [100.0] * 4, "uneven": [150.0, 50.0, 100.0, 100.0]})
     assert shards_for("even", even, base=4) == 7  # 400 s / 60 s
     assert shards_for("uneven", even, base=4) == 10  # the same 400 s, but one share of 150 s: 600 s / 60 s
-    assert shards_for("fast", durations, base=4) == 4  # never fewer than the session's count
+    assert shards_for("fast", durations, base=4) == 4  # not fewer than the session's count past SPLIT_ABOVE_S
+    assert shards_for("short", durations, base=4) == 1  # under it: one item, one kernel host start
+    assert shards_for("short", durations, base=1) == 1
     assert shards_for("unknown", durations, base=4) == 4
     assert shards_for("huge", durations, base=4) == MAX_SHARDS
     assert shards_for("slow", durations, base=1) == 1  # a session that does not split (CPU, few workers)
     # recorded under another shard count (unsplit here): the same total
     assert shards_for("slow", {f"{GENERIC}[slow-shard0]": 700.0}, base=2) == 12
+
+
+def test_a_short_property_test_is_one_item() -> None:
+    """Recorded under SPLIT_ABOVE_S (its heaviest share times its shards: 9 s x 4 = 36 s), an adapter's property
+    test is one item however many shards it was recorded with; at or past it, the session's count."""
+    assert SPLIT_ABOVE_S == 40.0
+    assert shards_for("a", _recorded({"a": [9.0, 5.0, 5.0, 5.0]}), base=4) == 1
+    assert shards_for("a", _recorded({"a": [39.0]}), base=4) == 1
+    assert shards_for("a", _recorded({"a": [10.0, 5.0, 5.0, 5.0]}), base=4) == 4
+    assert shards_for("a", _recorded({"a": [20.0, 20.0]}), base=2) == 2
 
 
 def test_no_item_is_expected_past_the_limit_where_the_cap_allows() -> None:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from harness import cli, registry
 from harness.core.case import Case
 from harness.core.device import detect
 from harness.engine import runner
+from harness.plugin.generic import DEATHS_PER_CELL
 from harness.registry import Adapter
 from harness.store import manifest
 from harness.store.results import load_results
@@ -128,6 +130,11 @@ def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> Non
     dead = [r for r in load_results([tmp_path]) if r.adapter == "robust-segv"]
     assert dead and all(r.verdict == "error" and "SIGSEGV" in r.reason for r in dead), [r.reason for r in dead]
     assert all((tmp_path / "cases" / f"{r.case.case_id}.json").exists() for r in dead)
+    # a kernel that kills its host on every case is given up on per cell after DEATHS_PER_CELL deaths (each costs a
+    # fresh host), and the report says how many cases were left
+    per_cell = Counter(tuple(sorted(r.case.features.items())) for r in dead)
+    assert max(per_cell.values()) == DEATHS_PER_CELL, per_cell
+    assert "not judged: each of those cells' cases had ended the kernel host" in out, out[-3000:]
 
 
 def test_a_segfault_in_a_supervised_session_leaves_its_verdict(tmp_path: Path) -> None:
@@ -302,10 +309,12 @@ def test_the_plugin_sets_a_case_timeout_by_default() -> None:
 _C_LEVEL_HANG = """
 import signal
 import time
+from collections import Counter
 from harness import registry
 from harness.core.case import Case
 from harness.core.device import detect
 from harness.engine import runner
+from harness.plugin.generic import DEATHS_PER_CELL
 import dataclasses
 ref = registry.resolve("reference-activation")
 def run(case, inputs, outputs):
