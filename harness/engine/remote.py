@@ -70,6 +70,7 @@ class RemoteAdapter(Adapter):
     rule_kind: str | None = None  # None: no rule; "cell": the rule ignores shapes; "shapes": it takes them
     notes: tuple[str, ...] = ()  # what the host said its module changed on import (diagnostics)
     tampered: str = ""  # how another module changed its declarations in the host (`registry.sealed`)
+    module: str | None = None  # the module of its run function (in the host)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _asked(self, key: tuple, msg: tuple) -> dict[str, Any]:
@@ -165,9 +166,28 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
         test_aid=bool(m.get("test_aid")), conventions_for=_marker_conventions_for if m.get("conventions_for") else None,
         library=library, spec=spec, host=host, rule_kind=m.get("rule"),
         notes=tuple([*m.get("import_changes", []), *m.get("import_accepted", [])]), tampered=m.get("tampered") or "",
-        known=tuple(KnownFinding.from_dict(k) for k in m.get("known", [])))
+        known=tuple(KnownFinding.from_dict(k) for k in m.get("known", [])), module=m.get("module"))
     ref.append(adapter)
     return adapter
+
+
+#: the top-level packages of this repository's own adapters (our kernels, the references): trusted alike
+OWN_PACKAGES = ("kernels", "reference", "harness")
+
+
+def host_family(adapter: Any) -> str | None:
+    """Which adapters may share a sweep worker's kernel host with this one (None: it gets a host of its own):
+    those of one installed library (its distribution: one body of code, trusted or not as a whole), and this
+    repository's own adapters when registered by name. A user's `module:object`, another package's entry point and
+    a test's fixture each keep a host of their own, so that a kernel that tampers with its host reaches no other
+    adapter's verdicts."""
+    spec = getattr(adapter, "spec", "") or getattr(adapter, "name", "")
+    if adapter.library is not None:
+        return f"library:{adapter.library.distribution}"
+    module = getattr(adapter, "module", None) or ""
+    if ":" not in spec and module.split(".")[0] in OWN_PACKAGES:
+        return "own"
+    return None
 
 
 #: (spec, device, TRITON_INTERPRET) -> the adapter and its host, least recently used first

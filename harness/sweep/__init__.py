@@ -275,8 +275,9 @@ def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str
                 finished.append((index, run.gated[case.case_id], True))
             else:
                 items.append((index, case))
+        family = remote.host_family(adapter)
         for at in range(0, len(items), chunk_size):
-            chunks.append(_Chunk(spec_name, items[at:at + chunk_size]))
+            chunks.append(_Chunk(spec_name, items[at:at + chunk_size], family=family))
     run.left_of = Counter(run.owner[i].name for i in run.cases)
     return chunks, finished
 

@@ -123,7 +123,8 @@ def _serve(conn: Connection, device: str, results_dir: str, run_id: str, threads
 
 
 def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | None, spare: Host | None) -> None:
-    resolved: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}  # the adapters open in this worker: one kernel host, shared by one family
+    family: str | None = None
     conn.send(("ready", os.getpid()))
     while True:
         msg = conn.recv()
@@ -132,16 +133,21 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
             if spare is not None:
                 spare.close()
             break
-        spec, items = msg
-        for other in [k for k in resolved if k != spec]:  # one kernel host at a time
-            remote.close_adapter(other, dev.device)
-            del resolved[other]
+        spec, items, *rest = msg
+        kin = rest[0] if rest else None
+        shared = _shared_host(resolved, family, kin) if spec not in resolved else None
+        if spec not in resolved and shared is None:
+            for other in list(resolved):  # one kernel host at a time
+                remote.close_adapter(other, dev.device)
+                del resolved[other]
         t0 = time.perf_counter()
         try:  # the adapter's module is imported in its kernel host, never in this judging process
             adapter = resolved.get(spec)
-            if adapter is None:
+            if adapter is None and shared is not None:
+                adapter = remote.open_adapter(spec, dev.device, host=shared)
+            elif adapter is None:
                 adapter, spare = remote.open_adapter(spec, dev.device, spare=spare), None
-            resolved[spec] = adapter
+            resolved[spec], family = adapter, kin
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
@@ -168,6 +174,16 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         conn.send(("idle",))
 
 
+def _shared_host(resolved: dict[str, Any], family: str | None, kin: str | None) -> Host | None:
+    """The kernel host of the open adapters when the next one is of their family (`remote.host_family`) and it is
+    alive: the next adapter is loaded into it instead of a host of its own (no start, no new CUDA context)."""
+    hosts = {id(a.host): a.host for a in resolved.values() if a.host is not None}
+    if kin is None or kin != family or len(hosts) != 1:
+        return None
+    (host,) = hosts.values()
+    return host if host.alive() else None
+
+
 def _context() -> Any:
     """Workers must never inherit a CUDA context, so no plain fork. A fork server is a fresh process (it never
     touches CUDA) that imports torch once; each worker forks from it, so replacing a dead worker costs a fraction
@@ -190,6 +206,7 @@ class _Chunk:
     spec: str  # how the worker resolves the adapter (name or module:object)
     items: list[tuple[int, Case]]
     silent_deaths: int = 0
+    family: str | None = None  # adapters of one family share a worker's kernel host (`remote.host_family`)
 
 
 @dataclass
@@ -307,7 +324,7 @@ class WorkerPool:
         moved = self._unsent(owner)[-taken[1]:]
         gone = {i for i, _ in moved}
         owner.chunk.items = [it for it in owner.chunk.items if it[0] not in gone]
-        return _Chunk(owner.chunk.spec, moved)
+        return _Chunk(owner.chunk.spec, moved, family=owner.chunk.family)
 
     @staticmethod
     def _unsent(slot: _Slot) -> list[tuple[int, Case]]:
@@ -348,7 +365,7 @@ class WorkerPool:
                 slot.chunk, slot.judged = chunk, chunk.spec
             index, case = slot.chunk.items[0]
             slot.sent = index
-            slot.conn.send((slot.chunk.spec, [(index, case.to_dict())]))
+            slot.conn.send((slot.chunk.spec, [(index, case.to_dict())], slot.chunk.family))
 
     def drain(self, slot: _Slot) -> None:
         try:
@@ -447,7 +464,7 @@ class WorkerPool:
                         self.mark(i, f"not run: the worker died {chunk.silent_deaths} times before starting a case "
                                      f"of this chunk (last: {why})", "died")
                 else:
-                    self.chunks.appendleft(_Chunk(chunk.spec, rest, chunk.silent_deaths))
+                    self.chunks.appendleft(_Chunk(chunk.spec, rest, chunk.silent_deaths, chunk.family))
         if slot.conn is not None:
             slot.conn.close()
         slot.proc, slot.conn, slot.chunk, slot.current, slot.sent = None, None, None, None, None

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -359,15 +361,23 @@ def test_an_adapter_opens_in_a_spare_host_started_ahead() -> None:
     assert closed
 
 
-@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
-def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatch: pytest.MonkeyPatch,
-                                                                      gpu: bool) -> None:
-    """On a GPU each adapter a worker opens takes the host started ahead, and a new one starts at once, before the
-    adapter's cases are judged: the next adapter's host start overlaps this one's cases (one spare at a time). On
-    the CPU only the first host is started ahead."""
-    from harness.sweep import workers
+class _Conn:
+    """A worker's pipe to the parent: the messages it will receive, in order."""
 
-    events: list[str] = []
+    def __init__(self, msgs: list) -> None:
+        self.msgs = msgs
+
+    def recv(self) -> object:
+        return self.msgs.pop(0)
+
+    def send(self, msg: tuple) -> None:
+        pass
+
+
+def _fake_worker(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
+    """A sweep worker whose kernel hosts, adapters and judging only say what they do (into `events`); the host
+    class, for the first host."""
+    from harness.sweep import workers
 
     class FakeHost:
         def __init__(self, device: str) -> None:
@@ -379,43 +389,98 @@ def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatc
         def close(self) -> None:
             events.append(f"close host{self.n}")
 
-    class FakeAdapter:
-        host = None
+        def alive(self) -> bool:
+            return True
 
-    def open_adapter(spec: str, device: str, *, spare: FakeHost | None = None) -> FakeAdapter:
-        events.append(f"open {spec} in host{spare.n if spare else '?'}")
-        return FakeAdapter()
+        def ready(self) -> None:
+            pass
+
+    @dataclasses.dataclass
+    class FakeAdapter:
+        host: FakeHost | None
+
+    def open_adapter(spec: str, device: str, *, spare: FakeHost | None = None,
+                     host: FakeHost | None = None) -> FakeAdapter:
+        if host is not None:
+            events.append(f"open {spec} in shared host{host.n}")
+            return FakeAdapter(host)
+        if spare is None:  # a host of its own, started now
+            spare = FakeHost(device)
+            spare.start()
+        events.append(f"open {spec} in host{spare.n}")
+        return FakeAdapter(spare)
 
     def judge(case: Case, adapter: object, dev: object, unverifiable: object) -> Result:
         events.append(f"judge {case.adapter}")
         return Result(case=case, verdict="pass", reason="")
-
-    class Conn:
-        def __init__(self, msgs: list) -> None:
-            self.msgs = msgs
-
-        def recv(self) -> object:
-            return self.msgs.pop(0)
-
-        def send(self, msg: tuple) -> None:
-            pass
 
     monkeypatch.setattr(workers, "Host", FakeHost)
     monkeypatch.setattr(workers.remote, "open_adapter", open_adapter)
     monkeypatch.setattr(workers.remote, "close_adapter", lambda spec, device: events.append(f"close {spec}"))
     monkeypatch.setattr(workers.remote, "close_all", lambda: None)
     monkeypatch.setattr(workers, "judge_safely", judge)
-    case = {"a": Case(op="activation", adapter="a", features={}, shapes={}, seed=0).to_dict(),
-            "b": Case(op="activation", adapter="b", features={}, shapes={}, seed=0).to_dict()}
-    first = FakeHost("cpu")
+    return FakeHost
+
+
+def _case(name: str) -> dict[str, Any]:
+    return Case(op="activation", adapter=name, features={}, shapes={}, seed=0).to_dict()
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatch: pytest.MonkeyPatch,
+                                                                      gpu: bool) -> None:
+    """On a GPU each adapter a worker opens takes the host started ahead, and a new one starts at once, before the
+    adapter's cases are judged: the next adapter's host start overlaps this one's cases (one spare at a time). On
+    the CPU only the first host is started ahead."""
+    from harness.sweep import workers
+
+    events: list[str] = []
+    first = _fake_worker(monkeypatch, events)("cpu")
     first.start()
     dev = dataclasses.replace(detect("cpu"), device="cuda:0") if gpu else detect("cpu")
     assert dev.is_cuda == gpu
-    workers._judge_chunks(Conn([("a", [(0, case["a"])]), ("a", [(1, case["a"])]), ("b", [(2, case["b"])]), None]),
-                          dev, None, first)
+    workers._judge_chunks(_Conn([("a", [(0, _case("a"))]), ("a", [(1, _case("a"))]), ("b", [(2, _case("b"))]),
+                                 None]), dev, None, first)
     if gpu:
         assert events == ["start host1", "open a in host1", "start host2", "judge a", "judge a", "close a",
                           "open b in host2", "start host3", "judge b", "close host3"], events
     else:
-        assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "open b in host?",
-                          "judge b"], events
+        assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "start host2",
+                          "open b in host2", "judge b"], events
+
+
+def test_adapters_of_one_family_share_a_sweep_workers_kernel_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next adapter of the open adapters' family (one library, or this repository's own) is loaded into their
+    kernel host: no host closed, none started; an adapter of no family, or of another one, closes them and takes a
+    host of its own."""
+    from harness.sweep import workers
+
+    events: list[str] = []
+    first = _fake_worker(monkeypatch, events)("cpu")
+    first.start()
+    msgs = [("a", [(0, _case("a"))], "own"), ("b", [(1, _case("b"))], "own"), ("a", [(2, _case("a"))], "own"),
+            ("user", [(3, _case("user"))], None), ("c", [(4, _case("c"))], "own"),
+            ("v1", [(5, _case("v1"))], "library:vllm"), ("v2", [(6, _case("v2"))], "library:vllm"), None]
+    workers._judge_chunks(_Conn(msgs), detect("cpu"), None, first)
+    assert events == ["start host1", "open a in host1", "judge a", "open b in shared host1", "judge b", "judge a",
+                      "close a", "close b", "start host2", "open user in host2", "judge user", "close user",
+                      "start host3", "open c in host3", "judge c", "close c", "start host4", "open v1 in host4",
+                      "judge v1", "open v2 in shared host4", "judge v2"], events
+
+
+def test_which_adapters_share_a_kernel_host() -> None:
+    """One installed library's adapters, and this repository's own registered by name; never a `module:object` spec
+    (a user's kernel, a test's hostile fixture), nor another package's adapter."""
+    from harness.engine.remote import host_family
+
+    def adapter(spec: str, module: str, library: str | None = None) -> Any:
+        lib = None if library is None else SimpleNamespace(distribution=library)
+        return SimpleNamespace(spec=spec, name=spec.split("#")[-1], module=module, library=lib)
+
+    assert host_family(adapter("triton-experts", "kernels.adapters.experts")) == "own"
+    assert host_family(adapter("reference-reduce", "reference.reduce")) == "own"
+    assert host_family(adapter("vllm-cuda-align", "kernels.adapters.external.vllm_cuda_stages", "vllm")) == \
+        "library:vllm"
+    assert host_family(adapter(f"{FIXTURE}:ATTACKS#hostile-fork", "tests.harness.fixtures.hostile")) is None
+    assert host_family(adapter("kernels.adapters.experts:TRITON", "kernels.adapters.experts")) is None
+    assert host_family(adapter("my-kernel", "my_moe_kernel.harness_adapter")) is None
