@@ -176,22 +176,33 @@ OWN_PACKAGES = ("kernels", "reference", "harness")
 
 
 def host_family(adapter: Any) -> str | None:
-    """Which adapters may share a sweep worker's kernel host with this one (None: it gets a host of its own):
-    those of one installed library (its distribution: one body of code, trusted or not as a whole), and this
-    repository's own adapters when registered by name. A user's `module:object`, another package's entry point and
-    a test's fixture each keep a host of their own, so that a kernel that tampers with its host reaches no other
-    adapter's verdicts."""
-    spec = getattr(adapter, "spec", "") or getattr(adapter, "name", "")
-    if adapter.library is not None:
-        return f"library:{adapter.library.distribution}"
-    module = getattr(adapter, "module", None) or ""
-    if ":" not in spec and module.split(".")[0] in OWN_PACKAGES:
+    """Which adapters may share a kernel host with this one (None: it gets a host of its own): those of one
+    installed library (its distribution: one body of code, trusted or not as a whole), and this repository's own
+    adapters when registered by name. A user's `module:object`, another package's entry point and a test's fixture
+    each keep a host of their own, so that a kernel that tampers with its host reaches no other adapter's
+    verdicts."""
+    library = adapter.library.distribution if adapter.library is not None else None
+    return family_of(getattr(adapter, "spec", "") or adapter.name, getattr(adapter, "module", None), library)
+
+
+def manifest_family(spec: str, manifest: Mapping[str, Any]) -> str | None:
+    """`host_family` of the adapter a host described in `manifest` (a listing's), loaded by `spec`."""
+    lib = manifest.get("library")
+    return family_of(spec, manifest.get("module"), lib.get("distribution") if lib else None)
+
+
+def family_of(spec: str, module: str | None, library: str | None) -> str | None:
+    if library is not None:
+        return f"library:{library}"
+    if ":" not in spec and (module or "").split(".")[0] in OWN_PACKAGES:
         return "own"
     return None
 
 
 #: (spec, device, TRITON_INTERPRET) -> the adapter and its host, least recently used first
 _OPEN: dict[tuple[str, str, str], RemoteAdapter] = {}
+#: the same keys -> the adapter's host family (`host_family`), as it was opened
+_FAMILIES: dict[tuple[str, str, str], str | None] = {}
 #: kernel hosts one judging process keeps running, on a GPU and elsewhere: each is a process with torch loaded and,
 #: on a GPU, a CUDA context (hundreds of MB of device memory), and a pytest worker meets every adapter. The least
 #: recently used one is stopped beyond this; its adapter object stays usable (a stopped host starts again on the
@@ -203,12 +214,13 @@ def _cap(device: str) -> int:
     return MAX_OPEN_HOSTS["cuda" if device.startswith("cuda") else "cpu"]
 
 
-def open_adapter(spec: str, device: str, *, host: Host | None = None, spare: Host | None = None) -> RemoteAdapter:
+def open_adapter(spec: str, device: str, *, host: Host | None = None, spare: Host | None = None,
+                 family: str | None = None) -> RemoteAdapter:
     """The adapter `spec` (a registered name or `module:object[#name]`) in a kernel host of its own on `device`
     (or in `host`, shared with other adapters, to read their declarations: planning runs no kernel). spare: a host
     on `device` started ahead and holding no adapter yet, to load it into instead of starting one (unused when the
-    adapter's host is open already). ValueError when the spec names no adapter, HostError when the host cannot
-    load it."""
+    adapter's host is open already). family: its `host_family`; an open host of that family on `device` takes it
+    instead of a new one. ValueError when the spec names no adapter, HostError when the host cannot load it."""
     if host is not None:
         return _described(spec, host)
     # a host takes the judge's environment when it starts: one started under another TRITON_INTERPRET (a test that
@@ -217,13 +229,27 @@ def open_adapter(spec: str, device: str, *, host: Host | None = None, spare: Hos
     if key in _OPEN:
         _OPEN[key] = _OPEN.pop(key)  # now the most recently used
         return _OPEN[key]
-    same_kind = [k for k in _OPEN if _cap(k[1]) == _cap(device)]
-    for old in same_kind[: max(0, len(same_kind) - _cap(device) + 1)]:
-        found = _OPEN[old]
-        if found.host is not None and found.host.alive():
-            found.host.close()
-    _OPEN[key] = _described(spec, spare if spare is not None else Host(device))
+    mate = next((a for k, a in reversed(_OPEN.items()) if family is not None and k[1:] == key[1:]
+                 and _FAMILIES.get(k) == family and a.host is not None and a.host.alive()), None)
+    if mate is None:
+        _stop_least_recent(device)
+    _OPEN[key] = _described(spec, mate.host if mate is not None else spare if spare is not None else Host(device))
+    _FAMILIES[key] = family
     return _OPEN[key]
+
+
+def _stop_least_recent(device: str) -> None:
+    """Before a host starts on `device`: stop the least recently used hosts of its kind beyond the cap (hosts, not
+    adapters: adapters of one family share one). Their adapter objects stay usable."""
+    recent: dict[int, Host] = {}  # by the most recent use of any of its adapters
+    for k, a in _OPEN.items():
+        if _cap(k[1]) == _cap(device) and a.host is not None:
+            recent.pop(id(a.host), None)
+            recent[id(a.host)] = a.host
+    hosts = list(recent.values())
+    for old in hosts[: max(0, len(hosts) - _cap(device) + 1)]:
+        if old.alive():
+            old.close()
 
 
 def _described(spec: str, host: Host) -> RemoteAdapter:
@@ -237,6 +263,7 @@ def close_adapter(spec: str, device: str) -> None:
     """Stop the hosts of `spec` on `device` (one per TRITON_INTERPRET setting they were started under)."""
     for key in [k for k in _OPEN if k[:2] == (spec, device)]:
         found = _OPEN.pop(key)
+        _FAMILIES.pop(key, None)
         if found.host is not None:
             found.host.close()
 
@@ -246,6 +273,7 @@ def close_all() -> None:
     """Stop every open host together, within one deadline (harness.engine.host.close_hosts)."""
     hosts = [a.host for a in _OPEN.values() if a.host is not None]
     _OPEN.clear()
+    _FAMILIES.clear()
     with contextlib.suppress(Exception):
         close_hosts(list({id(h): h for h in hosts}.values()))
 

@@ -233,6 +233,11 @@ def adapter_spec(config: pytest.Config, name: str) -> str:
     return (adapter_reference(local) if local is not None else None) or name
 
 
+def listed_manifest(config: pytest.Config, name: str) -> dict[str, Any] | None:
+    """What the session's listing says of adapter `name` (`remote.Catalog.manifests`), or None."""
+    return _catalog(config).manifests.get(name)
+
+
 def local_only(config: pytest.Config, name: str) -> Any:
     """The adapter object a test built and registered in this process under `name` (no module holds it, so no kernel
     host can load it; it is judged here, with the in-process checks), else None."""

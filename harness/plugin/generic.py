@@ -75,12 +75,15 @@ def _skip_or_count_unverified(request: pytest.FixtureRequest, name: str, results
 def _hosted(request: pytest.FixtureRequest, name: str, device) -> registry.Adapter:  # type: ignore[no-untyped-def]
     """Adapter `name` in its kernel host on this worker's device: its module is never imported here, the judge."""
     from harness.engine import remote
-    from harness.plugin import adapter_spec, local_only
+    from harness.plugin import adapter_spec, listed_manifest, local_only
 
     if (local := local_only(request.config, name)) is not None:
         return local
-    try:
-        return remote.open_adapter(adapter_spec(request.config, name), device.device)
+    spec = adapter_spec(request.config, name)
+    manifest = listed_manifest(request.config, name)
+    family = remote.manifest_family(spec, manifest) if manifest is not None else None
+    try:  # adapters of one family share this worker's kernel host (no host start, no new CUDA context)
+        return remote.open_adapter(spec, device.device, family=family)
     except remote.HostError as e:
         pytest.fail(f"{name}: its kernel host could not load it: {e}", pytrace=False)
 

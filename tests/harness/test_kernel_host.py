@@ -484,3 +484,23 @@ def test_which_adapters_share_a_kernel_host() -> None:
     assert host_family(adapter(f"{FIXTURE}:ATTACKS#hostile-fork", "tests.harness.fixtures.hostile")) is None
     assert host_family(adapter("kernels.adapters.experts:TRITON", "kernels.adapters.experts")) is None
     assert host_family(adapter("my-kernel", "my_moe_kernel.harness_adapter")) is None
+
+
+def test_open_adapters_of_one_family_share_a_host_and_the_cap_counts_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a judging process (a pytest worker) an adapter of an open host's family is loaded into that host; one of
+    no family gets its own; past the cap the least recently used host stops, however many adapters it holds."""
+    from harness.engine import remote
+
+    monkeypatch.setattr(remote, "_OPEN", {})
+    monkeypatch.setattr(remote, "_FAMILIES", {})
+    monkeypatch.setitem(remote.MAX_OPEN_HOSTS, "cpu", 2)
+    try:
+        a = remote.open_adapter("reference-activation", "cpu", family="own")
+        b = remote.open_adapter("reference-reduce", "cpu", family="own")
+        c = remote.open_adapter(f"{FIXTURE}:HONEST", "cpu")
+        assert b.host is a.host and c.host is not a.host
+        assert remote.open_adapter("reference-activation", "cpu", family="own") is a  # the open one, now recent
+        d = remote.open_adapter(f"{FIXTURE}:ATTACKS#hostile-plain-wrong", "cpu")  # a third host: c's is the oldest
+        assert a.host.alive() and not c.host.alive() and d.host.alive() and d.host is not a.host
+    finally:
+        remote.close_all()
