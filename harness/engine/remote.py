@@ -192,6 +192,8 @@ def manifest_family(spec: str, manifest: Mapping[str, Any]) -> str | None:
 
 
 def family_of(spec: str, module: str | None, library: str | None) -> str | None:
+    if os.environ.get("MOE_HARNESS_SHARED_HOSTS", "") in ("0", "off"):  # every adapter a host of its own
+        return None
     if library is not None:
         return f"library:{library}"
     if ":" not in spec and (module or "").split(".")[0] in OWN_PACKAGES:

@@ -468,7 +468,7 @@ def test_adapters_of_one_family_share_a_sweep_workers_kernel_host(monkeypatch: p
                       "judge v1", "open v2 in shared host4", "judge v2"], events
 
 
-def test_which_adapters_share_a_kernel_host() -> None:
+def test_which_adapters_share_a_kernel_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """One installed library's adapters, and this repository's own registered by name; never a `module:object` spec
     (a user's kernel, a test's hostile fixture), nor another package's adapter."""
     from harness.engine.remote import host_family
@@ -484,6 +484,9 @@ def test_which_adapters_share_a_kernel_host() -> None:
     assert host_family(adapter(f"{FIXTURE}:ATTACKS#hostile-fork", "tests.harness.fixtures.hostile")) is None
     assert host_family(adapter("kernels.adapters.experts:TRITON", "kernels.adapters.experts")) is None
     assert host_family(adapter("my-kernel", "my_moe_kernel.harness_adapter")) is None
+    monkeypatch.setenv("MOE_HARNESS_SHARED_HOSTS", "off")  # every adapter a host of its own
+    assert host_family(adapter("triton-experts", "kernels.adapters.experts")) is None
+    assert host_family(adapter("vllm-cuda-align", "kernels.adapters.external.vllm_cuda_stages", "vllm")) is None
 
 
 def test_open_adapters_of_one_family_share_a_host_and_the_cap_counts_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
