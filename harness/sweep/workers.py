@@ -135,18 +135,17 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
             break
         spec, items, *rest = msg
         kin = rest[0] if rest else None
-        shared = _shared_host(resolved, family, kin) if spec not in resolved else None
-        if spec not in resolved and shared is None:
-            for other in list(resolved):  # one kernel host at a time
+        if spec not in resolved and (kin is None or kin != family):
+            for other in list(resolved):  # one kernel host at a time (the adapters of one family share it)
                 remote.close_adapter(other, dev.device)
                 del resolved[other]
         t0 = time.perf_counter()
         try:  # the adapter's module is imported in its kernel host, never in this judging process
             adapter = resolved.get(spec)
-            if adapter is None and shared is not None:
-                adapter = remote.open_adapter(spec, dev.device, host=shared)
-            elif adapter is None:
-                adapter, spare = remote.open_adapter(spec, dev.device, spare=spare), None
+            if adapter is None:  # into the open host of its family (`remote.open_adapter`), else the spare
+                adapter = remote.open_adapter(spec, dev.device, spare=spare, family=kin)
+                if adapter.host is spare:
+                    spare = None
             resolved[spec], family = adapter, kin
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
@@ -172,16 +171,6 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
                 os._exit(3)
             t0 = time.perf_counter()  # a replaced host's start counts from here
         conn.send(("idle",))
-
-
-def _shared_host(resolved: dict[str, Any], family: str | None, kin: str | None) -> Host | None:
-    """The kernel host of the open adapters when the next one is of their family (`remote.host_family`) and it is
-    alive: the next adapter is loaded into it instead of a host of its own (no start, no new CUDA context)."""
-    hosts = {id(a.host): a.host for a in resolved.values() if a.host is not None}
-    if kin is None or kin != family or len(hosts) != 1:
-        return None
-    (host,) = hosts.values()
-    return host if host.alive() else None
 
 
 def _context() -> Any:

@@ -400,14 +400,9 @@ def _fake_worker(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
         host: FakeHost | None
 
     def open_adapter(spec: str, device: str, *, spare: FakeHost | None = None,
-                     host: FakeHost | None = None) -> FakeAdapter:
-        if host is not None:
-            events.append(f"open {spec} in shared host{host.n}")
-            return FakeAdapter(host)
-        if spare is None:  # a host of its own, started now
-            spare = FakeHost(device)
-            spare.start()
-        events.append(f"open {spec} in host{spare.n}")
+                     family: str | None = None) -> FakeAdapter:
+        # with no spare: wherever remote.open_adapter puts it (a new host, or its family's open one)
+        events.append(f"open {spec}" + (f" in host{spare.n}" if spare else "") + (f" ({family})" if family else ""))
         return FakeAdapter(spare)
 
     def judge(case: Case, adapter: object, dev: object, unverifiable: object) -> Result:
@@ -445,14 +440,15 @@ def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatc
         assert events == ["start host1", "open a in host1", "start host2", "judge a", "judge a", "close a",
                           "open b in host2", "start host3", "judge b", "close host3"], events
     else:
-        assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "start host2",
-                          "open b in host2", "judge b"], events
+        assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "open b", "judge b"], \
+            events
 
 
 def test_adapters_of_one_family_share_a_sweep_workers_kernel_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The next adapter of the open adapters' family (one library, or this repository's own) is loaded into their
-    kernel host: no host closed, none started; an adapter of no family, or of another one, closes them and takes a
-    host of its own."""
+    """The next adapter of the open adapters' family (one library, or this repository's own) is opened with its
+    family and the open ones stay (`remote.open_adapter` loads it into their host:
+    test_open_adapters_of_one_family_share_a_host_and_the_cap_counts_hosts); an adapter of no family, or of another
+    one, closes them first."""
     from harness.sweep import workers
 
     events: list[str] = []
@@ -462,10 +458,9 @@ def test_adapters_of_one_family_share_a_sweep_workers_kernel_host(monkeypatch: p
             ("user", [(3, _case("user"))], None), ("c", [(4, _case("c"))], "own"),
             ("v1", [(5, _case("v1"))], "library:vllm"), ("v2", [(6, _case("v2"))], "library:vllm"), None]
     workers._judge_chunks(_Conn(msgs), detect("cpu"), None, first)
-    assert events == ["start host1", "open a in host1", "judge a", "open b in shared host1", "judge b", "judge a",
-                      "close a", "close b", "start host2", "open user in host2", "judge user", "close user",
-                      "start host3", "open c in host3", "judge c", "close c", "start host4", "open v1 in host4",
-                      "judge v1", "open v2 in shared host4", "judge v2"], events
+    assert events == ["start host1", "open a in host1 (own)", "judge a", "open b (own)", "judge b", "judge a",
+                      "close a", "close b", "open user", "judge user", "close user", "open c (own)", "judge c",
+                      "close c", "open v1 (library:vllm)", "judge v1", "open v2 (library:vllm)", "judge v2"], events
 
 
 def test_which_adapters_share_a_kernel_host(monkeypatch: pytest.MonkeyPatch) -> None:
