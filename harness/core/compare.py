@@ -58,9 +58,9 @@ def run_bits(t: torch.Tensor) -> torch.Tensor:
     them); a NaN where the other run has a number still differs. fp8 NaN codes are kept as they are."""
     import torch
 
-    t = t.detach().cpu()
+    t = t.detach()
     if t.dtype.is_floating_point and t.element_size() > 1:
-        t = torch.where(t.isnan(), torch.tensor(float("nan"), dtype=t.dtype), t)
+        t = torch.where(t.isnan(), torch.tensor(float("nan"), dtype=t.dtype, device=t.device), t)
     return bits(t)
 
 

@@ -138,6 +138,10 @@ class Arena:
     (`put`, `empty`), resets it before each run, and grows it into a new file when a run needs more. `fd` is the
     open file a host is handed (`sent_to`: the pid of the host that has the current one)."""
 
+    #: where the tensors lie ("cpu": shared memory) and the alignment of each one's start
+    kind = "cpu"
+    align = _ALIGN
+
     def __init__(self, size: int = 1 << 20):
         self.size, self.used, self.start = 0, 0, 0
         self.fd = -1
@@ -147,8 +151,12 @@ class Arena:
 
     def _grow(self, size: int) -> None:
         self.close()
-        self.start = _ALIGN * secrets.randbelow(64)  # where the first tensor lies: nothing stable to recognise
+        self.start = self.align * secrets.randbelow(64)  # where the first tensor lies: nothing stable to recognise
         size += self.start
+        self._allocate(size)
+        self.used = self.start
+
+    def _allocate(self, size: int) -> None:
         fd, where = _new_file()
         try:
             _allocate(fd, size, where)
@@ -156,7 +164,10 @@ class Arena:
         except BaseException:
             os.close(fd)
             raise
-        self.fd, self.size, self.used = fd, size, self.start
+        self.fd, self.size = fd, size
+
+    def view(self, slot: Slot) -> torch.Tensor:
+        return view(self.buf, slot)
 
     def reserve(self, nbytes: int) -> None:
         """Make room for `nbytes` from the start (a new, larger file when needed); forgets what was allocated."""
@@ -166,12 +177,12 @@ class Arena:
 
     def empty(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[torch.Tensor, Slot]:
         nbytes = _span(shape, stride) * dtype.itemsize
-        offset = -(-self.used // _ALIGN) * _ALIGN + _ALIGN * secrets.randbelow(_GAPS)
+        offset = -(-self.used // self.align) * self.align + self.align * secrets.randbelow(_GAPS)
         if offset + nbytes > self.size:
             raise MemoryError(f"arena of {self.size} bytes is full (reserve more before the run)")
         self.used = offset + nbytes
         slot = Slot(offset, str(dtype).removeprefix("torch."), tuple(shape), tuple(stride), nbytes)
-        return view(self.buf, slot), slot
+        return self.view(slot), slot
 
     def put(self, t: torch.Tensor) -> tuple[torch.Tensor, Slot]:
         """A copy of `t` in the arena with its strides, when they are dense or spread without overlap (a padded, a
@@ -223,10 +234,53 @@ def _spread(t: torch.Tensor) -> bool:
     return True
 
 
-def arena_bytes(tensors: list[torch.Tensor | tuple[torch.dtype, tuple[int, ...], tuple[int, ...]]]) -> int:
+def arena_bytes(tensors: list[torch.Tensor | tuple[torch.dtype, tuple[int, ...], tuple[int, ...]]],
+                align: int = _ALIGN) -> int:
     """Bytes an arena needs for these tensors (or (dtype, shape, stride) triples), alignment included."""
     total = 0
     for t in tensors:
         dtype, shape, stride = (t.dtype, tuple(t.shape), tuple(t.stride())) if isinstance(t, torch.Tensor) else t
-        total += -(-_span(shape, stride) * dtype.itemsize // _ALIGN) * _ALIGN + _ALIGN * _GAPS
+        total += -(-_span(shape, stride) * dtype.itemsize // align) * align + align * _GAPS
     return total
+
+
+def device_view(mem: Any, slot: Slot) -> torch.Tensor:
+    """The tensor `slot` describes in shared GPU memory `mem` (`device_share.SharedDeviceMemory`), a tensor of its
+    own storage as torch would allocate it."""
+    dt = _dtype(slot.dtype)
+    raw = mem.tensor(slot.offset, slot.nbytes)[:slot.nbytes]
+    return raw.view(dt).as_strided(slot.shape, slot.stride, 0)
+
+
+class DeviceArena(Arena):
+    """An arena in GPU memory (`device_share`): a case judged on the GPU hands its host the tensors where they
+    already are. `fd` is the exported allocation a host is handed, as an `Arena`'s file."""
+
+    kind = "cuda"
+    #: torch's CUDA caching allocator aligns every block to 512 bytes; a kernel may rely on that much
+    align = 512
+
+    def __init__(self, size: int, device: str):
+        self.device, self.mem = device, None
+        super().__init__(size)
+
+    def _allocate(self, size: int) -> None:
+        from harness.engine.device_share import SharedDeviceMemory
+
+        self.mem = SharedDeviceMemory.create(size, self.device)
+        self.fd, self.size = int(self.mem.fd), self.mem.size  # type: ignore[arg-type]
+
+    def view(self, slot: Slot) -> torch.Tensor:
+        return device_view(self.mem, slot)
+
+    def reserve(self, nbytes: int) -> None:
+        """As `Arena.reserve`, but a new allocation grows by a quarter, not twice (these are gigabytes of a GPU)."""
+        self.used = self.start
+        if self.start + nbytes > self.size:
+            self._grow(max(nbytes, self.size + self.size // 4))
+
+    def close(self) -> None:
+        if self.mem is not None:  # closes the exported descriptor too
+            self.mem.close()
+            self.mem = None
+        self.fd, self.sent_to = -1, None

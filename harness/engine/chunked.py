@@ -80,10 +80,12 @@ def _whole(parts: list[tuple[slice, Check]], m: int, field: str) -> torch.Tensor
         t = c.expected if c.expected is not None else getattr(c, field)
         return () if t is None else tuple(t.shape)
 
-    whole = torch.zeros((m, *max((shape(c)[1:] for _, c in parts), key=len)), dtype=torch.bool)
+    # where the chunks' tensors lie (a case judged on the GPU: its gigabytes of mask stay there)
+    device = next(t.device for _, c in parts for t in (c.expected, getattr(c, field)) if t is not None)
+    whole = torch.zeros((m, *max((shape(c)[1:] for _, c in parts), key=len)), dtype=torch.bool, device=device)
     for rows, c in parts:
         t = getattr(c, field)
-        whole[rows] = True if t is None else t.detach().cpu().expand(shape(c))
+        whole[rows] = True if t is None else t.detach().to(device).expand(shape(c))
     return whole
 
 

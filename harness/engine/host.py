@@ -232,6 +232,8 @@ class Host:
         self.proc: Any = None
         self.conn: Any = None
         self.arena: Arena | None = None
+        self.device_arena: Arena | None = None  # GPU memory shared with it (`runner._reserved_arena`)
+        self.device_share_error: str | None = None  # why it cannot have one
         self.left_behind = 0  # processes the host's kernels started and left running, killed with it
         self.log: str | None = None  # the host's stdout and stderr (one file across its restarts)
         self.plan: sandbox.Launch | None = None
@@ -375,9 +377,10 @@ def close_hosts(hosts: list[Host], grace: float = CLOSE_GRACE_S) -> None:
     _wait_ended(live, grace)
     _kill_all(hosts)
     for h in hosts:
-        if h.arena is not None:
-            h.arena.close()
-            h.arena = None
+        for arena in (h.arena, h.device_arena):
+            if arena is not None:
+                arena.close()
+        h.arena = h.device_arena = None
 
 
 def _wait_ended(hosts: list[Host], seconds: float) -> list[Host]:

@@ -23,7 +23,7 @@ from harness import registry
 from harness.core import isolation, paths
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
-from harness.engine.arena import Slot, _dense, _dtype, _span, _spread, view
+from harness.engine.arena import Slot, _dense, _dtype, _span, _spread, device_view, view
 from harness.engine.interpreter_faults import interpreter_fault
 from harness.registry import Adapter, SupportRuleError, Unsupported
 
@@ -154,6 +154,7 @@ class Served:
             unverifiable_here()  # the interpreter's fidelity fixes, installed before any kernel module is imported
         self.adapters: dict[str, Adapter] = {}
         self.buf: Any = None
+        self.device_mem: Any = None  # the judge's device arena, mapped here (`do_device_arena`)
         self.conn: Any = None  # the pipe to the judge (set by the host's loop)
 
     def adapter(self, spec: str) -> Adapter:
@@ -239,11 +240,41 @@ class Served:
         self.buf = buf
         return {"ok": True}
 
+    def do_device_arena(self, size: int) -> dict[str, Any]:
+        """Map the judge's device arena (GPU memory, `device_share`) whose exported file descriptor comes right
+        after this request; a failure is the judge's cue to use the shared-memory arena."""
+        from multiprocessing.reduction import recv_handle
+
+        from harness.engine.device_share import SharedDeviceMemory
+
+        fd = recv_handle(self.conn)
+        self.drop_device_arena()
+        try:
+            self.device_mem = SharedDeviceMemory.open_fd(fd, size, self.device)
+        except Exception as e:
+            return {"device_arena_error": f"{type(e).__name__}: {e}"}
+        finally:
+            os.close(fd)
+        return {"ok": True}
+
+    def drop_device_arena(self) -> None:
+        if self.device_mem is not None:
+            torch.cuda.synchronize()
+            self.device_mem.close()
+            self.device_mem = None
+
+    def do_drop_device_arena(self) -> dict[str, Any]:
+        """Unmap the device arena (the judge releases a large one after its case)."""
+        self.drop_device_arena()
+        return {"ok": True}
+
     def do_run(self, spec: str, case: Mapping[str, Any], arena: tuple[str, int], inputs: Mapping[str, Any],
                outputs: Mapping[str, Any]) -> dict[str, Any]:
         adapter = self.adapter(spec)
         if why := registry.tampered(adapter.name):  # its declarations are not what the judge was told
             return {"error": why}
+        if arena[0] == "cuda":
+            return self._run_on_device_arena(adapter, case, arena[1], inputs, outputs)
         buf = self.buf
         if buf is None or len(buf) != arena[1]:
             return {"error": "the judge's arena was not shared with this host"}
@@ -257,6 +288,22 @@ class Served:
         # an empty tensor has no bytes to share; one of its own can be resized (Triton's interpreter does)
         ins = {k: _own_if_empty(t) for k, t in ins.items()}
         outs = {k: _own_if_empty(t) for k, t in outs.items()}
+        reply = self._contained_run(adapter, case, ins, outs)
+        if on_device:
+            if _context_lost(reply):
+                return reply
+            for k, b in bands.items():
+                shared_bands[k].copy_(b.cpu())
+            for k, t in ins.items():
+                if isinstance(t, torch.Tensor):
+                    shared_in[k].copy_(t.cpu())
+            del ins, outs, bands
+            release_cached_memory(self.device)
+        return reply
+
+    def _contained_run(self, adapter: Adapter, case: Mapping[str, Any], ins: Mapping[str, Any],
+                       outs: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The kernel's run, contained; the reply (its status, what it returned, what it changed, its time)."""
         reply: dict[str, Any] = {"status": "ok"}
         before = isolation.take()
         t0 = time.perf_counter()
@@ -270,27 +317,52 @@ class Served:
             reply["changed"] = isolation.changes(before)
             reply["accepted"] = isolation.accepted(before)
             isolation.restore(before, rng=False)
-        if on_device:
-            try:
-                torch.cuda.synchronize()
-            except Exception as e:  # a sticky error (illegal address, device assert): this host is done for
-                reply["context_lost"] = f"{type(e).__name__}: {e}"[:300]
-                return reply
-            for k, b in bands.items():
-                shared_bands[k].copy_(b.cpu())
-            for k, t in ins.items():
-                if isinstance(t, torch.Tensor):
-                    shared_in[k].copy_(t.cpu())
-            del ins, outs, bands
+        return reply
+
+    def _run_on_device_arena(self, adapter: Adapter, case: Mapping[str, Any], size: int, inputs: Mapping[str, Any],
+                             outputs: Mapping[str, Any]) -> dict[str, Any]:
+        """A run whose inputs and output bands lie in the judge's device arena: the kernel works on them in place
+        and the judge reads them there; nothing is copied."""
+        mem = self.device_mem
+        if mem is None or mem.size != size:
+            return {"error": "the judge's device arena was not shared with this host"}
+        ins = {k: _own_if_empty(device_view(mem, Slot(**v["slot"]))) if "slot" in v else v["value"]
+               for k, v in inputs.items()}
+        outs = {k: _own_if_empty(_output_view_in(mem, Slot(**v["band"]), v)) for k, v in outputs.items()}
+        reply = self._contained_run(adapter, case, ins, outs)
+        if not _context_lost(reply):
+            del ins, outs
             release_cached_memory(self.device)
         return reply
+
+
+def _context_lost(reply: dict[str, Any]) -> bool:
+    """After a run on the GPU: wait for its work; a sticky error (illegal address, device assert) is put in the
+    reply (this host is done for)."""
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:
+        reply["context_lost"] = f"{type(e).__name__}: {e}"[:300]
+        return True
+    return False
+
+
+def _output_view_in(mem: Any, band: Slot, out: Mapping[str, Any]) -> torch.Tensor:
+    """`_output_view` in the device arena."""
+    return device_view(mem, _output_slot(band, out))
+
+
+def _output_slot(band: Slot, out: Mapping[str, Any]) -> Slot:
+    """Output `out`'s own slot within its band (storage offset 0, the guards around it outside)."""
+    shape, stride = tuple(out["shape"]), tuple(out["stride"])
+    size = _dtype(band.dtype).itemsize
+    return Slot(band.offset + out["start"] * size, band.dtype, shape, stride, _span(shape, stride) * size)
+
 
 def _output_view(buf: Any, band: Slot, out: Mapping[str, Any]) -> torch.Tensor:
     """Output `out` over its band in the arena, as a tensor of its own storage (storage offset 0, no guard in it),
     like one torch allocated: the guard stays around it in memory, and nothing in the tensor says it is judged."""
-    shape, stride = tuple(out["shape"]), tuple(out["stride"])
-    size = _dtype(band.dtype).itemsize
-    return view(buf, Slot(band.offset + out["start"] * size, band.dtype, shape, stride, _span(shape, stride) * size))
+    return view(buf, _output_slot(band, out))
 
 
 def _own_if_empty(t: Any) -> Any:

@@ -31,11 +31,12 @@ from harness.core import isolation
 from harness.core.case import Case
 from harness.core.causes import EXTRA_RUNS
 from harness.core.compare import Comparison, bits, compare_bounded, compare_codes, compare_exact, compare_set, run_bits
-from harness.core.device import DeviceInfo, release_cached_memory
+from harness.core.device import CACHED_MEMORY_KEPT_MB, DeviceInfo, release_cached_memory
 from harness.core.layouts import contiguous_strides as _contiguous
 from harness.core.result import Result
 from harness.engine import chunked, large_lock
-from harness.engine.arena import Arena, arena_bytes
+from harness.engine.arena import Arena, DeviceArena, arena_bytes
+from harness.engine.device_share import DeviceShareError
 from harness.engine.host import STICKY_CUDA, HostDied, KernelRaised
 from harness.engine.hosted import REJECTIONS, KernelExitAttempt, contained_call, from_interpreter, where  # noqa: F401  (re-exported)
 from harness.engine.interpreter import TRITON_VERSION, unverified_reason
@@ -183,10 +184,11 @@ class Band:
     stride: tuple[int, ...] = ()
 
     def untouched(self, t: torch.Tensor) -> torch.Tensor:
-        """Which elements of output `t` still hold what this buffer held before the run."""
+        """Which elements of output `t` still hold what this buffer held before the run (on `t`'s device)."""
         if self.initial is None or tuple(t.shape) != self.shape:
             return _is_poison(t, self.which)
-        return bits(t.detach().cpu()) == bits(self.initial.as_strided(self.shape, self.stride, self.start))
+        before = self.initial.as_strided(self.shape, self.stride, self.start)
+        return bits(t.detach()) == bits(before.to(t.device))
 
 
 def banded(spec: OutputSpec, device: str, which: int) -> tuple[torch.Tensor, Band]:
@@ -194,7 +196,7 @@ def banded(spec: OutputSpec, device: str, which: int) -> tuple[torch.Tensor, Ban
     a place drawn for this run (`place`)."""
     at = place(spec)
     base = _fill(torch.empty(at.size, dtype=spec.dtype, device=device), which)
-    band = Band(base, at.lead, at.lead + at.span, which, base.detach().cpu().clone(), tuple(spec.shape), at.stride)
+    band = Band(base, at.lead, at.lead + at.span, which, base.detach().clone(), tuple(spec.shape), at.stride)
     return base.as_strided(tuple(spec.shape), at.stride, at.lead), band
 
 
@@ -205,9 +207,9 @@ def poisoned(spec: OutputSpec, device: str, which: int) -> torch.Tensor:
 
 def _is_poison(t: torch.Tensor, which: int) -> torch.Tensor:
     if t.dtype == torch.bool or t.dtype not in _POISON:
-        return torch.zeros(t.shape, dtype=torch.bool)
-    ref = _fill_poison(torch.empty(t.shape, dtype=t.dtype), which)
-    return bits(t.detach().cpu()) == bits(ref)
+        return torch.zeros(t.shape, dtype=torch.bool, device=t.device)
+    ref = _fill_poison(torch.empty(t.shape, dtype=t.dtype, device=t.device), which)
+    return bits(t.detach()) == bits(ref)
 
 
 def _check(name: str, passed: bool, reason: str = "", **metrics: Any) -> Comparison:
@@ -216,7 +218,7 @@ def _check(name: str, passed: bool, reason: str = "", **metrics: Any) -> Compari
 
 def _inside(band: Band, n: int) -> torch.Tensor:
     """Which of the `n` elements of a band's buffer the output views (a strided output leaves gaps in its span)."""
-    inside = torch.zeros(n, dtype=torch.bool)
+    inside = torch.zeros(n, dtype=torch.bool, device=band.base.device)
     if band.shape and len(band.stride) == len(band.shape) and 0 not in band.shape:
         inside.as_strided(band.shape, band.stride, band.start).fill_(True)
     else:
@@ -231,10 +233,9 @@ def _guard_hits(band: Band) -> tuple[int, int]:
     dense = band.end - band.start == math.prod(band.shape)
     count, first = 0, -1
     for lo, hi in ((0, band.start), (band.end, size)) if dense else ((0, size),):
-        flat = band.base[lo:hi].detach().cpu()
-        ref = band.initial[lo:hi] if band.initial is not None else _fill_poison(torch.empty(flat.shape,
-                                                                                            dtype=flat.dtype),
-                                                                                band.which)
+        flat = band.base[lo:hi].detach()
+        ref = band.initial[lo:hi].to(flat.device) if band.initial is not None else _fill_poison(
+            torch.empty(flat.shape, dtype=flat.dtype, device=flat.device), band.which)
         hit = bits(flat) != bits(ref)
         if not dense:
             hit &= ~_inside(band, size)
@@ -311,16 +312,16 @@ def harness_error(what: str, e: BaseException, **metrics: Any) -> tuple[str, str
 
 
 def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str, Any],
-              specs: Mapping[str, OutputSpec], which: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+              specs: Mapping[str, OutputSpec], which: int,
+              judged_on: str = "cpu") -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Copy the inputs and poisoned output buffers into the host's arena and have it run the kernel there. The
-    reply (JSON), the output buffers and the input copies as they are in the arena after the run."""
-    if host.arena is None:
-        host.arena = Arena()
-    arena = host.arena
+    reply (JSON), the output buffers and the input copies as they are in the arena after the run. judged_on: the
+    device the judge works on; a case judged on the GPU goes through a device arena both processes map (nothing
+    crosses the CPU), unless GPU memory cannot be shared here."""
     layouts = {name: place(spec) for name, spec in specs.items()}
     need = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
     need += [(spec.dtype, (layouts[n].size,), (1,)) for n, spec in specs.items()]
-    arena.reserve(arena_bytes(need))
+    arena = _reserved_arena(host, judged_on, need)
     shared_in, msg_in = {}, {}
     for k, v in inputs.items():
         if isinstance(v, torch.Tensor):
@@ -337,17 +338,70 @@ def _send_run(adapter: RemoteAdapter, host: Any, case: Case, inputs: Mapping[str
                                          at.stride))
         msg_out[name] = {"band": dataclasses.asdict(slot), "start": at.lead, "shape": list(spec.shape),
                          "stride": list(at.stride)}
+    if arena.kind == "cuda":
+        torch.cuda.synchronize(torch.device(judged_on))  # the copies and fills are in memory before the host reads it
     if not host.alive():
         host.start()
     if arena.sent_to != host.proc.pid:  # a new arena, or a new host: hand it the file
-        shared = host.ask(("arena", arena.size), fd=arena.fd)
+        shared = host.ask(("arena" if arena.kind == "cpu" else "device_arena", arena.size), fd=arena.fd)
+        if "device_arena_error" in shared:  # this host cannot map GPU memory of the judge's: shared memory then
+            _no_device_arena(host, f"the kernel host could not map it: {shared['device_arena_error']}")
+            return _send_run(adapter, host, case, inputs, specs, which, "cpu")
         if "error" in shared:
             raise HarnessFault(f"the kernel host could not map the arena: {shared['error']}")
         arena.sent_to = host.proc.pid
-    reply = host.ask(("run", adapter.spec, case.to_dict(), (0, arena.size), msg_in, msg_out))
+    reply = host.ask(("run", adapter.spec, case.to_dict(), (arena.kind, arena.size), msg_in, msg_out))
     if "error" in reply:
         raise HarnessFault(f"the kernel host could not run the case: {reply['error']}")
     return reply, shared_bands, shared_in
+
+
+#: a device arena past this many bytes is released after its case (`release_device_arena`), as torch's cached
+#: blocks are past CACHED_MEMORY_KEPT_MB: many judges and hosts share one GPU
+DEVICE_ARENA_KEPT_BYTES = CACHED_MEMORY_KEPT_MB * 2**20
+
+
+def _reserved_arena(host: Any, judged_on: str, need: list[Any]) -> Arena:
+    """The host's arena for one run, with room for `need`: a device arena for a case judged on the GPU, where GPU
+    memory can be shared with the host; else its shared-memory arena."""
+    if (judged_on != "cpu" and str(getattr(host, "device", "")).startswith("cuda")
+            and getattr(host, "device_share_error", "") is None):
+        nbytes = arena_bytes(need, DeviceArena.align)
+        try:
+            if host.device_arena is None:
+                host.device_arena = DeviceArena(nbytes, judged_on)
+            else:
+                host.device_arena.reserve(nbytes)
+            return host.device_arena
+        except DeviceShareError as e:
+            _no_device_arena(host, str(e))
+    if host.arena is None:
+        host.arena = Arena()
+    host.arena.reserve(arena_bytes(need))
+    return host.arena
+
+
+def _no_device_arena(host: Any, why: str) -> None:
+    """This host's runs go through shared memory from now on, and why (`host.device_share_error`)."""
+    host.device_share_error = why
+    if host.device_arena is not None:
+        host.device_arena.close()
+        host.device_arena = None
+
+
+def release_device_arena(adapter: Any) -> None:
+    """After a case: a device arena past DEVICE_ARENA_KEPT_BYTES goes back to the GPU, in the judge and (asked) in
+    its host. A host that keeps its mapping keeps only that memory, until it ends: the driver never hands it to
+    the judge again."""
+    host = getattr(adapter, "host", None)
+    arena = getattr(host, "device_arena", None)
+    if arena is None or arena.size <= DEVICE_ARENA_KEPT_BYTES:
+        return
+    if host.alive() and arena.sent_to == host.proc.pid:
+        with contextlib.suppress(HostDied):
+            host.ask(("drop_device_arena",), deadline=60.0)
+    arena.close()
+    host.device_arena = None
 
 
 def _reported_problems(meta: Mapping[str, Any], spec: OutputSpec, device: str) -> list[str]:
@@ -419,14 +473,14 @@ def _unwritten(name: str, first: torch.Tensor, first_band: Band, second: torch.T
     if second is not None and second_band is not None:
         sus &= second_band.untouched(second)
     if mask is not None:
-        sus &= mask.cpu().expand_as(sus)
+        sus &= mask.to(sus.device).expand_as(sus)
     return _element_check(f"written:{name}", sus, "unwritten", lambda n, at: f"{name}: {n} of {first.numel()} "
                           f"contract elements never written (poison survived; first at {at})")
 
 
 def _touched(name: str, first: torch.Tensor, band: Band, untouched: torch.Tensor) -> Comparison:
     """Elements the contract leaves to the caller (Check.untouched) still hold what their buffer held before."""
-    bad = ~band.untouched(first) & untouched.cpu().expand(first.shape)
+    bad = ~band.untouched(first) & untouched.to(first.device).expand(first.shape)
     return _element_check(f"untouched:{name}", bad, "touched", lambda n, at: f"{name}: {n} elements outside the "
                           f"contract were written (the kernel must leave them as they were; first at {at})")
 
@@ -457,10 +511,10 @@ def _compare(check: Check, actual: torch.Tensor, outputs: Mapping[str, torch.Ten
 def _finite(check: Check, actual: torch.Tensor) -> Comparison | None:
     if check.expected is None or not actual.dtype.is_floating_point or actual.dtype.itemsize == 1:
         return None
-    exp_finite = check.expected.detach().cpu().isfinite()
-    bad = exp_finite & ~actual.detach().cpu().isfinite()
+    exp_finite = check.expected.detach().to(actual.device).isfinite()
+    bad = exp_finite & ~actual.detach().isfinite()
     if check.mask is not None:
-        bad &= check.mask.cpu().expand_as(bad)
+        bad &= check.mask.to(actual.device).expand_as(bad)
     n = int(bad.sum())
     return _check(f"finite:{check.name}", n == 0,
                   f"{check.name}: {n} NaN/Inf elements where the oracle is finite" if n else "", nonfinite=n)
@@ -470,7 +524,7 @@ def _unchanged(inputs: Mapping[str, torch.Tensor], snapshot: Mapping[str, torch.
     found = []
     for name, before in snapshot.items():
         after = inputs[name]
-        same = after.shape == before.shape and torch.equal(bits(after.detach().cpu()), bits(before))
+        same = after.shape == before.shape and torch.equal(bits(after.detach()), bits(before.to(after.device)))
         found.append(_check(f"unchanged:{name}", same, "" if same else f"input {name!r} was modified by the kernel"))
     return found
 
@@ -609,8 +663,13 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     before = isolation.take()
     judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep, replayed=extra_runs)
     try:
-        with large_lock.one_at_a_time(_input_elements(case)), _deadline(_timeout_s(timeout)):
-            result = judging.run()
+        with large_lock.one_at_a_time(_input_elements(case)):
+            try:
+                with _deadline(_timeout_s(timeout)):
+                    result = judging.run()
+            finally:  # within the lock: the next large case gets the memory
+                if judging.used_device:
+                    release_device_arena(adapter)
     except CaseTimeout as e:
         result = judging.result("error", f"hang: {e}", timeout=True)
     # each kernel run was checked on its own (judging.changed); what the judge's own work changed (a module it
@@ -804,7 +863,9 @@ class _Judging:
     def kernel(self, inputs: Mapping[str, torch.Tensor], specs: Mapping[str, OutputSpec], which: int,
                run: str, case: Case | None = None) -> dict[str, torch.Tensor]:
         """One contained kernel run; its outputs, or `_KernelFailed` with the verdict (raised, out of bounds)."""
-        snapshot = {k: v.detach().clone().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        # a kernel host is handed copies: the judge's own inputs are what they were; in this process, a copy
+        snapshot = {k: v if isinstance(self.adapter, RemoteAdapter) else v.detach().clone()
+                    for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         reported: Mapping[str, Mapping[str, Any]] = {}
         try:
             with self.timed(_PHASE_OF_RUN.get(run, "other_runs")):
@@ -838,7 +899,7 @@ class _Judging:
         assert isinstance(self.adapter, RemoteAdapter) and self.adapter.host is not None
         host = self.adapter.host
         self.late_writes()  # the arena is about to be reused: what the last run wrote after it returned, now
-        reply, shared_bands, shared_in = _send_run(self.adapter, host, case, inputs, specs, which)
+        reply, shared_bands, shared_in = _send_run(self.adapter, host, case, inputs, specs, which, self.where)
         if left := host.sweep_children():
             self.notes.append(f"{left} process(es) the kernel started were still running after its {run}; killed")
         outputs, bands = {}, {}
@@ -848,7 +909,8 @@ class _Judging:
             stride = spec.stride if spec.stride is not None else _contiguous(tuple(spec.shape))
             outputs[name] = private.as_strided(tuple(spec.shape), stride, band.start)
             bands[name] = dataclasses.replace(band, base=private)
-        after = {k: t.clone() for k, t in shared_in.items()}
+        # read at once (`_unchanged`); a device arena's gigabytes are compared where they lie, not copied first
+        after = {k: t if t.is_cuda else t.clone() for k, t in shared_in.items()}
         self.taken.append((run, {n: shared_bands[n][0] for n in shared_bands}, bands))
         self.returned_at = time.monotonic()
         kernel_s = float(reply.get("kernel_s") or 0.0)
@@ -878,7 +940,7 @@ class _Judging:
                 time.sleep(left)
         for run, shared, bands in self.taken:
             for name, base in shared.items():
-                if not torch.equal(bits(base), bits(bands[name].base.detach().cpu())):
+                if not torch.equal(bits(base), bits(bands[name].base.detach().to(base.device))):
                     check = _check(f"settled:{name}", False, f"{name}: the output changed after the kernel's {run} "
                                    "had returned (written late, by a thread or an unsynchronised stream)")
                     self.taken, self.kernel_s = [], 0.0
@@ -1165,7 +1227,7 @@ def _determinism_checks(specs: Mapping[str, Any], first: Mapping[str, torch.Tens
         a, b = run_bits(first[name]), run_bits(second[name])
         mask = expected[name].mask if name in expected else None
         if mask is not None:  # outside the contract each run keeps its own poison
-            mask = mask.detach().cpu().expand(a.shape) if mask.shape != a.shape else mask.detach().cpu()
+            mask = mask.detach().to(a.device).expand(a.shape) if mask.shape != a.shape else mask.detach().to(a.device)
             a, b = a[mask], b[mask]
         same = torch.equal(a, b)
         checks.append(_check(f"deterministic:{name}", same,
