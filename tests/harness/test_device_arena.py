@@ -34,11 +34,12 @@ def _judged(spec: str, **kw):  # type: ignore[no-untyped-def]
     from harness.core.device import detect
     from harness.engine import remote
 
-    adapter = remote.open_adapter(spec, "cuda")
+    device = detect("cuda")
+    adapter = remote.open_adapter(spec, device.device)
     try:
-        return runner.judge(_case(adapter.name), adapter, detect("cuda"), **kw), adapter
+        return runner.judge(_case(adapter.name), adapter, device, **kw), adapter
     finally:
-        remote.close_adapter(spec, "cuda")
+        remote.close_adapter(spec, device.device)
 
 
 @gpu
@@ -78,14 +79,15 @@ def test_a_large_device_arena_goes_back_to_the_gpu_after_its_case(on_the_gpu: No
     from harness.engine import remote
 
     monkeypatch.setattr(runner, "DEVICE_ARENA_KEPT_BYTES", 0)
-    adapter = remote.open_adapter("reference-activation", "cuda")
+    device = detect("cuda")
+    adapter = remote.open_adapter("reference-activation", device.device)
     try:
         for seed in (1, 2):  # the second case shares a new one with the same host
-            r = runner.judge(_case(adapter.name).replace(seed=seed), adapter, detect("cuda"))
+            r = runner.judge(_case(adapter.name).replace(seed=seed), adapter, device)
             assert r.verdict == "pass", r.reason
             assert adapter.host.device_arena is None  # type: ignore[attr-defined]
     finally:
-        remote.close_adapter("reference-activation", "cuda")
+        remote.close_adapter("reference-activation", device.device)
 
 
 class _Refused(Arena):
