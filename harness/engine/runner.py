@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import math
 import os
 import re
@@ -663,13 +664,17 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     before = isolation.take()
     judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep, replayed=extra_runs)
     try:
-        with large_lock.one_at_a_time(_input_elements(case)):
+        with large_lock.one_at_a_time(_input_elements(case)) as locked:
             try:
                 with _deadline(_timeout_s(timeout)):
                     result = judging.run()
-            finally:  # within the lock: the next large case gets the memory
+            finally:  # within the lock: the next large case, another process's, gets the memory
                 if judging.used_device:
                     release_device_arena(adapter)
+                    if locked:
+                        judging.bands, judging.taken = {}, []
+                        gc.collect()
+                        release_cached_memory(device.device)
     except CaseTimeout as e:
         result = judging.result("error", f"hang: {e}", timeout=True)
     # each kernel run was checked on its own (judging.changed); what the judge's own work changed (a module it
