@@ -402,6 +402,5 @@ def _run_reference(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[st
 REFERENCE_ADAPTERS = [Adapter(
     name="reference-act-quant", op="act_quant", source="reference", run=_run_reference,
     support={a.name: a.values for a in AXES}, properties=frozenset({"deterministic"}),
-    limits={"max_T": 1 << 24},  # the oracle on the whole tensor: see reference-group-quant
     description="reference.activations + reference.quant",
 )]

@@ -42,21 +42,12 @@ def _reference(op: str) -> registry.Adapter:
     return next(a for a in registry.all_adapters() if a.op == op and a.name.startswith("reference-"))
 
 
-def _large_adapter(op: str) -> registry.Adapter:
-    """The op's reference adapter, or where that declares a bound on the grown dim (it runs the oracle whole), our
-    Triton one."""
-    dim = large.LARGE[op].dim
-    return next(a for prefix in ("reference-", "triton-") for a in registry.all_adapters()
-                if a.op == op and a.name.startswith(prefix) and f"max_{dim}" not in a.limits)
-
-
 @pytest.mark.parametrize("op", ops.available())
-def test_the_class_is_judged_under_the_gpu_profiles_only(op: str) -> None:
+def test_the_class_is_judged_under_the_thorough_gpu_profile_only(op: str) -> None:
     spec = ops.get(op)
-    for profile in ("ci", "dev", None):
+    for profile in ("ci", "dev", "gpu", None):
         assert NAME not in [vc.name for vc in large.classes(spec, profile)], (op, profile)
-    for profile in ("gpu", "thorough"):
-        assert (NAME in [vc.name for vc in large.classes(spec, profile)]) == (op not in NOT_EXPRESSIBLE), op
+    assert (NAME in [vc.name for vc in large.classes(spec, "thorough")]) == (op not in NOT_EXPRESSIBLE), op
 
 
 @pytest.mark.parametrize("op", [op for op in ops.available() if op not in NOT_EXPRESSIBLE])
@@ -64,7 +55,7 @@ def test_one_case_per_op_whose_last_rows_start_past_2_31(op: str) -> None:
     """Not only the last element: the last 256 rows (a kernel's last block of rows) start at 2**31 or past it, so
     `row * stride` in int32 wraps there; the experts' last local expert starts past it and a routed token reaches
     it, so `expert * stride` wraps where a kernel reads. The cheapest such case: one row fewer does not."""
-    adapter = _large_adapter(op)
+    adapter = _reference(op)
     cells = hs.declared_cells(adapter, device_for("sm90"))
     assert not hs.profile_class_cases(adapter, cells, "ci")
     assert not [c for c in explicit_examples(adapter, cells) if _rows(c)[0] * _rows(c)[1] > 1 << 31]
