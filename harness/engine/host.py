@@ -8,7 +8,8 @@ and judges that: the host never holds an expected value, a comparison or the ver
 
 Messages from the judge to the host are pickled (the host trusts the judge); replies from the host are JSON, read
 with `json.loads` (a pickle would run code in the judge). On a GPU the host copies the arena's tensors to the device,
-runs the kernel there and copies the outputs (and the inputs, so that a kernel that writes into them is seen) back.
+runs the kernel there and copies the outputs (and the inputs, so that a kernel that writes into them is seen) back;
+a case the judge builds on the GPU goes through a device arena both map instead (`device_share`), with no copies.
 
 The host leads a process group of its own (setsid): whatever it starts is ended with it (`kill_session`); it dies with
 its judge (PR_SET_PDEATHSIG, and a thread that watches the judge's pid). Where the OS allows it, the host runs in a
