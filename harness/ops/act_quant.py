@@ -60,7 +60,7 @@ from harness.core.errors import elementwise_bound
 from harness.core.sizes import edge_sizes, span
 from harness.ops import activation as act_op
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
-from harness.ops.common import custom, lim, row_subset
+from harness.ops.common import by_rows, custom, lim, row_subset
 from harness.registry import Adapter
 from reference import activations as ref
 from reference.quant import QuantRecipe, logical_scales, quantize, resolve_eps, scale_from_amax
@@ -393,6 +393,10 @@ SPECS = {"act_quant": OpSpec(name="act_quant", title="Fused activation + per-tok
 def _run_reference(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
     if case.shape("T") == 0:
         return
+    by_rows(_quantize_whole, "act_quant", "T", case, inputs, outputs)
+
+
+def _quantize_whole(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
     x = inputs["x"]
     qt = quantize(activation_values(case, x.detach().cpu(), {}), recipe_of(case, {}))
     outputs["codes"].view(torch.uint8).copy_(qt.codes)

@@ -123,3 +123,29 @@ def near_multiple_counts(counts: torch.Tensor, block: int) -> bool:
     c = counts.detach().cpu().long()
     c = c[c > 0] % block
     return bool((c == 0).any() and (c == block - 1).any() and (c == 1 % block).any())
+
+
+#: a reference adapter (the oracle run as a kernel) takes an input past this many elements a chunk of rows at a time:
+#: its float64 intermediates of a whole large-offsets case (2**31 elements) killed its kernel host on an H200 machine
+REFERENCE_CHUNK_ELEMENTS = 1 << 24
+#: its chunks start at multiples of this many rows (a swizzled scale layout's tiles are 128 rows)
+REFERENCE_CHUNK_ALIGN = 128
+
+
+def by_rows(run: Any, op: str, dim: str, case: Any, inputs: dict[str, torch.Tensor],
+            outputs: dict[str, torch.Tensor]) -> None:
+    """A reference adapter's `run(case, inputs, outputs)` of a row-independent op, a chunk of rows along `dim` at a
+    time where x holds more than REFERENCE_CHUNK_ELEMENTS: each chunk's sub-case (the op's `token_subset`) writes
+    its rows of every token output (as many as the op gives the sub-case: a padded layout's last chunk its padding)."""
+    from harness import ops
+
+    spec, m, total = ops.get(op), case.shape(dim), inputs["x"].numel()
+    if total <= REFERENCE_CHUNK_ELEMENTS or spec.token_subset is None:
+        run(case, inputs, outputs)
+        return
+    step = max(1, REFERENCE_CHUNK_ELEMENTS * m // total // REFERENCE_CHUNK_ALIGN) * REFERENCE_CHUNK_ALIGN
+    for start in range(0, m, step):
+        sub_case, sub_inputs = spec.token_subset(case, inputs, slice(start, min(m, start + step)))
+        rows = {n: o.shape[0] for n, o in spec.outputs(sub_case, sub_inputs).items()}
+        run(sub_case, sub_inputs, {n: t[start:start + rows[n]] if n in spec.token_outputs else t
+                                   for n, t in outputs.items()})

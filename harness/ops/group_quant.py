@@ -64,7 +64,7 @@ from harness.core.case import Case
 from harness.core.compare import compare_exact
 from harness.core.sizes import edge_sizes, span
 from harness.ops.base import Axis, Check, OpSpec, OutputSpec, ValueClass
-from harness.ops.common import custom, lim, row_subset
+from harness.ops.common import by_rows, custom, lim, row_subset
 from harness.registry import Adapter, Unsupported
 from reference import formats
 from reference.quant import QuantRecipe, QuantUnit, logical_scales, quantize, scale_from_amax, unit_amax
@@ -599,6 +599,13 @@ def _run_reference(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[st
     for axis in AXES:
         if case.features.get(axis.name) not in axis.values:
             raise Unsupported(f"reference-group-quant: unknown {axis.name}={case.features.get(axis.name)!r}")
+    if case.features.get("unit") == "tensor":  # one scale over every row
+        _quantize_whole(case, inputs, outputs)
+    else:
+        by_rows(_quantize_whole, "group_quant", "M", case, inputs, outputs)
+
+
+def _quantize_whole(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
     codes, scales = oracle(inputs["x"], case.features, global_scale=inputs.get("global_scale"))
     outputs["codes"].copy_(codes)
     outputs["scales"].copy_(scales)
