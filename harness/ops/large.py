@@ -32,8 +32,8 @@ LARGE_OFFSET = 1 << 31
 BLOCK_MARGIN = 256
 #: the profiles that judge it (GPU runs only). Not `gpu` yet: on an H200 one such case takes 1 to 5 s in a kernel
 #: host now (its device arena hands it the tensors where they lie), but in the 16-worker GPU suite the large cases,
-#: one at a time on the machine, stretched it from 341 to 496 s and one still ran out of GPU memory; the reference
-#: group- and act-quant adapters run the oracle whole and die on one (docs/PERFORMANCE.md)
+#: one at a time on the machine, stretched it from 341 to 496 s and one still ran out of GPU memory
+#: (docs/PERFORMANCE.md)
 PROFILES = ("thorough",)
 #: the class's name, in every op
 NAME = "large_offsets"
