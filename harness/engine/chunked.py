@@ -33,6 +33,9 @@ CHUNKED_ABOVE = 1 << 28
 CHUNK_ELEMENTS = 1 << 22
 #: chunks judged between a sampled case's first and last (`judged_chunks`)
 SAMPLED_CHUNKS = 2
+#: a chunk holds whole tiles of this many rows (a swizzled scale layout's 128-row tiles): its rows of every output
+#: are its own, the last chunk's padding included
+ROW_TILE = 128
 
 #: an output judged against one check: (check, actual, all outputs) -> comparisons (the runner's)
 Judge = Callable[[Check, torch.Tensor, Mapping[str, torch.Tensor]], list[Comparison]]
@@ -56,7 +59,7 @@ def chunk_rows(spec: OpSpec, case: Case, chunk_elements: int = CHUNK_ELEMENTS,
     if total <= above or not row_independent(spec, case):
         return None
     rows = int(case.shapes[_token_dim(case)])  # type: ignore[index]
-    return max(1, chunk_elements * rows // max(total, 1))
+    return max(1, chunk_elements * rows // max(total, 1) // ROW_TILE) * ROW_TILE
 
 
 def judged_chunks(n: int, sampled: int | None = SAMPLED_CHUNKS) -> list[int]:
@@ -89,17 +92,18 @@ def _whole(parts: list[tuple[slice, Check]], m: int, field: str) -> torch.Tensor
     return whole
 
 
-def _merged(name: str, parts: list[tuple[slice, Check]], token_outputs: Sequence[str], judge: Judge,
-            m: int) -> Check:
-    """One check of output `name` that judges the rows of `parts` (all `m` rows, or a sample) chunk by chunk."""
+def _merged(name: str, parts: list[tuple[slice, Check]], spans: list[Mapping[str, slice]],
+            token_outputs: Sequence[str], judge: Judge, m: int) -> Check:
+    """One check of output `name` that judges the rows of `parts` (all `m` rows of it, or a sample) chunk by chunk;
+    `spans`: each part's rows of every token output (a padded layout's last chunk holds its padding)."""
     judged_rows = sum(rows.stop - rows.start for rows, _ in parts)
     sample = {} if judged_rows == m else {
         "rows_judged": [[rows.start, rows.stop - 1] for rows, _ in parts], "rows": m}
 
     def judged(actual: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> Comparison:
         first: Comparison | None = None
-        for rows, chk in parts:
-            sub = {n: t[rows] for n, t in outputs.items() if n in token_outputs}
+        for (rows, chk), span in zip(parts, spans):
+            sub = {n: t[span[n]] for n, t in outputs.items() if n in token_outputs}
             for c in judge(chk, actual[rows], sub):
                 if not c.passed:
                     return Comparison(name, "chunked", False, f"rows {rows.start}..{rows.stop - 1}: {c.reason}",
@@ -125,11 +129,16 @@ def expected(spec: OpSpec, case: Case, inputs: Mapping[str, torch.Tensor], conve
     if rows is None or spec.token_subset is None or m <= rows:
         return spec.expected(case, inputs, conventions)
     by_name: dict[str, list[tuple[slice, Check]]] = {}
+    spans: list[dict[str, slice]] = []
     for index in judged_chunks(-(-m // rows), sampled):
         part = slice(index * rows, min(m, (index + 1) * rows))
         sub_case, sub_inputs = spec.token_subset(case, inputs, part)
+        spans.append({n: slice(part.start, part.start + int(o.shape[0]))
+                      for n, o in spec.outputs(sub_case, sub_inputs).items()})
         for chk in spec.expected(sub_case, sub_inputs, conventions):
-            by_name.setdefault(chk.name, []).append((part, chk))
+            by_name.setdefault(chk.name, []).append((spans[-1].get(chk.name, part), chk))
     if any(name not in spec.token_outputs for name in by_name):
         return spec.expected(case, inputs, conventions)
-    return [_merged(name, parts, spec.token_outputs, judge, m) for name, parts in by_name.items()]
+    whole = {n: int(o.shape[0]) for n, o in spec.outputs(case, inputs).items()}
+    return [_merged(name, parts, spans, spec.token_outputs, judge, whole.get(name, m))
+            for name, parts in by_name.items()]
