@@ -15,8 +15,10 @@ adapter is made, naming the valid keys of its op.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from harness.core.layouts import LAYOUTS
@@ -135,10 +137,15 @@ def _dim_keys(d: Dim) -> list[Key]:
     return found
 
 
-def keys(op: str) -> dict[str, Key]:
-    """Every limit key of `op`, by name."""
+def keys(op: str) -> Mapping[str, Key]:
+    """Every limit key of `op`, by name (read-only: made once per op, a plan asks it tens of thousands of times)."""
+    return _keys(op)
+
+
+@functools.cache
+def _keys(op: str) -> Mapping[str, Key]:
     found = [k for d in DIMS.get(op, ()) for k in _dim_keys(d)] + list(EXTRA.get(op, ()))
-    return {k.key: k for k in found}
+    return MappingProxyType({k.key: k for k in found})
 
 
 def default(op: str, key: str, scale: str) -> Any:

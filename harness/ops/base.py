@@ -129,6 +129,8 @@ class OpSpec:
     #: why a case's sizes cannot be built (k past E, ...), None when they can: a fixed case moved to another size
     #: (a threshold) is checked with it before it is planned; None: every combination of sizes is a case
     invalid: Callable[[Case], str | None] | None = None
+    #: `all_cells`' memo: (its key, the cells)
+    _cells: Any = field(default=None, init=False, repr=False, compare=False)
 
     def estimated_input_elements(self, case: Case) -> int:
         if self.input_elements is not None:
@@ -139,10 +141,13 @@ class OpSpec:
         return [a.name for a in self.axes]
 
     def all_cells(self) -> list[dict[str, str]]:
+        """Every applicable cell, in product order (copies: made once per axes and rule, asked three times per
+        adapter by a plan, and the experts op has thousands)."""
         from itertools import product
 
-        names = self.axis_names()
-        cells = [dict(zip(names, combo)) for combo in product(*(a.values for a in self.axes))]
-        if self.inapplicable is None:
-            return cells
-        return [c for c in cells if self.inapplicable(c) is None]
+        key = (tuple((a.name, tuple(a.values)) for a in self.axes), self.inapplicable)
+        if self._cells is None or self._cells[0] != key:
+            names = self.axis_names()
+            cells = [dict(zip(names, combo)) for combo in product(*(a.values for a in self.axes))]
+            self._cells = (key, [c for c in cells if self.inapplicable is None or self.inapplicable(c) is None])
+        return [dict(c) for c in self._cells[1]]

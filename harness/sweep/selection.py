@@ -19,6 +19,7 @@ merge into the same matrix as one unsharded run.
 
 from __future__ import annotations
 
+import functools
 import json
 import zlib
 from collections.abc import Sequence
@@ -46,16 +47,24 @@ def _pairs_of(cell: Sequence[str]) -> list[tuple[int, str, int, str]]:
     return found
 
 
+@functools.lru_cache(maxsize=16)
+def _pair_index(candidates: tuple[tuple[str, ...], ...]) -> tuple[tuple[tuple, ...], dict[tuple, tuple[int, ...]]]:
+    """Each candidate's pairs, and the candidates holding each pair: the same for every adapter of an op when
+    the candidates are all its cells (read-only)."""
+    pairs = tuple(tuple(_pairs_of(c)) for c in candidates)
+    holders: dict[tuple, list[int]] = {}
+    for idx, ps in enumerate(pairs):
+        for p in ps:
+            holders.setdefault(p, []).append(idx)
+    return pairs, {p: tuple(at) for p, at in holders.items()}
+
+
 def pairwise_cover(candidates: Sequence[Sequence[str]], covered: set | None = None) -> list[int]:
     """Indices of a subset of `candidates` (tuples of axis values) covering every pair of values of two axes that
     occurs in some candidate. Greedy: repeatedly the first candidate covering the most uncovered pairs.
     `covered` (updated in place) holds pairs already covered by cells chosen earlier."""
     covered = set() if covered is None else covered
-    pairs = [_pairs_of(c) for c in candidates]
-    holders: dict[tuple, list[int]] = {}
-    for idx, ps in enumerate(pairs):
-        for p in ps:
-            holders.setdefault(p, []).append(idx)
+    pairs, holders = _pair_index(tuple(tuple(c) for c in candidates))
     gain = [sum(p not in covered for p in ps) for ps in pairs]
     chosen: list[int] = []
     while True:
