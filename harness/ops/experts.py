@@ -208,14 +208,18 @@ def _reduce_kwargs(conventions: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def _per_slot_matmul(rows: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """rows [R, in] times w[ids[r]]^T -> [R, out] (a loop over experts; ids < 0 give zero rows)."""
+def _per_slot_matmul(rows: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+                     magnitude: bool = False) -> torch.Tensor:
+    """rows [R, in] times w[ids[r]]^T -> [R, out] (a loop over experts; ids < 0 give zero rows), with |w| where
+    `magnitude`. Each expert's weights are converted to rows' dtype (and made absolute) alone: whole float64 copies
+    of a large case's weights held several times its inputs."""
     out = torch.zeros(rows.shape[0], w.shape[1], dtype=rows.dtype, device=rows.device)
     for e in ids.unique().tolist():
         if e < 0:
             continue
         sel = ids == e
-        out[sel] = rows[sel] @ w[e].to(rows.dtype).T
+        we = w[e].to(rows.dtype)
+        out[sel] = rows[sel] @ (we.abs() if magnitude else we).T
     return out
 
 
@@ -245,9 +249,10 @@ def input_code_error(x: torch.Tensor, quant: ref.ExpertsQuant | None, convention
 def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, torch.Tensor],
            conventions: Mapping[str, Any], x_rows: torch.Tensor, ids: torch.Tensor, kw: Mapping[str, Any],
            quant: ref.ExpertsQuant | None = None, e_x_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-row error bound of the expert output y before the router weight: [R, K]. w13, w2: the float64 weights
-    the oracle multiplies by (dequantized for a quantized scheme); x_rows: its GEMM1 input rows; e_x_rows: how far
-    the kernel's GEMM1 input rows may be from them (`input_code_error`), None: equal."""
+    """Per-row error bound of the expert output y before the router weight: [R, K]. w13, w2: the weights the
+    oracle multiplies by (dequantized for a quantized scheme; converted to float64 an expert at a time); x_rows:
+    its GEMM1 input rows; e_x_rows: how far the kernel's GEMM1 input rows may be from them (`input_code_error`),
+    None: equal."""
     dt = cpu["x"].dtype
     u_acc = UNIT_ROUNDOFF["tf32"] if conventions.get("matmul_precision") == "tf32" else UNIT_ROUNDOFF["float32"]
     # weight-only kernels that round dequantized weights before their MMA: one more rounding per product
@@ -260,13 +265,13 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
     hidden, n = w2.shape[1], w2.shape[2]
     rounded_bias = kw.get("bias_placement") == ref.BiasPlacement.ROUNDED_OUTPUT
     h = _per_slot_matmul(x_rows.double(), w13, ids)
-    mag_h = _per_slot_matmul(x_rows.double().abs(), w13.abs(), ids)
+    mag_h = _per_slot_matmul(x_rows.double().abs(), w13, ids, magnitude=True)
     has_b13 = "w13_bias" in cpu and cpu["w13_bias"].shape[0] > 0
     if has_b13:  # the kernel's fp32 add of the bias: one more rounding, relative to |b| as well
         mag_h = mag_h + torch.where((ids >= 0)[:, None], cpu["w13_bias"].double()[ids.clamp_min(0)].abs(), 0.0)
     e_h = (C_DOT * u_acc * math.sqrt(hidden) + u_w) * mag_h
     if e_x_rows is not None:  # codes the kernel's quantizer may round the other way, through GEMM1
-        e_h = e_h + _per_slot_matmul(e_x_rows, w13.abs(), ids)
+        e_h = e_h + _per_slot_matmul(e_x_rows, w13, ids, magnitude=True)
     if has_b13:
         h, e_h = _add_bias(h, e_h, cpu["w13_bias"], ids, dt if rounded_bias else None)
     rounding = kw.get("intermediate_rounding", ref.IntermediateRounding.ACTIVATION_OUTPUT)
@@ -297,8 +302,8 @@ def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, to
         # the movement of each unit's scale apart (one factor on the unit's whole dot, not on every |element|)
         e_a, scale_rel = xq.requant_terms(a, e_a, quant.intermediate, ids >= 0, quant.intermediate_global_scale)
         a = quant.quantize_intermediate(a, ids >= 0)
-    e_y = (C_DOT * u_acc * math.sqrt(n) + u_w) * _per_slot_matmul(a.abs(), w2.abs(), ids)
-    e_y = e_y + _per_slot_matmul(e_a, w2.abs(), ids)
+    e_y = (C_DOT * u_acc * math.sqrt(n) + u_w) * _per_slot_matmul(a.abs(), w2, ids, magnitude=True)
+    e_y = e_y + _per_slot_matmul(e_a, w2, ids, magnitude=True)
     if scale_rel is not None and bool((scale_rel > 0).any()):
         e_y = e_y + _unit_dots(a, w2, ids, scale_rel, quant.intermediate)
     if rounded_bias and "w2_bias" in cpu and cpu["w2_bias"].shape[0] > 0:
@@ -336,9 +341,10 @@ def _add_bias(r: torch.Tensor, e: torch.Tensor, bias: torch.Tensor, ids: torch.T
 
 def _weights64(cpu: Mapping[str, torch.Tensor], quant: ref.ExpertsQuant | None,
                dev: torch.device) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
-    """(the oracle's weight arguments, their float64 values): plain, or dequantized from the scheme."""
+    """(the oracle's weight arguments, the weights its bound multiplies by): plain (the bound converts them to
+    float64 an expert at a time, exactly), or dequantized from the scheme (float64)."""
     if quant is None:
-        return cpu["w13"], cpu["w2"], cpu["w13"].double(), cpu["w2"].double()
+        return cpu["w13"], cpu["w2"], cpu["w13"], cpu["w2"]
     return (None, None, *quant.dequantized_weights(dev))
 
 
@@ -358,8 +364,13 @@ def _batched_parts(case: Case, cpu: Mapping[str, torch.Tensor], conventions: Map
     if quant is not None:
         rows = quant.quantize_input(rows, ids >= 0)
     mask = mask[..., None].expand_as(want)
-    bound = _bound(case, w13_64, w2_64, cpu, conventions, rows, ids, kw, quant, e_rows).reshape(want.shape)
-    return want, bound, mask
+    # the bound of the rows that hold a token only (the rest are outside the mask): a large case's padding rows
+    # made most of its float64 intermediates
+    held = ids >= 0
+    bound = torch.zeros(rows.shape[0], want.shape[-1], dtype=torch.float64, device=dev)
+    bound[held] = _bound(case, w13_64, w2_64, cpu, conventions, rows[held], ids[held], kw, quant,
+                         None if e_rows is None else e_rows[held])
+    return want, bound.reshape(want.shape), mask
 
 
 def _per_expert(cpu: Mapping[str, torch.Tensor], quant: ref.ExpertsQuant, e: int) -> tuple[dict[str, torch.Tensor],
