@@ -25,6 +25,7 @@ import torch
 from harness.core.case import Case
 from harness.core.compare import Comparison
 from harness.ops.base import Check, OpSpec
+from harness.ops.common import row_chunk, tile_rows
 
 #: cases whose inputs hold more elements than this are judged in chunks, where the op allows
 CHUNKED_ABOVE = 1 << 28
@@ -33,9 +34,6 @@ CHUNKED_ABOVE = 1 << 28
 CHUNK_ELEMENTS = 1 << 22
 #: chunks judged between a sampled case's first and last (`judged_chunks`)
 SAMPLED_CHUNKS = 2
-#: a chunk holds whole tiles of this many rows (a swizzled scale layout's 128-row tiles): its rows of every output
-#: are its own, the last chunk's padding included
-ROW_TILE = 128
 
 #: an output judged against one check: (check, actual, all outputs) -> comparisons (the runner's)
 Judge = Callable[[Check, torch.Tensor, Mapping[str, torch.Tensor]], list[Comparison]]
@@ -59,7 +57,7 @@ def chunk_rows(spec: OpSpec, case: Case, chunk_elements: int = CHUNK_ELEMENTS,
     if total <= above or not row_independent(spec, case):
         return None
     rows = int(case.shapes[_token_dim(case)])  # type: ignore[index]
-    return max(1, chunk_elements * rows // max(total, 1) // ROW_TILE) * ROW_TILE
+    return tile_rows(chunk_elements * rows // max(total, 1))
 
 
 def judged_chunks(n: int, sampled: int | None = SAMPLED_CHUNKS) -> list[int]:
@@ -132,9 +130,8 @@ def expected(spec: OpSpec, case: Case, inputs: Mapping[str, torch.Tensor], conve
     spans: list[dict[str, slice]] = []
     for index in judged_chunks(-(-m // rows), sampled):
         part = slice(index * rows, min(m, (index + 1) * rows))
-        sub_case, sub_inputs = spec.token_subset(case, inputs, part)
-        spans.append({n: slice(part.start, part.start + int(o.shape[0]))
-                      for n, o in spec.outputs(sub_case, sub_inputs).items()})
+        sub_case, sub_inputs, span = row_chunk(spec, case, inputs, part)
+        spans.append(span)
         for chk in spec.expected(sub_case, sub_inputs, conventions):
             by_name.setdefault(chk.name, []).append((spans[-1].get(chk.name, part), chk))
     if any(name not in spec.token_outputs for name in by_name):

@@ -672,7 +672,7 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
                 if judging.used_device:
                     release_device_arena(adapter)
                     if locked:
-                        judging.bands, judging.taken = {}, []
+                        judging.drop_buffers()
                         gc.collect()
                         release_cached_memory(device.device)
     except CaseTimeout as e:
@@ -933,6 +933,10 @@ class _Judging:
         if reply.get("context_lost"):
             raise HostDied(f"the kernel host lost its CUDA context: {reply['context_lost']}")
         return outputs, bands, after, reply.get("returned") or {}
+
+    def drop_buffers(self) -> None:
+        """Let go of the runs' output buffers (a large case's gigabytes), once the case is judged."""
+        self.bands, self.taken = {}, []
 
     def late_writes(self, settle: bool = False) -> None:
         """Fail the case when a kernel run's output buffers changed after the judge took its copy (a thread or a

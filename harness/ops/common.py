@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -125,27 +126,40 @@ def near_multiple_counts(counts: torch.Tensor, block: int) -> bool:
     return bool((c == 0).any() and (c == block - 1).any() and (c == 1 % block).any())
 
 
+#: a chunk of token rows holds whole tiles of this many rows (a swizzled scale layout's 128-row tiles): its rows of
+#: every output are then its own, the last chunk's padding included (`row_chunk`)
+ROW_TILE = 128
 #: a reference adapter (the oracle run as a kernel) takes an input past this many elements a chunk of rows at a time:
 #: its float64 intermediates of a whole large-offsets case (2**31 elements) killed its kernel host on an H200 machine
 REFERENCE_CHUNK_ELEMENTS = 1 << 24
-#: its chunks start at multiples of this many rows (a swizzled scale layout's tiles are 128 rows)
-REFERENCE_CHUNK_ALIGN = 128
+
+
+def tile_rows(rows: int) -> int:
+    """`rows` rounded down to whole `ROW_TILE`s, one tile at least."""
+    return max(1, rows // ROW_TILE) * ROW_TILE
+
+
+def row_chunk(spec: Any, case: Any, inputs: Mapping[str, torch.Tensor],
+              part: slice) -> tuple[Any, dict[str, torch.Tensor], dict[str, slice]]:
+    """The sub-case of token rows `part` (the op's `token_subset`), its inputs, and its rows of every output: as
+    many as the op gives the sub-case from `part.start` (a padded layout's last chunk holds its padding)."""
+    sub_case, sub_inputs = spec.token_subset(case, inputs, part)
+    spans = {n: slice(part.start, part.start + int(o.shape[0])) for n, o in spec.outputs(sub_case, sub_inputs).items()}
+    return sub_case, sub_inputs, spans
 
 
 def by_rows(run: Any, op: str, dim: str, case: Any, inputs: dict[str, torch.Tensor],
             outputs: dict[str, torch.Tensor]) -> None:
-    """A reference adapter's `run(case, inputs, outputs)` of a row-independent op, a chunk of rows along `dim` at a
-    time where x holds more than REFERENCE_CHUNK_ELEMENTS: each chunk's sub-case (the op's `token_subset`) writes
-    its rows of every token output (as many as the op gives the sub-case: a padded layout's last chunk its padding)."""
+    """A reference adapter's `run(case, inputs, outputs)` of a row-independent op, a chunk of whole row tiles along
+    `dim` at a time where x holds more than REFERENCE_CHUNK_ELEMENTS: each chunk's sub-case writes its rows of
+    every token output (`row_chunk`)."""
     from harness import ops
 
     spec, m, total = ops.get(op), case.shape(dim), inputs["x"].numel()
     if total <= REFERENCE_CHUNK_ELEMENTS or spec.token_subset is None:
         run(case, inputs, outputs)
         return
-    step = max(1, REFERENCE_CHUNK_ELEMENTS * m // total // REFERENCE_CHUNK_ALIGN) * REFERENCE_CHUNK_ALIGN
+    step = tile_rows(REFERENCE_CHUNK_ELEMENTS * m // total)
     for start in range(0, m, step):
-        sub_case, sub_inputs = spec.token_subset(case, inputs, slice(start, min(m, start + step)))
-        rows = {n: o.shape[0] for n, o in spec.outputs(sub_case, sub_inputs).items()}
-        run(sub_case, sub_inputs, {n: t[start:start + rows[n]] if n in spec.token_outputs else t
-                                   for n, t in outputs.items()})
+        sub_case, sub_inputs, spans = row_chunk(spec, case, inputs, slice(start, min(m, start + step)))
+        run(sub_case, sub_inputs, {n: t[spans[n]] if n in spec.token_outputs else t for n, t in outputs.items()})

@@ -16,6 +16,7 @@ from harness.engine import strategies as hs
 from harness.engine.coverage import device_for
 from harness.engine.fixed import explicit_examples
 from harness.ops import large
+from harness.ops.common import ROW_TILE
 from harness.ops.large import NAME, NOT_EXPRESSIBLE
 
 GATED = ("silu", "gelu", "gelu_tanh", "swigluoai", "swigluoai_uninterleave", "swiglustep")
@@ -268,4 +269,4 @@ def test_chunks_are_whole_tiles_of_rows() -> None:
     case = Case(op="group_quant", adapter="x", shapes={"M": 1 << 20, "K": 3072},  # 1,365 rows unaligned
                 features={"unit": "group", "group_size": "128"})
     rows = chunked.chunk_rows(spec, case)
-    assert rows is not None and rows % chunked.ROW_TILE == 0, rows
+    assert rows is not None and rows % ROW_TILE == 0, rows
