@@ -396,9 +396,10 @@ def _run_reference(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[st
     by_rows(_quantize_whole, "act_quant", "T", case, inputs, outputs)
 
 
-def _quantize_whole(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-    x = inputs["x"]
-    qt = quantize(activation_values(case, x.detach().cpu(), {}), recipe_of(case, {}))
+def _quantize_whole(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *,
+                    on_device: bool) -> None:
+    x = inputs["x"].detach()
+    qt = quantize(activation_values(case, x if on_device else x.cpu(), {}), recipe_of(case, {}))
     outputs["codes"].view(torch.uint8).copy_(qt.codes)
     outputs["scales"].copy_(qt.scales)
 

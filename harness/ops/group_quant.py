@@ -600,13 +600,14 @@ def _run_reference(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[st
         if case.features.get(axis.name) not in axis.values:
             raise Unsupported(f"reference-group-quant: unknown {axis.name}={case.features.get(axis.name)!r}")
     if case.features.get("unit") == "tensor":  # one scale over every row
-        _quantize_whole(case, inputs, outputs)
+        _quantize_whole(case, inputs, outputs, on_device=False)
     else:
         by_rows(_quantize_whole, "group_quant", "M", case, inputs, outputs)
 
 
-def _quantize_whole(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-    codes, scales = oracle(inputs["x"], case.features, global_scale=inputs.get("global_scale"))
+def _quantize_whole(case: Case, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *,
+                    on_device: bool) -> None:
+    codes, scales = oracle(inputs["x"], case.features, global_scale=inputs.get("global_scale"), on_device=on_device)
     outputs["codes"].copy_(codes)
     outputs["scales"].copy_(scales)
 
