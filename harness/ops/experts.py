@@ -246,9 +246,28 @@ def input_code_error(x: torch.Tensor, quant: ref.ExpertsQuant | None, convention
     return xq.requant_error(rows, torch.zeros_like(rows), quant.act, ok, quant.act_global_scale).reshape(x.shape)
 
 
+#: a bound over more elements than this (rows x GEMM1 width) is taken a chunk of rows at a time: its float64
+#: intermediates of a large-offsets case (a few hundred rows of width 2**22) held over 100 GiB on an H200
+BOUND_CHUNK_ELEMENTS = 1 << 25
+
+
 def _bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, torch.Tensor],
            conventions: Mapping[str, Any], x_rows: torch.Tensor, ids: torch.Tensor, kw: Mapping[str, Any],
            quant: ref.ExpertsQuant | None = None, e_x_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """`_rows_bound`, a chunk of rows at a time where the rows are many and wide (`BOUND_CHUNK_ELEMENTS`): each
+    row's bound is its own, except under one scale over every row of the intermediate (a tensor unit)."""
+    step = max(1, BOUND_CHUNK_ELEMENTS // max(1, int(w13.shape[1])))
+    one_scale = quant is not None and quant.intermediate is not None and quant.intermediate.unit == QuantUnit.TENSOR
+    if one_scale or x_rows.shape[0] <= step:
+        return _rows_bound(case, w13, w2, cpu, conventions, x_rows, ids, kw, quant, e_x_rows)
+    return torch.cat([_rows_bound(case, w13, w2, cpu, conventions, x_rows[r:r + step], ids[r:r + step], kw, quant,
+                                  None if e_x_rows is None else e_x_rows[r:r + step])
+                      for r in range(0, x_rows.shape[0], step)])
+
+
+def _rows_bound(case: Case, w13: torch.Tensor, w2: torch.Tensor, cpu: Mapping[str, torch.Tensor],
+                conventions: Mapping[str, Any], x_rows: torch.Tensor, ids: torch.Tensor, kw: Mapping[str, Any],
+                quant: ref.ExpertsQuant | None = None, e_x_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row error bound of the expert output y before the router weight: [R, K]. w13, w2: the weights the
     oracle multiplies by (dequantized for a quantized scheme; converted to float64 an expert at a time); x_rows:
     its GEMM1 input rows; e_x_rows: how far the kernel's GEMM1 input rows may be from them (`input_code_error`),

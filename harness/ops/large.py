@@ -30,11 +30,9 @@ LARGE_OFFSET = 1 << 31
 #: computes `block * BLOCK_M * stride` in int32 overflows only in a block that starts past 2**31, so the last
 #: block of any BLOCK_M up to this many rows must
 BLOCK_MARGIN = 256
-#: the profiles that judge it (GPU runs only). Not `gpu` yet: on an H200 one such case takes 1 to 5 s in a kernel
-#: host now (its device arena hands it the tensors where they lie), but in the 16-worker GPU suite the large cases,
-#: one at a time on the machine, stretched it from 341 to 496 s and one still ran out of GPU memory
-#: (docs/PERFORMANCE.md)
-PROFILES = ("thorough",)
+#: the profiles that judge it (GPU runs only): on an H200 one such case takes 1 to 6 s in a kernel host (its device
+#: arena hands it the tensors where they lie), one at a time on the machine (`harness.engine.large_lock`)
+PROFILES = ("gpu", "thorough")
 #: the class's name, in every op
 NAME = "large_offsets"
 #: ops that cannot have it, and why

@@ -112,13 +112,18 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     deliberate: set[str] = set()
     # judged here, not as hypothesis @example: hypothesis would stop at the first that fails; each shard takes its
     # share of the explicit examples of every cell (on a GPU their large threshold shapes are the slow ones)
-    # the GPU profiles' cases past 2**31 elements, on a GPU only
-    large = name_of(moe_profile) if moe_device.is_cuda else None
-    for pinned in explicit_examples(adapter, all_cells, large)[index::count]:
-        deliberate.add(pinned.case_id)
+    # the GPU profiles' cases past 2**31 elements, on a GPU only: judged after the draws, so that the suite's large
+    # cases (one at a time on the machine) come at the ends of items of many lengths, not all in its first minute
+    profile = name_of(moe_profile) if moe_device.is_cuda else None
+    large = {c.case_id for c in hs.profile_class_cases(adapter, all_cells, profile)} if profile else set()
+    mine = explicit_examples(adapter, all_cells, profile)[index::count]
+    deliberate.update(c.case_id for c in mine)
+    for pinned in (c for c in mine if c.case_id not in large):
         search.example(pinned)
 
     search.run(hs.property_test(adapter, cells, moe_device, moe_profile, search, moe_shard, moe_adapter_name))
+    for pinned in (c for c in mine if c.case_id in large):
+        search.example(pinned)
     if report := search.report():
         pytest.fail(report, pytrace=False)
     _fail_on_vacuous_cells(search.judged, deliberate)
@@ -208,7 +213,8 @@ class _Search:
         return self.keys[r.case.case_id]
 
     def example(self, case: Case) -> None:
-        """An explicit example, judged before the search; the cause of its failure is known to the search."""
+        """An explicit example (judged before the search; a large-offsets one after it); the cause of its failure is
+        known to the search."""
         if self.given_up(case):
             return
         if (key := self.cause(self.judge(case))) is not None:

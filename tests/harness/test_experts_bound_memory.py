@@ -25,3 +25,41 @@ def test_a_per_slot_product_with_magnitudes_multiplies_by_each_experts_absolute_
         want = torch.zeros(6, dtype=torch.float64) if e < 0 else rows[r] @ w[e].double().abs().T
         torch.testing.assert_close(got[r], want, rtol=1e-12, atol=0)  # one row, or a batch: the order may differ
     assert not torch.equal(got, experts._per_slot_matmul(rows, w, ids))
+
+
+def _covering_cases(adapter_name: str) -> list:  # type: ignore[type-arg]
+    from harness import registry
+    from harness.engine import strategies as hs
+    from harness.engine.coverage import device_for
+
+    adapter = registry.resolve(adapter_name)
+    return hs.value_covering_cases(adapter, hs.declared_cells(adapter, device_for("sm90")))
+
+
+def test_a_bound_taken_a_chunk_of_rows_at_a_time_is_the_whole_ones(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Many wide rows (a large-offsets case: hundreds of rows of width 2**22) are bounded a chunk of rows at a time:
+    each row's bound is its own, so the chunks give the whole bound (to the last bits of a float64 product, whose
+    summation order may follow the rows' count), in both formats and under every quantization scheme covered."""
+    from harness import ops
+
+    spec = ops.get("experts")
+    calls: list[int] = []
+    real = experts._rows_bound
+    monkeypatch.setattr(experts, "_rows_bound", lambda *a, **k: calls.append(a[5].shape[0]) or real(*a, **k))
+    chunked = set()
+    # approximate division: the kernel's GEMM1 input codes may differ from the oracle's, a bound of their own
+    for case, conventions in [(c, conv) for c in _covering_cases("reference-experts")
+                              for conv in ({}, {"division": "approximate"})
+                              if not conv or c.features["quant_type"] != "none"]:
+        inputs = spec.make_inputs(case, "cpu")
+        monkeypatch.setattr(experts, "BOUND_CHUNK_ELEMENTS", 1 << 40)
+        whole = spec.expected(case, inputs, conventions)
+        calls.clear()
+        monkeypatch.setattr(experts, "BOUND_CHUNK_ELEMENTS", 1)  # a row at a time
+        parts = spec.expected(case, inputs, conventions)
+        if len(calls) > 1:
+            chunked.add((case.features["format"], bool(conventions)))
+        for w, p in zip(whole, parts, strict=True):
+            assert torch.equal(w.expected, p.expected), case.features
+            torch.testing.assert_close(p.bound, w.bound, rtol=1e-12, atol=0)
+    assert {f for f, _ in chunked} == {"standard", "batched"} and (True in {c for _, c in chunked})
