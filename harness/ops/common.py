@@ -151,12 +151,14 @@ def row_chunk(spec: Any, case: Any, inputs: Mapping[str, torch.Tensor],
 def by_rows(run: Any, op: str, dim: str, case: Any, inputs: dict[str, torch.Tensor],
             outputs: dict[str, torch.Tensor]) -> None:
     """A reference adapter's `run(case, inputs, outputs, on_device=...)` of a row-independent op, a chunk of whole
-    row tiles along `dim` at a time where x holds more than REFERENCE_CHUNK_ELEMENTS: each chunk's sub-case writes
-    its rows of every token output (`row_chunk`), computed on x's device (`on_device=True`: on the CPU a case past
-    2**31 elements takes minutes); a smaller input is run whole, as the oracle runs it (`on_device=False`)."""
+    row tiles along `dim` at a time where its inputs hold more than REFERENCE_CHUNK_ELEMENTS: each chunk's sub-case
+    writes its rows of every token output (`row_chunk`), computed on the inputs' device (`on_device=True`: on the
+    CPU a case past 2**31 elements takes minutes); a smaller input is run whole, as the oracle runs it
+    (`on_device=False`)."""
     from harness import ops
 
-    spec, m, total = ops.get(op), case.shape(dim), inputs["x"].numel()
+    spec, m = ops.get(op), case.shape(dim)
+    total = sum(t.numel() for t in inputs.values() if isinstance(t, torch.Tensor))
     if total <= REFERENCE_CHUNK_ELEMENTS or spec.token_subset is None:
         run(case, inputs, outputs, on_device=False)
         return

@@ -6,7 +6,7 @@ machinery (inputs, outputs, integrity checks, comparisons) and the first rows of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -15,6 +15,7 @@ from harness.core.device import DeviceInfo
 from harness.ops import activation as act_op
 from harness.ops import experts as experts_op
 from harness.ops import routing as routing_op
+from harness.ops.common import by_rows
 from harness.registry import Adapter, register
 from reference import activations, experts, permute, reduce, routing
 
@@ -74,6 +75,16 @@ def _reduce_consistent(device: DeviceInfo, f: Mapping[str, str]) -> str | None:
     return None
 
 
+def _in_chunks(run: Callable[[Case, Tensors, Tensors], None], dim: str) -> Callable[[Case, Tensors, Tensors], None]:
+    """`run` taking an input past REFERENCE_CHUNK_ELEMENTS a chunk of rows along `dim` at a time (`by_rows`): the
+    oracle's intermediates of a whole large-offsets case held tens of gigabytes in its kernel host. These oracles
+    compute where their inputs lie, so the chunks do too."""
+    def chunked(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+        by_rows(lambda c, i, o, on_device: run(c, i, o), case.op, dim, case, inputs, outputs)
+    chunked.__doc__ = run.__doc__
+    return chunked
+
+
 def _run_experts(case: Case, inputs: Tensors, outputs: Tensors) -> None:
     from harness.ops import experts_quant
 
@@ -106,18 +117,20 @@ def _register() -> None:
     # an H200), so the oracle itself does not promise it.
     common = dict(source="reference", properties=frozenset({"deterministic"}))
     nonfinite = {"nonfinite": "zero"}
-    register(Adapter(name="reference-routing", op="routing", run=_run_routing, requires=_llama4_only_plain,
-                     support=_values(routing_op.ROUTING_AXES), description="reference.routing", conventions=nonfinite,
+    register(Adapter(name="reference-routing", op="routing", run=_in_chunks(_run_routing, "M"),
+                     requires=_llama4_only_plain, support=_values(routing_op.ROUTING_AXES),
+                     description="reference.routing", conventions=nonfinite,
                      **common), replace=True)
-    register(Adapter(name="reference-grouped-routing", op="grouped_routing", run=_run_routing,
+    register(Adapter(name="reference-grouped-routing", op="grouped_routing", run=_in_chunks(_run_routing, "M"),
                      support=_values(routing_op.GROUPED_AXES), description="reference.routing", conventions=nonfinite,
                      **common), replace=True)
     register(Adapter(name="reference-align", op="align", run=_run_align, support=_values(align.AXES),
                      description="reference.permute.align_block_size", **common), replace=True)
-    register(Adapter(name="reference-activation", op="activation", run=_run_activation,
+    register(Adapter(name="reference-activation", op="activation", run=_in_chunks(_run_activation, "T"),
                      support=_values(act_op.AXES), description="reference.activations", **common), replace=True)
-    register(Adapter(name="reference-reduce", op="reduce", run=_run_reduce, support=_values(reduce_op.AXES),
-                     requires=_reduce_consistent, description="reference.reduce", **common), replace=True)
+    register(Adapter(name="reference-reduce", op="reduce", run=_in_chunks(_run_reduce, "M"),
+                     support=_values(reduce_op.AXES), requires=_reduce_consistent, description="reference.reduce",
+                     **common), replace=True)
     register(Adapter(name="reference-experts", op="experts", run=_run_experts, support=_values(experts_op.AXES),
                      requires=_experts_consistent, description="reference.experts", **common), replace=True)
 

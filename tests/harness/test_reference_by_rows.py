@@ -102,3 +102,32 @@ def test_chunks_start_at_multiples_of_128_rows(monkeypatch: pytest.MonkeyPatch) 
     common.by_rows(lambda c, i, o, **_: seen.append((c.shapes["M"], o["codes"].shape[0])), "group_quant", "M", case,
                    inputs, {n: torch.empty(o.shape, dtype=o.dtype) for n, o in spec.outputs(case, inputs).items()})
     assert seen == [(128, 128), (128, 128), (44, 44)]
+
+
+#: the reference adapters whose oracle computes where its inputs lie, chunked the same way: op -> (adapter, token dim)
+WHERE_INPUTS_LIE = {"routing": ("reference-routing", "M"), "grouped_routing": ("reference-grouped-routing", "M"),
+                    "activation": ("reference-activation", "T"), "reduce": ("reference-reduce", "M")}
+
+
+@pytest.mark.parametrize("op", sorted(WHERE_INPUTS_LIE))
+def test_the_other_reference_adapters_chunks_write_what_a_whole_run_writes(op: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    name, dim = WHERE_INPUTS_LIE[op]
+    adapter, spec = registry.resolve(name), ops.get(op)
+    cases = [c.replace(shapes={**c.shapes, dim: 300})
+             for c in hs.value_covering_cases(adapter, hs.declared_cells(adapter, device_for("interp")))
+             if int(c.shapes.get(dim, 0)) > 0]
+    assert cases
+    sizes: list[int] = []
+    real = common.row_chunk
+    monkeypatch.setattr(common, "row_chunk", lambda *a: sizes.append(a[3].stop - a[3].start) or real(*a))
+    for case in cases:
+        inputs = spec.make_inputs(case, "cpu")
+        outputs = _poisoned(spec, case, inputs)
+        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1 << 40)
+        whole = _run(adapter, case, inputs, outputs)
+        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1)
+        chunks = _run(adapter, case, inputs, outputs)
+        for n in whole:
+            assert torch.equal(bits(whole[n]), bits(chunks[n])), (n, case.features)
+    assert sizes and set(sizes) == {128, 44}  # every case in chunks of whole tiles, the last partial
