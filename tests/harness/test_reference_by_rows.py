@@ -43,6 +43,18 @@ def _poisoned(spec, case, inputs) -> dict[str, torch.Tensor]:  # type: ignore[no
             else torch.full(o.shape, 7, dtype=o.dtype) for n, o in spec.outputs(case, inputs).items()}
 
 
+def _assert_chunks_write_the_whole(adapter, spec, case, monkeypatch, device: str = "cpu") -> None:  # type: ignore[no-untyped-def]
+    """Chunks of rows (on `device`) write what one whole run on the CPU writes, bit for bit."""
+    inputs = spec.make_inputs(case, "cpu")
+    outputs = _poisoned(spec, case, inputs)
+    monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1 << 40)
+    whole = _run(adapter, case, inputs, outputs)
+    monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1)
+    chunks = _run(adapter, case, inputs, outputs, device)
+    for name in whole:
+        assert torch.equal(bits(whole[name]), bits(chunks[name])), (name, case.features)
+
+
 #: where the chunks are computed: the CPU everywhere, and the GPU where there is one (what a large case runs)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 
@@ -53,14 +65,7 @@ def test_a_chunked_group_quant_run_writes_what_a_whole_one_writes(device: str,
     adapter, spec = registry.resolve(OPS["group_quant"][0]), ops.get("group_quant")
     chunked_somewhere = False
     for case in _cases("group_quant"):
-        inputs = spec.make_inputs(case, "cpu")
-        outputs = _poisoned(spec, case, inputs)
-        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1 << 40)
-        whole = _run(adapter, case, inputs, outputs)
-        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1)
-        chunks = _run(adapter, case, inputs, outputs, device)
-        for name in whole:
-            assert torch.equal(bits(whole[name]), bits(chunks[name])), (name, case.features)
+        _assert_chunks_write_the_whole(adapter, spec, case, monkeypatch, device)
         chunked_somewhere |= case.features.get("unit") != "tensor"
     assert chunked_somewhere
 
@@ -68,14 +73,7 @@ def test_a_chunked_group_quant_run_writes_what_a_whole_one_writes(device: str,
 def test_a_chunked_act_quant_run_on_the_cpu_writes_what_a_whole_one_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     adapter, spec = registry.resolve(OPS["act_quant"][0]), ops.get("act_quant")
     for case in _cases("act_quant"):
-        inputs = spec.make_inputs(case, "cpu")
-        outputs = _poisoned(spec, case, inputs)
-        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1 << 40)
-        whole = _run(adapter, case, inputs, outputs)
-        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1)
-        chunks = _run(adapter, case, inputs, outputs)
-        for name in whole:
-            assert torch.equal(bits(whole[name]), bits(chunks[name])), (name, case.features)
+        _assert_chunks_write_the_whole(adapter, spec, case, monkeypatch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="chunks computed on the GPU: needs one")
@@ -122,12 +120,5 @@ def test_the_other_reference_adapters_chunks_write_what_a_whole_run_writes(op: s
     real = common.row_chunk
     monkeypatch.setattr(common, "row_chunk", lambda *a: sizes.append(a[3].stop - a[3].start) or real(*a))
     for case in cases:
-        inputs = spec.make_inputs(case, "cpu")
-        outputs = _poisoned(spec, case, inputs)
-        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1 << 40)
-        whole = _run(adapter, case, inputs, outputs)
-        monkeypatch.setattr(common, "REFERENCE_CHUNK_ELEMENTS", 1)
-        chunks = _run(adapter, case, inputs, outputs)
-        for n in whole:
-            assert torch.equal(bits(whole[n]), bits(chunks[n])), (n, case.features)
+        _assert_chunks_write_the_whole(adapter, spec, case, monkeypatch)
     assert sizes and set(sizes) == {128, 44}  # every case in chunks of whole tiles, the last partial
