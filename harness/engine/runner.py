@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import functools
 import gc
 import math
 import os
@@ -658,25 +659,26 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
     instead of building its own (a differential run hands the same tensors to two devices). keep: a dict the judge
     fills with the first run's outputs (`outputs`: CPU copies, by name) and the oracle's checks (`expected`).
     extra_runs: whether to do the extra runs, and their seed and order (`metrics.extra_runs` of a verdict: a replay's;
-    empty: none), else drawn.
+    empty: none), else drawn. A judging that ran out of GPU memory (the judge's or the kernel's allocation) is done
+    once more under the machine-wide lock, with no large case running; a large case that still does not fit is
+    not-verifiable, with the reason, rather than charged to the kernel.
     """
     t0 = time.perf_counter()
     before = isolation.take()
-    judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep, replayed=extra_runs)
-    try:
-        with large_lock.one_at_a_time(_input_elements(case)) as locked:
-            try:
-                with _deadline(_timeout_s(timeout)):
-                    result = judging.run()
-            finally:  # within the lock: the next large case, another process's, gets the memory
-                if judging.used_device:
-                    release_device_arena(adapter)
-                    if locked:
-                        judging.drop_buffers()
-                        gc.collect()
-                        release_cached_memory(device.device)
-    except CaseTimeout as e:
-        result = judging.result("error", f"hang: {e}", timeout=True)
+    elements = _input_elements(case)
+    again = functools.partial(_judged_once, case, adapter, device, unverifiable, timeout, inputs, keep, extra_runs,
+                              elements)
+    result, judging = again()
+    if _out_of_memory(result):  # most likely another process's large case held the memory: once more, with none
+        judging.drop_buffers()
+        gc.collect()
+        release_cached_memory(device.device)
+        result, judging = again(locked_above=-1)
+        if _out_of_memory(result) and elements > large_lock.LOCKED_ABOVE:
+            result = judging.result("not-verifiable", "not enough GPU memory for this case past 2**28 input "
+                                    "elements, judged twice (the second time with no other large case on the "
+                                    f"machine; fewer processes sharing the GPU, or a larger one, would judge it): "
+                                    f"{result.reason}")
     # each kernel run was checked on its own (judging.changed); what the judge's own work changed (a module it
     # imported lazily adds a warning filter) is undone without blame
     changed = [*registry.IMPORT_CHANGES.get(adapter.name, []), *judging.changed]
@@ -690,6 +692,38 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
         metrics = {**metrics, "kernel_host": host_notes}
     result = dataclasses.replace(result, metrics=metrics, duration_s=round(time.perf_counter() - t0, 4))
     return _charged(result, changed) if changed else result
+
+
+#: what a verdict's reason holds when the judge or the kernel ran out of GPU memory (torch's OutOfMemoryError)
+OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory")
+
+
+def _out_of_memory(result: Result) -> bool:
+    return result.verdict in ("error", "fail") and any(m in result.reason for m in OUT_OF_MEMORY)
+
+
+def _judged_once(case: Case, adapter: Adapter, device: DeviceInfo, unverifiable: set[str] | None,
+                 timeout: float | None, inputs: Mapping[str, Any] | None, keep: dict[str, Any] | None,
+                 extra_runs: Mapping[str, Any] | None, elements: int,
+                 locked_above: int = large_lock.LOCKED_ABOVE) -> tuple[Result, _Judging]:
+    """One judging of `case` (`judge`'s), under the machine-wide lock when it holds more than `locked_above` input
+    elements; a large case's memory goes back to the GPU before the lock is let go."""
+    judging = _Judging(case, adapter, device, unverifiable, given=inputs, keep=keep, replayed=extra_runs)
+    try:
+        with large_lock.one_at_a_time(elements, above=locked_above) as locked:
+            try:
+                with _deadline(_timeout_s(timeout)):
+                    result = judging.run()
+            finally:  # within the lock: the next large case, another process's, gets the memory
+                if judging.used_device:
+                    release_device_arena(adapter)
+                    if locked:
+                        judging.drop_buffers()
+                        gc.collect()
+                        release_cached_memory(device.device)
+    except CaseTimeout as e:
+        result = judging.result("error", f"hang: {e}", timeout=True)
+    return result, judging
 
 
 def _input_elements(case: Case) -> int:
