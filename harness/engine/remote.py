@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import json
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -254,7 +255,16 @@ def _stop_least_recent(device: str) -> None:
             old.close()
 
 
+#: the manifests a host's listing returned (`expand`), by host: the process that listed them and each spec's. A
+#: planning that describes every listed adapter again in that process asks nothing (61 round trips, each making the
+#: manifest again in the host); a host started again since asks.
+_LISTED: weakref.WeakKeyDictionary[Host, tuple[Any, dict[str, dict[str, Any]]]] = weakref.WeakKeyDictionary()
+
+
 def _described(spec: str, host: Host) -> RemoteAdapter:
+    listed = _LISTED.get(host)
+    if listed is not None and listed[0] is host.proc and spec in listed[1]:
+        return from_manifest(listed[1][spec], spec, host)
     reply = _ask(host, ("describe", spec), f"adapter {spec!r}")
     if "usage_error" in reply:
         raise ValueError(reply["usage_error"])
@@ -308,5 +318,8 @@ def expand(specs: list[str], *, probe: bool = False, host: Host | None = None) -
             host.close()
     if "usage_error" in reply:
         raise ValueError(reply["usage_error"])
-    return Catalog(list(reply["specs"]), list(reply["names"]), dict(reply.get("load_failures") or {}),
-                   dict(reply.get("manifests") or {}))
+    manifests = dict(reply.get("manifests") or {})
+    if not own:  # left running: its adapters may be described again (planning)
+        _LISTED[host] = (host.proc, {spec: manifests[name] for spec, name in zip(reply["specs"], reply["names"])
+                                     if name in manifests})
+    return Catalog(list(reply["specs"]), list(reply["names"]), dict(reply.get("load_failures") or {}), manifests)

@@ -35,3 +35,27 @@ def test_an_ops_limit_keys_cannot_be_changed_by_a_caller() -> None:
     with pytest.raises(TypeError):
         keys["max_E"] = None  # type: ignore[index]
     assert "max_E" in limits.keys("experts")
+
+
+def test_a_listed_adapter_is_described_from_its_listing_until_its_host_starts_again() -> None:
+    """Planning describes every adapter its host listed: from the listing's manifests, without a round trip each;
+    a host started again since (its adapters imported anew) is asked."""
+    from harness.engine import remote
+    from harness.engine.host import Host
+
+    host = Host("cpu")
+    asked: list[str] = []
+    real = host.ask
+    host.ask = lambda msg, *a, **k: asked.append(msg[0]) or real(msg, *a, **k)  # type: ignore[method-assign]
+    try:
+        specs = remote.expand(["reference-activation", "reference-reduce"], host=host).specs
+        asked.clear()
+        described = [remote.open_adapter(s, "cpu", host=host) for s in specs]
+        assert "describe" not in asked and [a.name for a in described] == ["reference-activation", "reference-reduce"]
+        assert real(("describe", specs[0]))["ok"] == remote._LISTED[host][1][specs[0]]  # what a describe answers
+        host.close()
+        host.start()
+        remote.open_adapter(specs[0], "cpu", host=host)
+        assert asked.count("describe") == 1
+    finally:
+        host.close()
