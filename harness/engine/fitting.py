@@ -13,6 +13,7 @@ unchanged: an adapter without size limits plans what it did.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -217,6 +218,17 @@ def _key(fields: Mapping[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True, default=str)
 
 
+def _ask_rules_at_once(adapter: Adapter, device: DeviceInfo | None, cell: Mapping[str, str],
+                       cases: Sequence[Mapping[str, Any]]) -> None:
+    """An adapter in a kernel host answers its shape rule for a cell's cases in one request, not one each: planning
+    asked hundreds (`RemoteAdapter.prefetch_rules`). A request that fails leaves them to be asked one at a time."""
+    prefetch = getattr(adapter, "prefetch_rules", None)
+    if prefetch is None or not cases or not adapter.declares(cell, device)[0]:
+        return
+    with contextlib.suppress(Exception):
+        prefetch(device, [cell] * len(cases), [c["shapes"] for c in cases])
+
+
 def fitted_all(adapter: Adapter, cell: Mapping[str, str], cases: Sequence[Mapping[str, Any]],
                device: DeviceInfo | None = None, most: int | None = None,
                reached: bool = True) -> list[dict[str, Any]]:
@@ -225,6 +237,7 @@ def fitted_all(adapter: Adapter, cell: Mapping[str, str], cases: Sequence[Mappin
     where none is left (the cell is then visibly unsupported)."""
     found: list[dict[str, Any]] = []
     seen: set[str] = set()
+    _ask_rules_at_once(adapter, device, cell, cases[: most or len(cases)])
     for fields in cases:
         if most is not None and len(found) >= most:
             break

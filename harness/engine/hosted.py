@@ -205,10 +205,11 @@ class Served:
         except SupportRuleError as e:
             return {"rule_error": str(e)}
 
-    def do_rules(self, spec: str, device: Mapping[str, Any] | None,
-                 cells: list[Mapping[str, str]]) -> dict[str, Any]:
-        """`do_rule` for many whole cells (no shapes) at once, in order."""
-        return {"ok": [self.do_rule(spec, device, features, None) for features in cells]}
+    def do_rules(self, spec: str, device: Mapping[str, Any] | None, cells: list[Mapping[str, str]],
+                 shapes: list[Mapping[str, int]] | None = None) -> dict[str, Any]:
+        """`do_rule` for many cells at once, in order: whole cells, or each with its `shapes`."""
+        return {"ok": [self.do_rule(spec, device, features, None if shapes is None else shapes[i])
+                       for i, features in enumerate(cells)]}
 
     def do_conventions(self, spec: str, case: Mapping[str, Any], device: Mapping[str, Any]) -> dict[str, Any]:
         adapter = self.adapter(spec)

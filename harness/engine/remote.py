@@ -81,18 +81,22 @@ class RemoteAdapter(Adapter):
             self._cache[k] = _ask(self.host, msg, f"adapter {self.name}")
         return self._cache[k]
 
-    def prefetch_rules(self, device: DeviceInfo | None, cells: Sequence[Mapping[str, str]]) -> None:
-        """The rule's answers for whole `cells` (no shapes) asked in one request instead of one each (planning asks
-        thousands: each a round trip to the host)."""
-        if self.rule_kind is None:
+    def prefetch_rules(self, device: DeviceInfo | None, cells: Sequence[Mapping[str, str]],
+                       shapes: Sequence[Mapping[str, int]] | None = None) -> None:
+        """The rule's answers for `cells` asked in one request instead of one each (planning asks thousands: each a
+        round trip to the host): whole cells, or each with its `shapes` (where the rule takes shapes)."""
+        if self.rule_kind is None or (shapes is not None and self.rule_kind != "shapes"):
             return
         dev = None if device is None else device.to_dict()
-        keys = {json.dumps(("rule", dev, dict(c), None), sort_keys=True, default=str): dict(c) for c in cells}
+        asked = [(dict(c), None if shapes is None else dict(shapes[i])) for i, c in enumerate(cells)]
+        keys = {json.dumps(("rule", dev, c, s), sort_keys=True, default=str): (c, s) for c, s in asked}
         todo = [k for k in keys if k not in self._cache]
         if not todo:
             return
         assert self.host is not None
-        reply = _ask(self.host, ("rules", self.spec, dev, [keys[k] for k in todo]), f"adapter {self.name}")
+        msg = ("rules", self.spec, dev, [keys[k][0] for k in todo]) + (
+            () if shapes is None else ([keys[k][1] for k in todo],))
+        reply = _ask(self.host, msg, f"adapter {self.name}")
         for k, answer in zip(todo, reply.get("ok", [])):
             self._cache[k] = answer
 

@@ -37,6 +37,14 @@ def test_an_ops_limit_keys_cannot_be_changed_by_a_caller() -> None:
     assert "max_E" in limits.keys("experts")
 
 
+def _counting(host) -> list[str]:  # type: ignore[no-untyped-def]
+    """The kind of every request `host` is asked from now on."""
+    asked: list[str] = []
+    real = host.ask
+    host.ask = lambda msg, *a, **k: asked.append(msg[0]) or real(msg, *a, **k)
+    return asked
+
+
 def test_a_listed_adapter_is_described_from_its_listing_until_its_host_starts_again() -> None:
     """Planning describes every adapter its host listed: from the listing's manifests, without a round trip each;
     a host started again since (its adapters imported anew) is asked."""
@@ -44,9 +52,8 @@ def test_a_listed_adapter_is_described_from_its_listing_until_its_host_starts_ag
     from harness.engine.host import Host
 
     host = Host("cpu")
-    asked: list[str] = []
     real = host.ask
-    host.ask = lambda msg, *a, **k: asked.append(msg[0]) or real(msg, *a, **k)  # type: ignore[method-assign]
+    asked = _counting(host)
     try:
         specs = remote.expand(["reference-activation", "reference-reduce"], host=host).specs
         asked.clear()
@@ -59,3 +66,35 @@ def test_a_listed_adapter_is_described_from_its_listing_until_its_host_starts_ag
         assert asked.count("describe") == 1
     finally:
         host.close()
+
+
+def test_a_cells_shape_rule_is_asked_once_for_its_boundary_cases_with_the_same_answers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter in a kernel host answers its shape rule for all of a cell's boundary cases in one request (it was
+    a round trip each); the boundary cases fitted are those of asking one at a time."""
+    from harness.engine import fitting, remote
+    from harness.engine.host import Host
+
+    spec = "tests.harness.fixtures.coverage_adapters:NEVER_FLOAT32"
+    cells = [{"activation": "silu_and_mul", "dtype": dt} for dt in ("float32", "bfloat16")]
+    fitted: dict[bool, list] = {}  # type: ignore[type-arg]
+    for at_once in (True, False):
+        host = Host("cpu")
+        asked = _counting(host)
+        try:
+            adapter = remote.open_adapter(spec, "cpu", host=host)
+            assert adapter.rule_kind == "shapes"
+            if not at_once:  # every answer asked on its own, as before
+                monkeypatch.setattr(fitting, "_ask_rules_at_once", lambda *a: None)
+            asked.clear()
+            fitted[at_once] = [fitting.boundary(adapter, c) for c in cells]
+            fitted[at_once].append([fitting.accepted(adapter, None, c, f)  # each answer, as the plan reads it
+                                    for c in cells for f in ops.get("activation").boundary(adapter, c)])
+            if at_once:
+                assert asked.count("rules") == len(cells) and asked.count("rule") < len(fitted[True][0]), asked
+            else:
+                assert "rules" not in asked and asked.count("rule") >= len(fitted[False][0])
+        finally:
+            host.close()
+    assert fitted[True] == fitted[False]
+    assert True in fitted[True][-1] and False in fitted[True][-1]  # float32's cases turned away, the others not
