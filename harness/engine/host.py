@@ -22,9 +22,11 @@ next case, but no verdict depends on what a host says about itself beyond its ou
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import multiprocessing as mp
+import multiprocessing.util  # its exit handler registered first, so that it runs after ours
 import os
 import re
 import signal
@@ -268,6 +270,7 @@ class Host:
                 config["daemon"] = daemon
         theirs.close()
         self.conn = mine
+        _STARTED[self] = os.getpid()
 
     @property
     def sandboxed(self) -> bool:
@@ -365,6 +368,19 @@ class Host:
 CLOSE_GRACE_S = 2.0
 #: seconds killed hosts are waited for, all together (one the kernel cannot end at once is left to end by itself)
 KILL_WAIT_S = 1.0
+
+
+#: every host started by this process (a forked child inherits the table, not the hosts): those still running when
+#: it exits are stopped. Else multiprocessing's own exit handler waits for them forever: a process that ends with
+#: an uncaught exception keeps its frames, and the hosts they hold, alive until then.
+_STARTED: weakref.WeakKeyDictionary[Host, int] = weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _close_started() -> None:
+    mine = [h for h, pid in list(_STARTED.items()) if pid == os.getpid()]
+    with contextlib.suppress(Exception):
+        close_hosts([h for h in mine if h.alive()])
 
 
 def close_hosts(hosts: list[Host], grace: float = CLOSE_GRACE_S) -> None:
