@@ -675,7 +675,8 @@ def judge(case: Case, adapter: Adapter, device: DeviceInfo, *, unverifiable: set
         release_cached_memory(device.device)
         result, judging = again(locked_above=-1)
         if _out_of_memory(result) and elements > large_lock.LOCKED_ABOVE:
-            result = judging.result("not-verifiable", "not enough GPU memory for this case past 2**28 input "
+            result = judging.result("not-verifiable", "not enough GPU memory for this case past "
+                                    f"2**{large_lock.LOCKED_ABOVE.bit_length() - 1} input "
                                     "elements, judged twice (the second time with no other large case on the "
                                     f"machine; fewer processes sharing the GPU, or a larger one, would judge it): "
                                     f"{result.reason}")

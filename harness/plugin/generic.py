@@ -36,6 +36,7 @@ from harness.engine import strategies as hs
 from harness.engine.fixed import explicit_examples
 from harness.engine.fixed import vacuous_boundary_cases as _vacuous_boundary_cases  # noqa: F401 (tests use it)
 from harness.engine.profiles import name_of
+from harness.ops import large
 from harness.plugin import VERIFIED_PROPERTY
 
 pytestmark = pytest.mark.moe_generic
@@ -114,15 +115,13 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     # share of the explicit examples of every cell (on a GPU their large threshold shapes are the slow ones)
     # the GPU profiles' cases past 2**31 elements, on a GPU only: judged after the draws, so that the suite's large
     # cases (one at a time on the machine) come at the ends of items of many lengths, not all in its first minute
-    profile = name_of(moe_profile) if moe_device.is_cuda else None
-    large = {c.case_id for c in hs.profile_class_cases(adapter, all_cells, profile)} if profile else set()
-    mine = explicit_examples(adapter, all_cells, profile)[index::count]
+    mine = explicit_examples(adapter, all_cells, name_of(moe_profile) if moe_device.is_cuda else None)[index::count]
     deliberate.update(c.case_id for c in mine)
-    for pinned in (c for c in mine if c.case_id not in large):
+    for pinned in (c for c in mine if not large.holds(c)):
         search.example(pinned)
 
     search.run(hs.property_test(adapter, cells, moe_device, moe_profile, search, moe_shard, moe_adapter_name))
-    for pinned in (c for c in mine if c.case_id in large):
+    for pinned in (c for c in mine if large.holds(c)):
         search.example(pinned)
     if report := search.report():
         pytest.fail(report, pytrace=False)

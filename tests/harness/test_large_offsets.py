@@ -271,3 +271,14 @@ def test_chunks_are_whole_tiles_of_rows() -> None:
                 features={"unit": "group", "group_size": "128"})
     rows = chunked.chunk_rows(spec, case)
     assert rows is not None and rows % ROW_TILE == 0, rows
+
+
+@pytest.mark.parametrize("op", [op for op in ops.available() if op not in NOT_EXPRESSIBLE])
+def test_the_generic_test_tells_its_large_case_from_the_other_fixed_ones(op: str) -> None:
+    """The generic test judges the fixed cases past 2**31 elements after its draws (`large.holds`): the large case
+    holds, none of the others does."""
+    adapter = _reference(op)
+    cells = hs.declared_cells(adapter, device_for("sm90"))
+    fixed = explicit_examples(adapter, cells, "gpu")
+    held = [c for c in fixed if large.holds(c)]
+    assert held and held == hs.profile_class_cases(adapter, cells, "gpu")
