@@ -48,6 +48,7 @@ __all__ = [
     "SoftmaxOrder",
     "UnkeptGroups",
     "finite_or_masked_rows",
+    "grouped_topk_group_scores",
     "grouped_topk_route",
     "grouped_topk_selection_scores",
     "llama4_top1_route",
@@ -541,6 +542,30 @@ def grouped_topk_selection_scores(
         router_logits, k, num_groups, topk_group, scoring, correction_bias, renormalize,
         routed_scaling_factor, scaling_placement, nonfinite, group_scoring, unkept_groups, renormalize_eps,
     ).selection
+
+
+def grouped_topk_group_scores(
+    router_logits: torch.Tensor,
+    k: int,
+    *,
+    num_groups: int,
+    topk_group: int,
+    scoring: Scoring,
+    correction_bias: torch.Tensor | None = None,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scaling_placement: ScalingPlacement = ScalingPlacement.WEIGHTS,
+    nonfinite: NonFinitePolicy = NonFinitePolicy.ZERO,
+    group_scoring: GroupScoring | None = None,
+    unkept_groups: UnkeptGroups = UnkeptGroups.EXCLUDED,
+    renormalize_eps: float = 0.0,
+) -> torch.Tensor:
+    """The [M, num_groups] group scores of `grouped_topk_route` (same arguments; step 2), in the compute dtype: the
+    values whose exact ties the lower group index breaks."""
+    return _grouped(
+        router_logits, k, num_groups, topk_group, scoring, correction_bias, renormalize,
+        routed_scaling_factor, scaling_placement, nonfinite, group_scoring, unkept_groups, renormalize_eps,
+    ).group_scores
 
 
 # ------------------------------------------------------------------------------------------------ Llama 4

@@ -12,7 +12,9 @@ finite rows; non-finite rows (NaN, +Inf, only -Inf) follow the adapter's `nonfin
 form is judged when it declares none. The declared `renormalize_eps` (sum + eps), and for grouped routing
 `group_scoring` and `unkept_groups`, enter both the id check and the expected weights. A declared
 `tie_break=lower_index` adds one check: a choice that differs from the oracle's only by exactly tied scores
-(valid with no tolerance) must be the oracle's, which breaks ties toward the lower expert and group index.
+(valid with no tolerance) must be the oracle's, which breaks ties toward the lower expert and group index. It
+judges the rows whose exact ties hold in any arithmetic: experts of bit-identical logits and biases, groups of
+bit-identical members (scores of different inputs that the oracle's rounding ties may not tie in the kernel's).
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ def _judge_tie_break(case: Case, inputs: Mapping[str, torch.Tensor], conventions
     different logits (saturated sigmoids, one-ulp nudges) may differ in the kernel's."""
     judged_rows = judged_rows & _ties_from_identical_inputs(case, inputs, policy)
     if case.op == "grouped_routing":
+        judged_rows = judged_rows & _group_ties_from_identical_groups(case, inputs, conventions, policy)
         exact = ref.valid_grouped_topk_selection(inputs["router_logits"], ids,
                                                  **_route_kwargs(case, inputs, conventions),
                                                  nonfinite=ref.NonFinitePolicy(policy))
@@ -224,6 +227,35 @@ def _ties_from_identical_inputs(case: Case, inputs: Mapping[str, torch.Tensor], 
     same = k[:, 1:] == k[:, :-1]
     same = same if same.dim() == 2 else same.all(dim=-1)
     return ~(tied & ~same).any(dim=1)
+
+
+def _group_ties_from_identical_groups(case: Case, inputs: Mapping[str, torch.Tensor],
+                                      conventions: Mapping[str, Any], policy: str) -> torch.Tensor:
+    """Per row: every exact tie of the oracle's group scores is between groups of bit-identical logits and biases
+    (as multisets). Groups of different inputs may tie after the oracle's rounding and not after the kernel's
+    (sums of sigmoids an ulp apart), and then the kernel keeps another group with no tie to break."""
+    logits = inputs["router_logits"].detach().cpu()
+    groups = case.params["num_groups"]
+    m, e = logits.shape
+    if m == 0 or groups < 2:
+        return torch.ones(m, dtype=torch.bool)
+    kw = {**_route_kwargs(case, inputs, conventions), "nonfinite": ref.NonFinitePolicy(policy)}
+    scores = ref.grouped_topk_group_scores(logits, case.shape("k"), **kw).to(torch.float64)
+    keys = logits.to(torch.float64).reshape(m, groups, e // groups)
+    bias = inputs.get("correction_bias")
+    if bias is not None:  # sort each group by (logit, bias): a multiset of pairs compares as sorted pairs
+        b = bias.detach().cpu().to(torch.float64).reshape(1, groups, e // groups).expand(m, -1, -1)
+        keys = torch.stack([keys, b], dim=-1)
+        order = torch.sort(b, dim=-1, stable=True).indices
+        keys = keys.gather(2, order[..., None].expand_as(keys))
+        order = torch.sort(keys[..., 0], dim=-1, stable=True).indices
+        keys = keys.gather(2, order[..., None].expand_as(keys)).flatten(2)
+    else:
+        keys = torch.sort(keys, dim=-1).values
+    tied = (scores[:, :, None] == scores[:, None, :]) & scores[:, :, None].isfinite()
+    # NaN logits (PROPAGATE) compare unequal to themselves: such groups count as different
+    same = (keys[:, :, None, :] == keys[:, None, :, :]).all(dim=-1)
+    return ~(tied & ~same).any(dim=(1, 2))
 
 
 def _renormalized(want: torch.Tensor, policy: str, eps: float) -> torch.Tensor:

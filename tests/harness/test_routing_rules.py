@@ -224,3 +224,29 @@ def test_a_declared_lower_index_tie_break_is_judged(op: str, higher_groups: bool
     # no exact tie (random logits): the rule has nothing to judge, the router passes
     rand = _cases(op, cell, "random", shapes, GROUPS if op == "grouped_routing" else {})
     assert _verdicts(_adapter(op, cell, higher, tie_break="lower_index"), rand, device_info) == {"pass"}
+
+
+# groups 0 and 2 of this row differ in their logits (12, 16 against 12, 17) but their fp32 top-2 sums tie exactly in
+# the oracle's arithmetic (its sigmoid rounded once from float64); torch's fp32 sigmoid of 12 is an ulp lower, which
+# breaks the tie toward group 2: a kernel computing it so keeps groups 1 and 2 with no tie to break
+ROUNDED_TIE = [12.0, -4.0, 0.0, 16.0, -3.0, 20.0, -1.0, 17.0, 12.0, -2.0, -2.0, 17.0, -2.0, -1.0, 12.0, 12.0]
+TIE_BIAS = [-0.375, 0.0, -1.125, 0.375] * 4
+
+
+@pytest.mark.parametrize(("copied", "verdict"), [(False, True), (True, False)])
+def test_group_ties_of_different_inputs_are_not_judged_by_the_tie_rule(copied: bool, verdict: bool) -> None:
+    from harness.ops import routing as spec
+
+    cell = {**GROUPED, "scoring": "sigmoid", "correction_bias": "Y", "renormalize": "N", "logits_dtype": "float16"}
+    params = {"num_groups": 4, "topk_group": 2, "routed_scaling_factor": 2.5}
+    case = Case(op="grouped_routing", adapter="test-grouped_routing", features=cell, seed=0,
+                shapes={"M": 1, "E": 16, "k": 4}, dtypes={"router_logits": "float16"}, routing="ties", params=params)
+    logits = torch.tensor([ROUNDED_TIE], dtype=torch.float16)
+    if copied:  # group 2 a copy of group 0: a tie in any arithmetic, which the rule breaks toward group 0
+        logits[0, 8:12] = logits[0, 0:4]
+    inputs = {"router_logits": logits, "correction_bias": torch.tensor(TIE_BIAS)}
+    ids = torch.tensor([[7, 11, 5, 8]], dtype=torch.int32)  # groups 1 and 2 kept, a valid choice either way
+    check = {c.name: c for c in spec.expected(case, inputs, {"tie_break": "lower_index"})}["topk_ids"]
+    found = check.judge(ids, {"topk_ids": ids})
+    assert found.passed is verdict, found.reason
+    assert verdict or "break exact ties" in found.reason
