@@ -17,6 +17,7 @@ from reference.routing import (
     Scoring,
     SoftmaxOrder,
     finite_or_masked_rows,
+    grouped_topk_group_scores,
     grouped_topk_route,
     grouped_topk_selection_scores,
     llama4_top1_route,
@@ -241,6 +242,16 @@ def test_grouped_unbiased_group_score_is_max_not_top2_sum() -> None:
     bias = torch.zeros(4)
     _, ids = grouped_topk_route(x, 1, num_groups=2, topk_group=1, scoring="sigmoid", correction_bias=bias)
     assert ids.tolist() == [[2]]
+
+
+def test_grouped_group_scores_are_max_or_top2_sum_of_biased_scores() -> None:
+    x = torch.tensor([[0.9, -9.0, 0.6, 0.6]])
+    sig = [1 / (1 + math.exp(-v)) for v in x[0].tolist()]
+    got = grouped_topk_group_scores(x, 1, num_groups=2, topk_group=1, scoring="sigmoid")
+    assert torch.allclose(got, torch.tensor([[sig[0], sig[2]]]))
+    bias = torch.tensor([0.0, 0.5, -0.25, 0.0])
+    got = grouped_topk_group_scores(x, 1, num_groups=2, topk_group=1, scoring="sigmoid", correction_bias=bias)
+    assert torch.allclose(got, torch.tensor([[sig[0] + sig[1] + 0.5, sig[2] + sig[3] - 0.25]]))
 
 
 def test_grouped_bias_does_not_leak_and_scaling_placement() -> None:
