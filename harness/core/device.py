@@ -188,4 +188,5 @@ def release_cached_memory(device: str) -> None:
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return
     if torch.cuda.memory_reserved(torch.device(device)) > CACHED_MEMORY_KEPT_MB * 2**20:
-        torch.cuda.empty_cache()
+        with torch.cuda.device(torch.device(device)):  # empty_cache empties the current device's cache only
+            torch.cuda.empty_cache()

@@ -292,11 +292,13 @@ def test_a_large_cases_cached_gpu_memory_is_returned_to_the_device() -> None:
 
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU: the cache is torch's CUDA allocator's")
-    big = torch.empty(2 * CACHED_MEMORY_KEPT_MB * 2**20, dtype=torch.uint8, device="cuda")
+    # another GPU than the current one where there are several: the cache of the device named must be emptied
+    dev = torch.device("cuda", (torch.cuda.current_device() + 1) % torch.cuda.device_count())
+    big = torch.empty(2 * CACHED_MEMORY_KEPT_MB * 2**20, dtype=torch.uint8, device=dev)
     del big
-    assert torch.cuda.memory_reserved() >= 2 * CACHED_MEMORY_KEPT_MB * 2**20
-    release_cached_memory("cuda:0")
-    assert torch.cuda.memory_reserved() <= CACHED_MEMORY_KEPT_MB * 2**20
+    assert torch.cuda.memory_reserved(dev) >= 2 * CACHED_MEMORY_KEPT_MB * 2**20
+    release_cached_memory(str(dev))
+    assert torch.cuda.memory_reserved(dev) <= CACHED_MEMORY_KEPT_MB * 2**20
 
 
 def test_the_arena_files_of_judges_that_are_gone_are_removed(tmp_path: Path) -> None:
