@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA faul
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = "tests.harness.fixtures.cuda_faults"
+FAKES = "tests.harness.fixtures.fake_adapters"
 CELL = {"activation": "silu_and_mul", "dtype": "float32"}
 
 
@@ -72,7 +73,7 @@ def test_an_illegal_address_in_the_pytest_path_fails_only_its_own_test(tmp_path:
     # its host's CUDA context, and a fresh one costs seconds
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--moe-profile", "ci",
            "harness/plugin/generic.py::test_declared_cases_pass", "--moe-adapter", f"{FAULTS}:ILLEGAL",
-           "--moe-adapter", "reference-activation", "--moe-adapter", "reference-reduce",
+           "--moe-adapter", f"{FAKES}:CORRECT", "--moe-adapter", f"{FAKES}:CORRECT_OTHER",
            "--moe-results-dir", str(tmp_path)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("PYTEST_XDIST_WORKER", None)

@@ -39,6 +39,9 @@ _reference = registry.resolve("reference-activation")
 #: the child sessions' profile, whatever this one's: a GPU run exports HYPOTHESIS_PROFILE=gpu (60 cases a cell, not
 #: 8), and with a kernel that kills its host every case is a host start with a fresh CUDA context
 CI_PROFILE = ("--moe-profile", "ci")
+#: correct adapters of one cell each, judged after a crash in the same child session
+CORRECT = "tests.harness.fixtures.fake_adapters:CORRECT"
+CORRECT_OTHER = "tests.harness.fixtures.fake_adapters:CORRECT_OTHER"
 
 
 def _like(name: str, run, *, activations: int | None = None) -> Adapter:  # type: ignore[no-untyped-def]
@@ -122,10 +125,10 @@ def _generic_tests_in_xdist(results: Path, *adapters: str) -> tuple[subprocess.C
 def test_a_segfault_in_the_pytest_path_loses_nothing_else(tmp_path: Path) -> None:
     """The kernel crashes its kernel host, never the test process: each crash is an error verdict naming the
     signal, a fresh host takes the next case, and the other adapters' tests pass."""
-    p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:SEGV", "reference-activation")
+    p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:SEGV", CORRECT)
     assert p.returncode == 1, out[-3000:]
     assert "robust-segv" in out and "1 passed" in out, out[-3000:]
-    kept = [r for r in load_results([tmp_path]) if r.adapter == "reference-activation"]
+    kept = [r for r in load_results([tmp_path]) if r.adapter == "fake-correct"]
     assert kept and all(r.verdict in ("pass", "not-verifiable") for r in kept)
     dead = [r for r in load_results([tmp_path]) if r.adapter == "robust-segv"]
     assert dead and all(r.verdict == "error" and "SIGSEGV" in r.reason for r in dead), [r.reason for r in dead]
@@ -298,8 +301,8 @@ LOSES_CONTEXT = _like("robust-loses-context", _loses_context, activations=1)
 def test_a_lost_cuda_context_in_the_pytest_path_fails_that_adapter_only(tmp_path: Path) -> None:
     # an illegal memory access in one test once failed two correct adapters after it on an H100; the context is
     # now its kernel host's, replaced before the next case
-    p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:LOSES_CONTEXT", "reference-activation",
-                                     "reference-reduce")
+    p, out = _generic_tests_in_xdist(tmp_path, "tests.harness.test_robustness:LOSES_CONTEXT", CORRECT,
+                                     CORRECT_OTHER)
     assert p.returncode == 1, out[-3000:]
     assert "robust-loses-context" in out, out[-3000:]
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
