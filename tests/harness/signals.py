@@ -1,9 +1,14 @@
-"""Signal state for the tests that stop a session with a signal: the process they start takes Ctrl-C as a user's
-shell gives it (SIGINT at its default, nothing blocked), whatever the pytest worker starting it inherited."""
+"""The state of the processes the tests start: signals (a session stopped with a signal takes Ctrl-C as a user's
+shell gives it: SIGINT at its default, nothing blocked, whatever the pytest worker starting it inherited) and the
+GPUs they see."""
 
 from __future__ import annotations
 
 import signal
+
+#: the environment of a child session that tests the plugin's own mechanics (ordering, threads, progress, its exit):
+#: it never needs a GPU, and on a GPU machine under the suite's load every CUDA start in it cost seconds
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def as_from_a_shell() -> None:

@@ -21,6 +21,7 @@ from harness.core.result import Result
 from harness.engine.profiles import PROFILES, choose
 from harness.plugin.generic import nothing_verified
 from harness.plugin.gpus import device_for_worker, parse_gpus, worker_number
+from tests.harness.signals import NO_GPU
 
 
 def test_workers_spread_round_robin_over_the_gpus() -> None:
@@ -190,8 +191,8 @@ def test_xdist_workers_share_the_cpus_instead_of_each_taking_all(tmp_path: Path)
            str(tmp_path / "test_threads_probe.py"), "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE",
            "--moe-results-dir", str(tmp_path / "results"), "-k", "threads", "--rootdir", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    p = subprocess.run(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT), **NO_GPU), capture_output=True,
+                       text=True, timeout=300)
     assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
 
 
@@ -206,14 +207,15 @@ def test_tests_are_handed_out_longest_first_by_their_measured_durations(tmp_path
     cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *plugin_arg, probe,
            "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE", "-k", "probe", "--rootdir", str(tmp_path),
            "--moe-durations", str(tmp_path / "times.json")]
-    p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), **NO_GPU), capture_output=True,
+                       text=True, timeout=300)
     order = [line.split("::")[-1] for line in p.stdout.splitlines() if line.startswith(probe)]
     # the unknown test counts as the median of the known durations (5 s): between the long and the short one
     assert order == ["test_long", "test_unknown", "test_short"], p.stdout[-2000:] + p.stderr[-2000:]
     (tmp_path / "bad.json").write_text("[1, 2]")
     p = subprocess.run([*cmd[:-1], str(tmp_path / "bad.json")], cwd=tmp_path,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), **NO_GPU), capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 4 and "--moe-durations" in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
 
 

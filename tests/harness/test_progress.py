@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from harness import plugin
 from harness.plugin.progress import expected_line, starting_line, wanted
+from tests.harness.signals import NO_GPU
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_the_first_line_comes_at_once_and_workers_take_the_controllers_listing(t
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_arg, "-n", "2", str(tmp_path / probe),
          "--moe-adapter", "reference-activation", "--moe-results-dir", str(tmp_path / "results"), "--rootdir",
          str(tmp_path), "--moe-durations", str(tmp_path / "times.json"), "-k", "probe"],
-        cwd=tmp_path, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env=dict(env, PYTHONPATH=str(ROOT), **NO_GPU), capture_output=True, text=True, timeout=300)
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     assert lines[0] == starting_line(), lines[:3]  # before pytest's header, which waits for the listing

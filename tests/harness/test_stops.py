@@ -194,8 +194,8 @@ def test_a_passing_xdist_run_prints_no_traceback_when_a_worker_is_slow_to_finish
            "-n", "1", "--moe-adapter",
            "reference-activation", "--moe-results-dir", str(tmp_path / "results"), "-k", "test_quick",
            str(tmp_path / "test_quick.py")]  # the plugin is active (--moe-adapter); its generic tests deselected
-    p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                       timeout=300, preexec_fn=signals.as_from_a_shell)
+    p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), **signals.NO_GPU),
+                       capture_output=True, text=True, timeout=300, preexec_fn=signals.as_from_a_shell)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "1 passed" in out, out[-3000:]
     assert "KeyboardInterrupt" not in out and "Traceback" not in out, out[-3000:]
