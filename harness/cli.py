@@ -29,11 +29,12 @@ from harness.commands import (
     explain,
     golden,
     matrix,
+    perf_table,
     replay,
     usage,
 )
 
-COMMANDS = (matrix, replay, explain, diff, bisect, bench, golden, conventions, coverage, differential)
+COMMANDS = (matrix, replay, explain, diff, bisect, bench, perf_table, golden, conventions, coverage, differential)
 
 
 def build_parser() -> argparse.ArgumentParser:
