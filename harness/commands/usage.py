@@ -225,6 +225,17 @@ def golden_names(args: argparse.Namespace) -> None:
                          f"{', '.join(map(repr, unknown))} (a new case: --regenerate NAME)")
 
 
+def perf_table_args(args: argparse.Namespace) -> None:
+    if args.out and args.folders:
+        raise UsageError("give bench run folders (printed) or --out FILE (its blocks name their folders), not both")
+    if not args.out and not args.folders:
+        raise UsageError("give bench run folders (results/<generation>/bench/<run id>), or --out FILE")
+    if bad := [f for f in args.folders if not os.path.isdir(f)]:
+        raise UsageError(f"RUN_DIR: {', '.join(map(repr, bad))} is not a folder (a bench run's folder)")
+    if args.out and not os.path.isfile(args.out):
+        raise UsageError(f"--out: {args.out!r} is not a file (a document holding perf-table blocks)")
+
+
 RULES: dict[str, tuple[Rule, ...]] = {
     "matrix": (device_form, shard, adapters, matrix_files, _out_file, resume, gpu_present),
     "replay": (device_form, adapters, case_file, gpu_to_replay),
@@ -236,4 +247,5 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "conventions": (conventions_op, _out_file),
     "coverage": (adapters, conventions_op, _out_file),
     "differential": (adapters, _out_folder, gpu_to_compare),
+    "perf-table": (perf_table_args,),
 }

@@ -89,7 +89,7 @@ def test_the_command_renders_a_files_blocks_and_refuses_unclear_requests(tmp_pat
     assert text.endswith("<!-- /perf-table -->\nafter\n")
     assert perf_table.rendered_again(text, tmp_path) == text  # rendering again changes nothing
     for args, words in ((["--out", "doc.md", folder.name], "not both"), ([], "give bench run folders"),
-                        (["missing"], "not a folder")):
+                        (["missing"], "not a folder"), (["--out", "absent.md"], "not a file")):
         done = cli(*args)
         assert done.returncode == 2 and words in done.stderr, done.stderr
     (tmp_path / "plain.md").write_text("no block\n")
