@@ -5,9 +5,11 @@ A bench run folder (`results/<generation>/bench/<run id>/`, what `scripts/gpu_ru
 the bench's own tables (`*.md`, one row per case and kernel) and `device.txt`. This command reads the experts rows of
 every table in each folder named and renders, per folder, one table: each (shape, scheme, M) point with its roofline
 floor, every kernel's time and its share of the floor, and each of this project's kernels (`triton-*`) over the
-anchor (vLLM's kernel) timed in the same run. Numbers are never typed into the docs: `--out FILE` replaces the block
-between `<!-- perf-table: DIR ... -->` and `<!-- /perf-table -->` in FILE with the render of the folders the marker
-names (the folders given must be those), and a test fails when a committed block is stale.
+anchor (vLLM's kernel) timed in the same run. A point timed in several tables of one folder (a run repeated after a
+fix) takes the last table's time, by file name. Rows without a positive time (a kernel that failed its
+verification) are left out. Numbers are never typed into the docs: `--out FILE` renders every block between
+`<!-- perf-table: DIR ... -->` and `<!-- /perf-table -->` in FILE from the folders its marker names (relative to the
+working directory), and a test fails when a committed block is stale.
 """
 
 from __future__ import annotations
@@ -63,12 +65,20 @@ def parse_table(text: str) -> list[Timed]:
     found = []
     for line in lines[2:]:
         row = dict(zip(header, _cells(line)))
-        case = CASE.match(row["case"])
-        if case is None or not row["kernel_us"]:
+        case, us = CASE.match(row["case"]), _positive(row["kernel_us"])
+        if case is None or us is None:
             continue
         found.append(Timed(case["shape"], case["scheme"], int(case["m"]), float(case["floor"]), case["bound"],
-                           row["adapter"], float(row["kernel_us"])))
+                           row["adapter"], us))
     return found
+
+
+def _positive(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def _device(text: str) -> str:

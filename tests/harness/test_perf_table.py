@@ -16,7 +16,8 @@ HEADER = ("| case | adapter | floor | verified | kernel_us | % of floor |\n"
           "|------|---------|-------|----------|-----------|------------|\n")
 
 
-def _run_folder(tmp_path: Path, rows: list[tuple[str, str, float]], name: str = "2026-01-02-abc1234-bench") -> Path:
+def _run_folder(tmp_path: Path, rows: list[tuple[str, str, float | str]],
+                name: str = "2026-01-02-abc1234-bench") -> Path:
     folder = tmp_path / name
     folder.mkdir()
     (folder / "bench_1.md").write_text(HEADER + "".join(
@@ -59,6 +60,16 @@ def test_points_are_ordered_and_a_kernel_missing_at_a_point_is_a_dash(tmp_path: 
     rows = [line for line in perf_table.render([str(folder)]).splitlines() if line.startswith("| qwen3")]
     assert rows == ["| qwen3 | bf16 | 16 | 10 | 20 (50%) | 10 (100%) | 2.00 |",
                     "| qwen3 | bf16 | 4096 | 50 | 100 (50%) | - | - |"]
+
+
+def test_a_row_without_a_positive_time_is_left_out_and_a_later_table_wins(tmp_path: Path) -> None:
+    case = "q bf16 M=8 floor=10.0us (bandwidth)"
+    folder = _run_folder(tmp_path, [(case, "triton-experts", 40.0), ("q bf16 M=9 floor=10.0us (bandwidth)",
+                                                                      "triton-experts", "nan")])
+    (folder / "bench_2.md").write_text(HEADER + f"| {case} | triton-experts | bandwidth | yes | 20.0 | 0 |\n"
+                                       f"| {case} | vllm-x | bandwidth | yes | error | 0 |\n")
+    rows = [line for line in perf_table.render([str(folder)]).splitlines() if line.startswith("| q")]
+    assert rows == ["| q | bf16 | 8 | 10 | 20 (50%) |"]
 
 
 def test_tables_of_other_ops_are_left_out_and_a_folder_without_experts_rows_is_an_error(tmp_path: Path) -> None:
