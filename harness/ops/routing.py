@@ -205,6 +205,14 @@ def _judge_tie_break(case: Case, inputs: Mapping[str, torch.Tensor], conventions
                   f"lower-index choice is {sorted(lower.tolist())}", bad_rows=int((~ok).sum()))
 
 
+def _input_keys(logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """[M, E, 2] float64: each expert's logit and correction bias (0 without one), what an exact tie must share to
+    hold in any arithmetic."""
+    key = logits.detach().cpu().to(torch.float64)
+    b = torch.zeros_like(key) if bias is None else bias.detach().cpu().to(torch.float64)[None, :].expand_as(key)
+    return torch.stack([key, b], dim=-1)
+
+
 def _ties_from_identical_inputs(case: Case, inputs: Mapping[str, torch.Tensor], policy: str) -> torch.Tensor:
     """Per row: every run of exactly equal (biased, ungrouped) scores holds experts of bit-identical logits and
     correction biases."""
@@ -212,20 +220,17 @@ def _ties_from_identical_inputs(case: Case, inputs: Mapping[str, torch.Tensor], 
     m, e = logits.shape
     if m == 0 or e < 2:
         return torch.ones(m, dtype=torch.bool)
-    pre = unbiased_scores(case, inputs, policy).to(torch.float64)
-    key = logits.to(torch.float64)
-    bias = inputs.get("correction_bias")
-    if bias is not None and case.features.get("scoring") != "llama4_top1":
-        pre = pre + bias.detach().cpu().to(torch.float64)[None, :]
-        key = torch.stack([key, bias.detach().cpu().to(torch.float64)[None, :].expand(m, e)], dim=-1)
-    if case.features.get("scoring") == "llama4_top1":
-        pre = logits.to(torch.float64)
+    llama4 = case.features.get("scoring") == "llama4_top1"
+    bias = None if llama4 else inputs.get("correction_bias")
+    key = _input_keys(logits, bias)
+    pre = logits.to(torch.float64) if llama4 else unbiased_scores(case, inputs, policy).to(torch.float64)
+    if bias is not None:
+        pre = pre + key[..., 1]
     order = torch.sort(pre, dim=1, stable=True).indices
     s = pre.gather(1, order)
-    k = key.gather(1, order) if key.dim() == 2 else key.gather(1, order[..., None].expand(m, e, 2))
+    k = key.gather(1, order[..., None].expand(m, e, 2))
     tied = (s[:, 1:] == s[:, :-1]) & s[:, 1:].isfinite()
-    same = k[:, 1:] == k[:, :-1]
-    same = same if same.dim() == 2 else same.all(dim=-1)
+    same = (k[:, 1:] == k[:, :-1]).all(dim=-1)
     return ~(tied & ~same).any(dim=1)
 
 
@@ -241,20 +246,13 @@ def _group_ties_from_identical_groups(case: Case, inputs: Mapping[str, torch.Ten
         return torch.ones(m, dtype=torch.bool)
     kw = {**_route_kwargs(case, inputs, conventions), "nonfinite": ref.NonFinitePolicy(policy)}
     scores = ref.grouped_topk_group_scores(logits, case.shape("k"), **kw).to(torch.float64)
-    keys = logits.to(torch.float64).reshape(m, groups, e // groups)
-    bias = inputs.get("correction_bias")
-    if bias is not None:  # sort each group by (logit, bias): a multiset of pairs compares as sorted pairs
-        b = bias.detach().cpu().to(torch.float64).reshape(1, groups, e // groups).expand(m, -1, -1)
-        keys = torch.stack([keys, b], dim=-1)
-        order = torch.sort(b, dim=-1, stable=True).indices
+    keys = _input_keys(logits, inputs.get("correction_bias")).reshape(m, groups, e // groups, 2)
+    for column in (1, 0):  # stable sorts by bias, then by logit: each group's pairs in (logit, bias) order
+        order = torch.sort(keys[..., column], dim=-1, stable=True).indices
         keys = keys.gather(2, order[..., None].expand_as(keys))
-        order = torch.sort(keys[..., 0], dim=-1, stable=True).indices
-        keys = keys.gather(2, order[..., None].expand_as(keys)).flatten(2)
-    else:
-        keys = torch.sort(keys, dim=-1).values
     tied = (scores[:, :, None] == scores[:, None, :]) & scores[:, :, None].isfinite()
     # NaN logits (PROPAGATE) compare unequal to themselves: such groups count as different
-    same = (keys[:, :, None, :] == keys[:, None, :, :]).all(dim=-1)
+    same = (keys[:, :, None] == keys[:, None, :]).flatten(3).all(dim=-1)
     return ~(tied & ~same).any(dim=(1, 2))
 
 
