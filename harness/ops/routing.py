@@ -215,7 +215,8 @@ def _input_keys(logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
 
 def _ties_from_identical_inputs(case: Case, inputs: Mapping[str, torch.Tensor], policy: str) -> torch.Tensor:
     """Per row: every run of exactly equal (biased, ungrouped) scores holds experts of bit-identical logits and
-    correction biases."""
+    correction biases. The scores are the oracle's, biased in its compute dtype as it adds them: a tie its rounding
+    makes from different inputs (an fp32 sum) is one another arithmetic need not make."""
     logits = inputs["router_logits"].detach().cpu()
     m, e = logits.shape
     if m == 0 or e < 2:
@@ -223,9 +224,10 @@ def _ties_from_identical_inputs(case: Case, inputs: Mapping[str, torch.Tensor], 
     llama4 = case.features.get("scoring") == "llama4_top1"
     bias = None if llama4 else inputs.get("correction_bias")
     key = _input_keys(logits, bias)
-    pre = logits.to(torch.float64) if llama4 else unbiased_scores(case, inputs, policy).to(torch.float64)
+    pre = logits if llama4 else unbiased_scores(case, inputs, policy)
     if bias is not None:
-        pre = pre + key[..., 1]
+        pre = pre + bias.detach().cpu().to(pre.dtype)[None, :]
+    pre = pre.to(torch.float64)
     order = torch.sort(pre, dim=1, stable=True).indices
     s = pre.gather(1, order)
     k = key.gather(1, order[..., None].expand(m, e, 2))

@@ -250,3 +250,25 @@ def test_group_ties_of_different_inputs_are_not_judged_by_the_tie_rule(copied: b
     found = check.judge(ids, {"topk_ids": ids})
     assert found.passed is verdict, found.reason
     assert verdict or "break exact ties" in found.reason
+
+
+def test_expert_ties_that_only_the_oracles_fp32_rounding_makes_are_not_judged() -> None:
+    """Two experts of different logits and biases whose biased scores are equal only after the oracle's fp32 add:
+    a kernel an ulp off in its sigmoid picks the other one with no tie to break."""
+    from harness.ops import routing as spec
+    from reference import routing as ref
+
+    cell = {**PLAIN, "correction_bias": "Y", "nonfinite_rows": "N", "renormalize": "N"}
+    logits = torch.tensor([[1.0, 0.5, -3.0]])
+    s = ref.topk_selection_scores(logits, 1, scoring="sigmoid")[0].double()
+    gap = torch.tensor(float(s[0] - s[1]))
+    bias = torch.tensor([0.0, float(torch.nextafter(gap, torch.tensor(1.0))), 0.0])  # an ulp of the bias past it
+    assert float(s[1]) + float(bias[1]) != float(s[0])  # different in float64 ...
+    assert (ref.topk_selection_scores(logits, 1, scoring="sigmoid")[0] + bias)[:2].unique().numel() == 1  # ... tied
+    case = Case(op="routing", adapter="test-routing", features=cell, seed=0, shapes={"M": 1, "E": 3, "k": 1},
+                dtypes={"router_logits": "float32"}, routing="random", params={})
+    ids = torch.tensor([[1]], dtype=torch.int32)  # the higher index of the tie
+    check = {c.name: c for c in spec.expected(case, {"router_logits": logits, "correction_bias": bias},
+                                               {"tie_break": "lower_index"})}["topk_ids"]
+    found = check.judge(ids, {"topk_ids": ids})
+    assert found.passed, found.reason
