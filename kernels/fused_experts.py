@@ -100,23 +100,33 @@ def _pow2(v: int, lo: int, hi: int) -> int:
 #: The gated GEMM1 holds two block_n-wide accumulators (gate and up), so its tiles are the narrow ones.
 _GATED_TILES = {16: (32, 256, 4, 3), 32: (64, 128, 4, 4), 64: (64, 64, 4, 4), 128: (64, 64, 8, 3)}
 _PLAIN_TILES = {16: (128, 128, 4, 3), 32: (128, 128, 4, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 3)}
+#: BLOCK_M 128, bf16/fp16, unquantized: (GEMM1, GEMM2) as (block_n, block_k, num_warps, num_stages), GEMM1 one joint
+#: dot over 2 * 128 gate and up rows. vLLM's tile size at these M (128 x 256 x 64, 8 warps, 4 stages) where the
+#: tables' 128-row tiles are 64 (gated) and 128 wide. H200, ours / vLLM's time, M = 1024 / 4096, this tile against
+#: the table's: Mixtral 0.94 / 0.93 against 1.05 / 1.05, Qwen3 0.90 / 0.89 against 0.93 / 0.98, DeepSeek-V3 (M=4096)
+#: 0.90 against 0.95 (results/sm90/bench/2026-11-29-9fae530-large-m-tile-probes/). fp32 and quantized operands keep
+#: the tables (not measured with it; fp8 lost with 128-row tiles of every width in the same run).
+_WIDE_16BIT = ((128, 64, 8, 4), (256, 64, 8, 4))
 #: below this many programs a decode-size grid leaves SMs idle (132 on an H100/H200: two waves)
 _MIN_PROGRAMS = 264
 
 
 def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *, gated: bool,
-                  experts: int = 0, max_block_k: int = 0, fp8: str = "", fp8_fast: bool = False) -> Config:
+                  experts: int = 0, max_block_k: int = 0, fp8: str = "", fp8_fast: bool = False,
+                  quantized: bool = False) -> Config:
     """Tiles for one GEMM whose output has `n` columns and whose reduction is `k` long; `experts`: the expert
     blocks the layout will hold (about min(E, M*k); 0 if unknown); `max_block_k`: a cap on BLOCK_K (a K-group
     scale that BLOCK_K must divide; 0: none); `fp8`: the scale format of fp8 operands (G128, A, T; "": not fp8);
-    `fp8_fast`: fp8 dots with fast accumulation (fused_experts(fp8_fast_accum=True)).
+    `fp8_fast`: fp8 dots with fast accumulation (fused_experts(fp8_fast_accum=True)); `quantized`: the weights are
+    codes of any quantized scheme.
 
     Heuristic (from the H200 sweep in results/sm90/bench/2026-11-21-1453327-tile-sweep/):
     - interpreter: one program per expert block and few, large tiles (numpy cost is per program);
     - BLOCK_M by the average rows per expert: <= 8 -> 16, <= 24 -> 32, <= 48 -> 64, else 128. A block as tall
       as most experts' rows reads each expert's weights once; the second, mostly empty block of an expert just
       above the average costs a whole weight read (Mixtral at 16 rows per expert: 355 us with 32, 436 with 16);
-    - BLOCK_N/BLOCK_K/warps/stages per BLOCK_M from the tables above; decode-size GEMMs whose grid would leave
+    - BLOCK_N/BLOCK_K/warps/stages per BLOCK_M from the tables above (BLOCK_M 128 with unquantized 16-bit
+      operands: `_WIDE_16BIT`, GEMM1 as a joint dot); decode-size GEMMs whose grid would leave
       SMs idle (e.g. Mixtral's GEMM2 at M=1: 2 experts x 32 column tiles) take 32-wide, 256-deep tiles instead;
     - split tail at BLOCK_M 128 only: its half-height (64-row) tail tile won at every point of an H200 sweep
       (DeepSeek-V3 M=4096: 2491 against 2744 us; Qwen3 M=1024: 379 against 391), while at BLOCK_M 64 and 32 it
@@ -148,10 +158,13 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
         if gated and (fp8 == "G128" or fp8_fast):
             return _fit_k(Config(64, 64, 128, group_m=8, num_warps=4, num_stages=3, joint_gate_up=True), k)
         return _fit_k(Config(64, 128, 128, group_m=8, num_warps=4, num_stages=3), k)
+    wide = bm == 128 and dtype in (torch.bfloat16, torch.float16) and not quantized
+    if wide:
+        bn, bk, warps, stages = _WIDE_16BIT[0 if gated else 1]
     if max_block_k:
         bk = min(bk, max_block_k)
     return _fit_k(Config(bm, bn, bk, group_m=1 if bm <= 32 else 8, num_warps=warps, num_stages=stages,
-                         split_tail=bm == 128), k)
+                         split_tail=bm == 128, joint_gate_up=wide and gated), k)
 
 
 def _fit_k(cfg: Config, k: int) -> Config:
@@ -591,10 +604,11 @@ def gemm_configs(configs: tuple[Config, Config] | None, rows_per_expert: float, 
     if configs is None:
         cap = 128 if quant is not None and quant.quant_format == "G128" else 0
         fp8 = quant.quant_format if quant is not None and quant.quant_type == "fp8_w8a8" else ""
+        coded = quant is not None
         configs = (choose_config(rows_per_expert, n, k_dim, dtype, gated=act in GATED, experts=experts,
-                                 max_block_k=cap, fp8=fp8, fp8_fast=fp8_fast),
+                                 max_block_k=cap, fp8=fp8, fp8_fast=fp8_fast, quantized=coded),
                    choose_config(rows_per_expert, k_dim, n, dtype, gated=False, experts=experts, max_block_k=cap,
-                                 fp8=fp8))
+                                 fp8=fp8, quantized=coded))
     if configs[0].block_m != configs[1].block_m:
         raise ValueError("GEMM1 and GEMM2 configs must share block_m")
     if any(c.split_tail and c.block_m < 32 for c in configs):

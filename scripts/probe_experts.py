@@ -138,7 +138,7 @@ def probe_m(name: str, s: dict, m: int, weights, qw: dict, scheme: tuple[str, st
         record({"shape": name, "M": m, "which": "breakdown-best", "kernels": breakdown(
             lambda: fused_experts(*call, out=out, quant=quant, configs=(cfg(b1), cfg(b2)),
                                   fp8_fast_accum=modes[-1]))})
-    if moe is not None and quant is not None and quant.w8a8:
+    if moe is not None and (quant is None or quant.w8a8):
         probe_vllm(name, s, m, call, qw, quant, floor, moe, record)
 
 
@@ -146,12 +146,13 @@ def probe_vllm(name: str, s: dict, m: int, call: tuple, qw: dict, quant, floor: 
     """vLLM's kernel (its config for this device, or its default) on the same inputs, and its profile."""
     from harness.commands.bench import _vllm
 
-    vcfg, source = moe.config(m, s["E"], s["N"], s["K"], s["k"], quant.quant_type,
-                              [128, 128] if quant.quant_format == "G128" else None)
+    qt, qf = (quant.quant_type, quant.quant_format) if quant is not None else ("none", "-")
+    vcfg, source = moe.config(m, s["E"], s["N"], s["K"], s["k"], None if quant is None else qt,
+                              [128, 128] if qf == "G128" else None)
 
     def vllm():
-        return _vllm.fused_experts(moe, *call, quant_type=quant.quant_type, quant_format=quant.quant_format,
-                                   w13_scale=qw["w13_scale"], w2_scale=qw["w2_scale"], config=vcfg)
+        return _vllm.fused_experts(moe, *call, quant_type=qt, quant_format=qf, w13_scale=qw.get("w13_scale"),
+                                   w2_scale=qw.get("w2_scale"), config=vcfg)
 
     t = do_bench_graph(vllm, reps=20)
     record({"shape": name, "M": m, "which": "vllm", "config": source, "cfg": vcfg,

@@ -235,6 +235,22 @@ def test_tile_heuristic_invariants(gpu_branch: bool, monkeypatch: pytest.MonkeyP
                     fk.gemm_configs((c1, c2), rows, 512, 7168, dt, act=1, experts=experts, quant=None)
 
 
+def test_large_blocks_of_16_bit_unquantized_operands_get_the_wide_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BLOCK_M 128 (many rows per expert) with bf16/fp16 operands: GEMM1 one joint dot over 2 x 128 gate and up rows,
+    GEMM2 256 wide (the H200 probe's winner); fp32 and quantized weights keep the tables' tiles."""
+    monkeypatch.setattr(fk, "interpreting", lambda: False)
+    for dt in (torch.bfloat16, torch.float16):
+        g1 = fk.choose_config(300, 7168, 4096, dt, gated=True, experts=8)
+        g2 = fk.choose_config(300, 4096, 7168, dt, gated=False, experts=8)
+        assert (g1.block_m, g1.block_n, g1.joint_gate_up, g1.num_warps) == (128, 128, True, 8), g1
+        assert (g2.block_m, g2.block_n, g2.joint_gate_up) == (128, 256, False), g2
+    for dt, quantized in ((torch.float32, False), (torch.bfloat16, True)):
+        g1 = fk.choose_config(300, 7168, 4096, dt, gated=True, experts=8, quantized=quantized)
+        assert g1.block_m == 128 and not g1.joint_gate_up and g1.block_n == fk._GATED_TILES[128][0], g1
+    small = fk.choose_config(40, 7168, 4096, torch.bfloat16, gated=True, experts=8)
+    assert small.block_m == 64 and not small.joint_gate_up, small
+
+
 def test_a_short_reduction_gets_a_block_k_that_fits_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """K shorter than the tile's BLOCK_K: the block shrinks to K's next power of two (at least 32) and, covering K in
     one block, has one stage; a model-size K keeps the tuned tile (the benchmark rows' configs are unchanged)."""
