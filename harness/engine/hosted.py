@@ -146,6 +146,9 @@ class Served:
         self.device = device
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
+            from harness.engine import compile_log
+
+            compile_log.install()  # MOE_HARNESS_COMPILE_LOG: which variants this host builds, and how long each takes
         else:
             prepare_interpreter(device)  # a CPU host runs Triton kernels in the interpreter, on a GPU machine too
         if interpreter_enabled():

@@ -1,0 +1,63 @@
+"""The compile log: the hooks it puts into Triton write one line per variant with its constexprs and seconds, and the
+summary counts variants, compiles and what tells them apart, per kernel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from harness.engine import compile_log
+
+
+@pytest.fixture
+def hooks(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from triton import knobs
+
+    if not hasattr(knobs.runtime, "jit_post_compile_hook"):
+        pytest.skip("this Triton has no JIT compile hooks")
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.setattr(compile_log, "_installed", [])
+    return knobs.runtime
+
+
+class _Fn:
+    module, name = "kernels.k", "_gemm"
+
+
+def _compile(runtime, block: int, spec: str, wait: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    info = {"constants": {"BLOCK": block}, "num_warps": 4, "num_stages": 3}
+    assert runtime.jit_cache_hook(key="k", repr=f"_gemm[num_warps=4](a: {spec})", fn=_Fn(), compile=info,
+                                  is_manual_warmup=False, already_compiled=False) is None  # never skips a compile
+    time.sleep(wait)
+    runtime.jit_post_compile_hook(key="k", repr=f"_gemm[num_warps=4](a: {spec})", fn=_Fn(), compile=info,
+                                  is_manual_warmup=False, already_compiled=False)
+
+
+def test_nothing_is_installed_without_a_path(hooks, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(compile_log.ENV, raising=False)
+    assert not compile_log.install()
+    assert hooks.jit_cache_hook is None and hooks.jit_post_compile_hook is None
+
+
+def test_each_variant_is_a_line_and_the_summary_tells_them_apart(hooks, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv(compile_log.ENV, str(log))
+    assert compile_log.install()
+    _compile(hooks, 64, "*bf16D", wait=compile_log.COMPILED_S)  # a compile
+    _compile(hooks, 128, "*bf16D", wait=compile_log.COMPILED_S)
+    _compile(hooks, 64, "*bf16", wait=0.0)  # a load from the disk cache
+    _compile(hooks, 64, "*bf16D")  # the same variant again (another process): not a new one
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 4 and rows[0]["constants"] == {"BLOCK": "64"} and rows[0]["seconds"] >= compile_log.COMPILED_S
+    (k,) = compile_log.summarize(rows)
+    assert k["kernel"] == "kernels.k._gemm" and k["variants"] == 3 and k["compiles"] == 2
+    assert k["distinct"] == {"BLOCK": 2, "(specialization)": 2}
+    assert k["compile_s"] >= 2 * compile_log.COMPILED_S
