@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.result import VERDICTS, Result
-from harness.store import differential, manifest
+from harness.store import differential, manifest, render_index
 from harness.store.results import load
 
 RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
@@ -49,6 +49,9 @@ Layout:
   on the interpreter and compiled on the GPU): `cases.jsonl` (one record per case and its class, not verdicts, with
   a manifest as a verdict file has) and `summary.md`. The support matrix shows the latest run of each generation
   ("Interpreter against the GPU").
+- `<generation>/render-index.json`: each results file's content hash, runs and whether the matrix still shows one
+  of them; a render reads past the files of runs it no longer shows (`harness.store.render_index`), and checks the
+  hashes first, so a stale index costs time, never a verdict.
 - `<generation>/bench/<date>-<commit>-<what>/`: timings and tile probes (`python -m harness bench`,
   `scripts/probe_experts.py`, `scripts/tune_experts.py`); JSONL files there hold no verdicts and the matrix skips
   them.
@@ -268,15 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=str(RESULTS_ROOT), help="the results folder (default: the repository's)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when README.md is stale")
     args = p.parse_args(argv)
-    path = Path(args.root) / "README.md"
-    text = render(Path(args.root))
+    root = Path(args.root)
+    path = root / "README.md"
+    text = render(root)
     if args.check:
         current = path.read_text(encoding="utf-8") if path.is_file() else ""
-        if current != text:
-            print(f"{path} is stale: regenerate it with `python scripts/results_readme.py`")
-            return 1
-        print(f"{path} is up to date")
-        return 0
+        stale = [str(p) for p in [path] if current != text]
+        stale += [str(g / render_index.INDEX_NAME) for g in _generation_dirs(root) if not render_index.check(g)]
+        for p in stale:
+            print(f"{p} is stale: regenerate it with `python scripts/results_readme.py`")
+        if not stale:
+            print(f"{path} and the render indexes are up to date")
+        return 1 if stale else 0
     path.write_text(text, encoding="utf-8")
     print(f"wrote {path}")
+    for g in _generation_dirs(root):  # what a render may read past (harness.store.render_index)
+        print(f"wrote {render_index.write(g)}")
     return 0

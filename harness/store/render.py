@@ -1046,7 +1046,8 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     found: list[Path] = []
     gate = manifest.Gate()
     try:
-        results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found), gate=gate)
+        results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found), gate=gate,
+                             skip_older=not history)
         runs = differential.find_runs(found, gate)  # their manifests checked by the same gate
     finally:
         for note in gate.notes:

@@ -356,11 +356,15 @@ def _iter_records(paths: Iterable[str | os.PathLike], strict: bool,
 
 def _iter_file_records(paths: Iterable[str | os.PathLike], strict: bool,
                        on_skip: Callable[[Path, str], None] | None,
-                       gate: manifest.Gate | None = None) -> Iterator[tuple[Path, Result | dict[str, Any]]]:
-    """(file, record) of every record of the files, in file order (with `gate`: of the lines it admits)."""
+                       gate: manifest.Gate | None = None,
+                       left_out: list[Path] | None = None) -> Iterator[tuple[Path, Result | dict[str, Any]]]:
+    """(file, record) of every record of the files, in file order (with `gate`: of the lines it admits; the files
+    it leaves out whole are appended to `left_out`)."""
     for path in result_files(paths):
         lines = _gated_lines(path, gate)
         if lines is None:
+            if left_out is not None:
+                left_out.append(path)
             continue
         why = not_a_results_file(lines)
         if why:
@@ -393,14 +397,31 @@ def _iter_file_records(paths: Iterable[str | os.PathLike], strict: bool,
 
 def load(paths: Iterable[str | os.PathLike], *, strict: bool = True,
          on_skip: Callable[[Path, str], None] | None = None,
-         gate: manifest.Gate | None = None) -> tuple[list[Result], list[dict[str, Any]]]:
+         gate: manifest.Gate | None = None, skip_older: bool = False) -> tuple[list[Result], list[dict[str, Any]]]:
     """(results, metadata records) of files and folders, read once. A JSONL file that holds other data (see
     `not_a_results_file`) is skipped: `on_skip(path, why)` is told (default: a warning). With `gate`, only the
-    lines of results files whose manifest it accepts are read (`gate.notes` names the rest)."""
+    lines of results files whose manifest it accepts are read (`gate.notes` names the rest). `skip_older`: files
+    that a folder's render index (`harness.store.render_index`) says hold only runs a matrix no longer shows are
+    not read, unless what is read shows that the index no longer holds."""
+    from harness.store import render_index
+
+    paths = list(paths)
+    listed = result_files(paths)
+    skips = render_index.skips(paths, listed) if skip_older else render_index.Skips()
+    notes = len(gate.notes) if gate is not None else 0
     results: list[Result] = []
     meta: list[dict[str, Any]] = []
-    for rec in _iter_records(paths, strict, on_skip, gate):
+    new_runs: set[str] = set()  # run ids of files no index names
+    left_out: list[Path] = []
+    for path, rec in _iter_file_records([f for f in listed if f not in skips.older], strict, on_skip, gate,
+                                        left_out):
         (results if isinstance(rec, Result) else meta).append(rec)
+        if path not in skips.indexed:
+            new_runs.add(rec.run_id if isinstance(rec, Result) else str(rec.get("run_id") or ""))
+    if skips.older and (new_runs & skips.runs() or skips.shown.intersection(left_out)):
+        if gate is not None:
+            del gate.notes[notes:]
+        return load(paths, strict=strict, on_skip=on_skip, gate=gate)
     return results, meta
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from harness.core.case import Case
 from harness.core.result import Result
 from harness.store import record
@@ -88,6 +90,16 @@ def test_the_committed_index_is_what_the_committed_results_generate() -> None:
     committed = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
     assert committed == record.render(ROOT / "results"), \
         "results/README.md is stale: regenerate it with `python scripts/results_readme.py`"
+
+
+@pytest.mark.parametrize("generation", ["interp", "sm90"])
+def test_the_committed_render_indexes_are_what_the_committed_results_generate(generation: str) -> None:
+    """A stale index costs a render time, never a verdict (tests/harness/test_render_index.py): still, it is kept
+    fresh with the README."""
+    from harness.store import render_index
+
+    assert render_index.check(ROOT / "results" / generation), \
+        f"results/{generation}/{render_index.INDEX_NAME} is stale: run `python scripts/results_readme.py`"
 
 
 def test_a_differential_run_is_listed_as_such(tmp_path: Path) -> None:

@@ -1,0 +1,120 @@
+"""Which committed result files hold only runs the support matrix no longer shows, so that a render reads past them.
+
+A results folder (`results/<generation>/`) keeps every run ever committed, while the matrix shows one run per
+(generation, adapter) (`harness.store.results.RunSelection`); parsing every record of every superseded run was most
+of a render's time. `render-index.json` in the folder names each of its results files by path, with the sha256 of
+its bytes and of its manifest's, the run ids it holds and whether it is `older`: no run of it is shown. A render
+(not `--history`) reads past an older file whose bytes still hash as indexed. Why that shows the same matrix:
+
+- files added since can only replace a slot's run with one the selection ranks higher, so an older run stays older;
+- but a run that new files add records to (a resumed or merged run) may rank higher than before: when a file read
+  holds a run id that a skipped file holds too, the skipped files are read after all;
+- a file the index names that is gone, changed, or left out by the manifest gate may have held a shown run: then
+  the index is not used at all.
+
+`python scripts/results_readme.py` writes the index with results/README.md (`--check` says when either is stale). A
+stale index costs a render time, never a verdict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from harness.core import files
+from harness.store import manifest
+
+__all__ = ["INDEX_NAME", "Skips", "build", "check", "skips", "write"]
+
+INDEX_NAME = "render-index.json"
+SCHEMA = 1
+
+
+def _digest(path: Path) -> str:
+    """sha256 of the file's bytes and of its manifest's (what the manifest gate reads)."""
+    h = hashlib.sha256(files.read_bytes(path, decompress=False))
+    m = manifest.manifest_path(path)
+    h.update(b"\0manifest\0" + (m.read_bytes() if m.is_file() else b""))
+    return h.hexdigest()
+
+
+def build(root: Path) -> dict[str, Any]:
+    """The index of the results files under `root`, read whole (with the manifest gate a render uses)."""
+    from harness.store.results import RunSelection, _iter_file_records, result_files
+
+    gate = manifest.Gate()
+    sel = RunSelection(_iter_file_records(result_files([root]), True, lambda path, why: None, gate))
+    shown = {f for run in sel.chosen.values() for f in run.files}
+    runs_of: dict[Path, set[str]] = defaultdict(set)
+    for run in sel.runs.values():
+        for f in run.files:
+            runs_of[f].update(run.ids)
+    return {"schema": SCHEMA, "files": {
+        f.relative_to(root).as_posix(): {"sha256": _digest(f), "runs": sorted(runs_of[f]), "older": f not in shown}
+        for f in sorted(runs_of)}}
+
+
+def _text(index: dict[str, Any]) -> str:
+    return json.dumps(index, indent=1, sort_keys=True) + "\n"
+
+
+def write(root: Path) -> Path:
+    path = root / INDEX_NAME
+    path.write_text(_text(build(root)), encoding="utf-8")
+    return path
+
+
+def check(root: Path) -> bool:
+    """Whether `root`'s committed index is what its files give."""
+    path = root / INDEX_NAME
+    return path.is_file() and path.read_text(encoding="utf-8") == _text(build(root))
+
+
+class Skips:
+    """The files a render may read past (`older`), and what says it must read them after all."""
+
+    def __init__(self) -> None:
+        self.older: dict[Path, set[str]] = {}  # skipped file -> its run ids
+        self.shown: set[Path] = set()  # files the indexes call current: a render must read all of them whole
+        self.indexed: set[Path] = set()  # every file an intact index names
+
+    def runs(self) -> set[str]:
+        return set().union(*self.older.values()) if self.older else set()
+
+
+def _load(root: Path) -> dict[str, Any] | None:
+    path = root / INDEX_NAME
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return index if isinstance(index, dict) and index.get("schema") == SCHEMA else None
+
+
+def skips(paths: Iterable[str | Path], listed: list[Path]) -> Skips:
+    """What a render of `paths` (whose results files are `listed`) may read past: the older files of each folder's
+    index, unless a file it names is gone or changed (then none of that folder's)."""
+    found = Skips()
+    present = set(listed)
+    for root in (Path(p) for p in paths):
+        index = _load(root) if root.is_dir() else None
+        if index is None:
+            continue
+        entries = {root / rel: e for rel, e in index.get("files", {}).items()}
+        try:
+            intact = all(f in present and _digest(f) == e.get("sha256") for f, e in entries.items())
+        except (OSError, ValueError):
+            intact = False
+        if not intact:
+            continue
+        found.indexed.update(entries)
+        for f, e in entries.items():
+            if e.get("older"):
+                found.older[f] = set(e.get("runs", []))
+            else:
+                found.shown.add(f)
+    return found

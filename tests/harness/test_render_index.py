@@ -1,0 +1,94 @@
+"""The render index lets a render read past the files of runs the matrix no longer shows, and renders the same
+matrix as reading every file: when files are added, when a run is resumed in a new file, when an indexed file changed
+or is gone, and when the manifest gate leaves out a file of a shown run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.core.result import Result
+from harness.store import manifest, render_index
+from harness.store.render import render_files
+from harness.store.results import ResultStore, load, result_files
+from tests.harness.test_matrix_runs import _case, _sweep
+
+DEVICE = {"device_name": "NVIDIA H100", "capability": [9, 0], "torch_version": "2.11", "triton_version": "3.6.0"}
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """Three sweeps of kernel k: a (also the only one of `other`), b (complete, shown), c (later but cut short)."""
+    root = tmp_path / "sm90"
+    _sweep(root / "a", "matrix-sm90-a", "aaaaaaa", 100, {"k": ["pass", "fail"], "other": ["pass"]})
+    _sweep(root / "b", "matrix-sm90-b", "bbbbbbb", 200, {"k": ["pass", "pass"]})
+    _sweep(root / "c", "matrix-sm90-c", "ccccccc", 300, {"k": ["fail"]}, planned={"k": 2})
+    render_index.write(root)
+    return root
+
+
+def _runs(root: Path, **kw) -> set[str]:  # type: ignore[no-untyped-def]
+    results, meta = load([root], skip_older=True, **kw)
+    return {r.run_id for r in results} | {str(m.get("run_id")) for m in meta}
+
+
+def _same_render(root: Path, tmp: Path) -> None:
+    """The render of the folder (index used) is the render of its files named one by one (no index)."""
+    a = render_files([root], tmp / "dir" / "M.md", shown_sources=["r"])
+    b = render_files(result_files([root]), tmp / "files" / "M.md", shown_sources=["r"])
+    assert a[0].read_bytes() == b[0].read_bytes() and a[1].read_bytes() == b[1].read_bytes()
+
+
+def test_the_index_marks_the_unshown_run_older_and_a_render_reads_past_it(tree: Path, tmp_path: Path) -> None:
+    index = render_index.build(tree)
+    older = {rel.split("/")[0] for rel, e in index["files"].items() if e["older"]}
+    assert older == {"c"}
+    assert render_index.check(tree)
+    assert _runs(tree) == {"matrix-sm90-a", "matrix-sm90-b"}  # c's files were not read
+    _same_render(tree, tmp_path)
+
+
+def test_a_new_sweep_is_read_and_still_renders_the_same(tree: Path, tmp_path: Path) -> None:
+    _sweep(tree / "d", "matrix-sm90-d", "ddddddd", 400, {"k": ["pass", "fail"]})
+    assert not render_index.check(tree)  # stale, but still safe
+    assert _runs(tree) == {"matrix-sm90-a", "matrix-sm90-b", "matrix-sm90-d"}
+    _same_render(tree, tmp_path)
+
+
+def test_a_run_resumed_in_a_new_file_reads_its_skipped_files(tree: Path, tmp_path: Path) -> None:
+    # c's second case, written later in a file of its own: c is now complete and the latest, so it is shown
+    with ResultStore(tree / "c", run_id="matrix-sm90-c", worker="w2") as store:
+        store.append(Result(case=_case("k", 2), verdict="pass", generation="sm90",
+                            device={**DEVICE, "commit": "ccccccc"}, timestamp=310))
+    assert "matrix-sm90-c" in _runs(tree)
+    results, _ = load([tree], skip_older=True)
+    assert sum(r.run_id == "matrix-sm90-c" for r in results) == 2  # the skipped file was read after all
+    _same_render(tree, tmp_path)
+
+
+@pytest.mark.parametrize("how", ["changed", "gone"])
+def test_an_indexed_file_that_changed_or_is_gone_turns_the_index_off(tree: Path, tmp_path: Path, how: str) -> None:
+    target = next((tree / "b").glob("*-w1.jsonl"))
+    if how == "changed":
+        target.write_text(target.read_text() + "\n")
+    else:
+        target.unlink()
+        manifest.manifest_path(target).unlink()
+    assert "matrix-sm90-c" in _runs(tree)
+    _same_render(tree, tmp_path)
+
+
+def test_a_shown_file_left_out_by_the_gate_turns_the_index_off(tree: Path) -> None:
+    shown = next((tree / "b").glob("*-w1.jsonl"))
+
+    class LeavesOutB(manifest.Gate):
+        def admit(self, path: Path, data: bytes) -> list[int] | None:
+            if path == shown:
+                self.notes.append(f"left out: {path}")
+                return None
+            return super().admit(path, data)
+
+    gate = LeavesOutB()
+    assert "matrix-sm90-c" in _runs(tree, gate=gate)  # c may be what the matrix shows now: read
+    assert len(gate.notes) == 1  # named once, not once per pass
