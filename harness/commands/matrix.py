@@ -137,9 +137,11 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     # listed in a host (which probes the imports first: one that ends the process from C code is named), so that
     # this process, which renders the verdicts, never imports an adapter module; the sweep plans in the same host
     planner = Host("cpu")
+    begun: dict[str, Any] = {"startup": {"preparing": time.monotonic() - started}}  # the run id and device, once
+    t0 = time.monotonic()  # chosen (what an interrupt's message needs), and what the start took
     with contextlib.suppress(HostDied):  # its start (torch) overlaps the device's; a failed one is reported when asked
         planner.start()
-    begun: dict[str, Any] = {}  # the run id and device, once chosen (what an interrupt's message needs)
+    begun["startup"]["the planner's start"] = time.monotonic() - t0
     try:
         return _sweep_with(args, shard, out, started, planner, begun)
     except KeyboardInterrupt as e:
@@ -174,14 +176,19 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     from harness.sweep.progress import duration
 
     pool = None
+    startup = begun["startup"]
     try:
+        t0 = time.monotonic()
         dev = detect(args.device)
+        startup["the device"] = time.monotonic() - t0
         suffix = f"-shard{shard.index}of{shard.count}" if shard else ""
         run_id = args.resume or f"matrix-{dev.generation}-{new_run_id()}{suffix}"
         begun.update(run_id=run_id, device=dev)
         if not args.adapter:  # every adapter: a worker per job, started now so that their start overlaps the listing
+            t0 = time.monotonic()
             pool = worker_pool(dev, args.results_dir, run_id, args.jobs, args.case_timeout,
                                start=args.jobs or default_jobs(dev))
+            startup["starting the workers"] = time.monotonic() - t0
         listed = time.monotonic()
         specs = remote.expand(list(args.adapter or []), probe=True, host=planner).specs
         listed = time.monotonic() - listed
@@ -224,8 +231,11 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     if bad:
         print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
     wall = time.monotonic() - started
+    other = wall - swept - listed - rendered
+    parts = [f"{s:.1f}s {what}" for what, s in startup.items() if s >= 0.05]
     print(f"judged {judged} cases in {duration(wall)} ({swept:.1f}s planning and judging, {listed:.1f}s listing the "
-          f"adapters, {rendered:.1f}s rendering, {wall - swept - listed - rendered:.1f}s other)")
+          f"adapters, {rendered:.1f}s rendering, {other:.1f}s other" + (f": {', '.join(parts)}" if parts else "")
+          + ")")
     return 1 if bad else 0
 
 

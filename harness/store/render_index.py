@@ -4,7 +4,8 @@ A results folder (`results/<generation>/`) keeps every run ever committed, while
 (generation, adapter) (`harness.store.results.RunSelection`); parsing every record of every superseded run was most
 of a render's time. `render-index.json` in the folder names each of its results files by path, with the sha256 of
 its bytes and of its manifest's, the run ids it holds and whether it is `older`: no run of it is shown. A render
-(not `--history`) reads past an older file whose bytes still hash as indexed. Why that shows the same matrix:
+(not `--history`) of every file an index names (and any others) reads past an older file whose bytes still
+hash as indexed. Why that shows the same matrix:
 
 - files added since can only replace a slot's run with one the selection ranks higher, so an older run stays older;
 - but a run that new files add records to (a resumed or merged run) may rank higher than before: when a file read
@@ -21,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +95,23 @@ def _load(root: Path) -> dict[str, Any] | None:
     return index if isinstance(index, dict) and index.get("schema") == SCHEMA else None
 
 
-def skips(paths: Iterable[str | Path], listed: list[Path]) -> Skips:
-    """What a render of `paths` (whose results files are `listed`) may read past: the older files of each folder's
-    index, unless a file it names is gone or changed (then none of that folder's)."""
+def _roots(listed: list[Path]) -> list[Path]:
+    """The folders holding an index among the listed files' ancestors."""
+    found: dict[Path, bool] = {}
+    for f in listed:
+        for d in f.parents:
+            if d not in found:
+                found[d] = (d / INDEX_NAME).is_file()
+    return sorted(d for d, has in found.items() if has)
+
+
+def skips(listed: list[Path]) -> Skips:
+    """What a render of the results files `listed` may read past: the older files of each index found beside them
+    (in a folder above them), unless a file the index names is not listed, or changed (then none of its)."""
     found = Skips()
     present = set(listed)
-    for root in (Path(p) for p in paths):
-        index = _load(root) if root.is_dir() else None
+    for root in _roots(listed):
+        index = _load(root)
         if index is None:
             continue
         entries = {root / rel: e for rel, e in index.get("files", {}).items()}

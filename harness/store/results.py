@@ -407,7 +407,7 @@ def load(paths: Iterable[str | os.PathLike], *, strict: bool = True,
 
     paths = list(paths)
     listed = result_files(paths)
-    skips = render_index.skips(paths, listed) if skip_older else render_index.Skips()
+    skips = render_index.skips(listed) if skip_older else render_index.Skips()
     notes = len(gate.notes) if gate is not None else 0
     results: list[Result] = []
     meta: list[dict[str, Any]] = []

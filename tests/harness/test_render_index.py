@@ -4,6 +4,7 @@ or is gone, and when the manifest gate leaves out a file of a shown run."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,15 +30,20 @@ def tree(tmp_path: Path) -> Path:
 
 
 def _runs(root: Path, **kw) -> set[str]:  # type: ignore[no-untyped-def]
-    results, meta = load([root], skip_older=True, **kw)
+    results, meta = load(result_files([root]), skip_older=True, **kw)
     return {r.run_id for r in results} | {str(m.get("run_id")) for m in meta}
 
 
 def _same_render(root: Path, tmp: Path) -> None:
-    """The render of the folder (index used) is the render of its files named one by one (no index)."""
-    a = render_files([root], tmp / "dir" / "M.md", shown_sources=["r"])
-    b = render_files(result_files([root]), tmp / "files" / "M.md", shown_sources=["r"])
-    assert a[0].read_bytes() == b[0].read_bytes() and a[1].read_bytes() == b[1].read_bytes()
+    """The render of the folder, and of its files named one by one (index used), is the render of a copy without
+    the index."""
+    bare = tmp / "bare" / root.name
+    shutil.copytree(root, bare)
+    (bare / render_index.INDEX_NAME).unlink()
+    want = render_files([bare], tmp / "want" / "M.md", shown_sources=["r"])
+    for name, paths in (("dir", [root]), ("files", result_files([root]))):
+        got = render_files(paths, tmp / name / "M.md", shown_sources=["r"])
+        assert got[0].read_bytes() == want[0].read_bytes() and got[1].read_bytes() == want[1].read_bytes(), name
 
 
 def test_the_index_marks_the_unshown_run_older_and_a_render_reads_past_it(tree: Path, tmp_path: Path) -> None:
