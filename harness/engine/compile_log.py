@@ -40,6 +40,13 @@ def _line(path: str, row: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _named(key: Any, names: list[str]) -> str:
+    """A constexpr's name: Triton releases key them by name or by their argument's index path ((7,))."""
+    if isinstance(key, tuple) and len(key) == 1 and isinstance(key[0], int) and key[0] < len(names):
+        return names[key[0]]
+    return str(key)
+
+
 def install(path: str | None = None) -> bool:
     """Log this process's Triton compiles to `path` (default: $MOE_HARNESS_COMPILE_LOG; neither: do nothing).
     Returns whether the log is on. Triton releases without the JIT hooks log nothing."""
@@ -64,8 +71,9 @@ def install(path: str | None = None) -> bool:
             t0 = _started.pop(threading.get_ident(), None)
         comp = kw.get("compile") or {}
         fn = kw.get("fn")
+        names = list(getattr(getattr(fn, "jit_function", None), "arg_names", None) or [])
         _line(path, {"pid": os.getpid(), "kernel": getattr(fn, "name", "?"), "module": getattr(fn, "module", "?"),
-                     "constants": {str(k): repr(v) for k, v in (comp.get("constants") or {}).items()},
+                     "constants": {_named(k, names): repr(v) for k, v in (comp.get("constants") or {}).items()},
                      "num_warps": comp.get("num_warps"), "num_stages": comp.get("num_stages"),
                      "repr": str(kw.get("repr", "")),
                      "seconds": None if t0 is None else round(time.perf_counter() - t0, 3)})

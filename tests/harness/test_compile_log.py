@@ -25,14 +25,18 @@ def hooks(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     return knobs.runtime
 
 
+class _Jit:
+    arg_names = ("a_ptr", "BLOCK")
+
+
 class _Fn:
-    module, name = "kernels.k", "_gemm"
+    module, name, jit_function = "kernels.k", "_gemm", _Jit()
 
 
 def _compile(runtime, block: int, spec: str, wait: float = 0.0) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    info = {"constants": {"BLOCK": block}, "num_warps": 4, "num_stages": 3}
+    info = {"constants": {(1,): block}, "num_warps": 4, "num_stages": 3}  # keyed by index, as Triton 3.6 does
     assert runtime.jit_cache_hook(key="k", repr=f"_gemm[num_warps=4](a: {spec})", fn=_Fn(), compile=info,
                                   is_manual_warmup=False, already_compiled=False) is None  # never skips a compile
     time.sleep(wait)
