@@ -167,11 +167,19 @@ def choose_config(rows_per_expert: float, n: int, k: int, dtype: torch.dtype, *,
                          split_tail=bm == 128, joint_gate_up=wide and gated), k)
 
 
+#: reductions shorter than this (and than the tile's BLOCK_K) all take one small tile: BLOCK_K 32, one stage
+SHORT_K = 128
+
+
 def _fit_k(cfg: Config, k: int) -> Config:
-    """A reduction shorter than the tile's BLOCK_K: BLOCK_K down to the next power of two of K (at least 32), and
-    one stage when one K block covers it (nothing to pipeline). Same results, no wasted masked lanes, and a
-    fraction of the compile time (GEMM1 and GEMM2 of seven small quick-matrix shapes, sm90 target: 8.8 s, 4.9 fitted);
-    model-size reductions (K >= 1024) keep their tile."""
+    """A reduction shorter than the tile's BLOCK_K. Below SHORT_K: BLOCK_K 32 and one stage whatever K is, so that
+    every short reduction of a feature cell is one compiled variant (K = 33, 48, 64, 65 and 100 were four BLOCK_Ks,
+    each a compile of its own: a cold GPU suite compiled 425 GEMM variants for the Triton experts adapters' property
+    tests). From SHORT_K up: BLOCK_K down to K's next power of two, and one stage where one block covers K. Both
+    give the same results and compile in a fraction of the full tile's time (GEMM1 and GEMM2 of seven small
+    quick-matrix shapes, sm90 target: 8.8 s, 4.9 fitted); model-size reductions (K >= 1024) keep their tile."""
+    if k < min(SHORT_K, cfg.block_k):
+        return replace(cfg, block_k=min(cfg.block_k, 32), num_stages=1)
     bk = min(cfg.block_k, max(32, triton.next_power_of_2(max(k, 1))))
     stages = 1 if k <= bk else cfg.num_stages
     if (bk, stages) == (cfg.block_k, cfg.num_stages):

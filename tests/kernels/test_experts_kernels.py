@@ -252,15 +252,22 @@ def test_large_blocks_of_16_bit_unquantized_operands_get_the_wide_tiles(monkeypa
 
 
 def test_a_short_reduction_gets_a_block_k_that_fits_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """K shorter than the tile's BLOCK_K: the block shrinks to K's next power of two (at least 32) and, covering K in
-    one block, has one stage; a model-size K keeps the tuned tile (the benchmark rows' configs are unchanged)."""
+    """K shorter than the tile's BLOCK_K: below SHORT_K one tile for all (BLOCK_K 32, one stage: one variant), from
+    SHORT_K up K's next power of two, with one stage where it covers K; a model-size K keeps the tuned tile (the
+    benchmark rows' configs are unchanged)."""
     monkeypatch.setattr(fk, "interpreting", lambda: False)
+    assert fk.SHORT_K == 128
     for gated, fp8, rows in ((True, "", 1.0), (False, "", 1.0), (True, "G128", 64.0), (False, "A", 300.0)):
-        for k, block_k in ((16, 32), (32, 32), (48, 64), (65, 128), (257, 256)):
+        short = set()
+        for k, block_k in ((16, 32), (32, 32), (48, 32), (65, 32), (100, 32), (128, 128), (200, 256), (257, 256)):
             cfg = fk.choose_config(rows, 64, k, torch.bfloat16, gated=gated, experts=8, fp8=fp8,
                                    max_block_k=128 if fp8 == "G128" else 0)
             assert cfg.block_k == min(block_k, 128 if fp8 else 256), (gated, fp8, k, cfg)
-            assert (cfg.num_stages == 1) == (k <= cfg.block_k), (gated, fp8, k, cfg)
+            assert (cfg.num_stages == 1) == (k <= cfg.block_k or k < min(fk.SHORT_K, 128 if fp8 else 256)), \
+                (gated, fp8, k, cfg)
+            if k < fk.SHORT_K:
+                short.add(cfg)
+        assert len(short) == 1, short  # every short reduction: one compiled variant
         tuned = fk.choose_config(rows, 512, 7168, torch.bfloat16, gated=gated, experts=8, fp8=fp8,
                                  max_block_k=128 if fp8 == "G128" else 0)
         assert tuned.num_stages > 1 and tuned.block_k >= 64
