@@ -161,12 +161,17 @@ def _inside(path: str, folder: str) -> bool:
 
 def writable_paths(env: Mapping[str, str]) -> list[str]:
     """What kernels and their host write: Triton's and torch's caches, the temporary folder, shared memory, the
-    sweep's warnings log."""
+    sweep's warnings log, the compile log (`log_files`)."""
     home = env.get("HOME") or str(Path.home())
     triton = env.get("TRITON_CACHE_DIR") or os.path.join(env.get("TRITON_HOME") or home, ".triton")
     found = [tempfile.gettempdir(), "/dev/shm", triton, env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"),
-             env.get("TORCHINDUCTOR_CACHE_DIR", ""), env.get("MOE_HARNESS_WARNINGS_LOG", "")]
+             env.get("TORCHINDUCTOR_CACHE_DIR", ""), *log_files(env)]
     return list(dict.fromkeys(os.path.realpath(p) for p in found if p))
+
+
+def log_files(env: Mapping[str, str]) -> list[str]:
+    """The log files hosts append to: the sweep's warnings log, the compile log (harness.engine.compile_log)."""
+    return [p for p in (env.get("MOE_HARNESS_WARNINGS_LOG", ""), env.get("MOE_HARNESS_COMPILE_LOG", "")) if p]
 
 
 def launch(env: Mapping[str, str], log: str) -> Launch:
@@ -266,11 +271,11 @@ def _to_log(path: str) -> None:
     os.close(fd)
 
 
-def _make_writable(paths: tuple[str, ...], env_log: str) -> None:
-    """The writable paths must exist to be bound (a cache not made yet, the warnings log)."""
+def _make_writable(paths: tuple[str, ...], logs: set[str]) -> None:
+    """The writable paths must exist to be bound (a cache not made yet, a log file)."""
     for path in paths:
         with contextlib.suppress(OSError):
-            if path == env_log:
+            if path in logs:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
             else:
                 os.makedirs(path, exist_ok=True)
@@ -289,7 +294,7 @@ def enter(plan: Launch, judge: int, env: dict[str, str]) -> bool:
     with contextlib.suppress(OSError):
         os.setsid()
     namespaces.die_with_parent()
-    _make_writable(plan.writable, os.path.realpath(env.get("MOE_HARNESS_WARNINGS_LOG") or "/nonexistent"))
+    _make_writable(plan.writable, {os.path.realpath(p) for p in log_files(env)})
     for folder in plan.hidden:  # made now (as the judge makes it), so that a key made later is hidden too
         with contextlib.suppress(OSError):
             os.makedirs(folder, mode=0o700, exist_ok=True)

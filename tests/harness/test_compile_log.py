@@ -65,3 +65,20 @@ def test_each_variant_is_a_line_and_the_summary_tells_them_apart(hooks, tmp_path
     assert k["kernel"] == "kernels.k._gemm" and k["variants"] == 3 and k["compiles"] == 2
     assert k["distinct"] == {"BLOCK": 2, "(specialization)": 2}
     assert k["compile_s"] >= 2 * compile_log.COMPILED_S
+
+
+def test_a_log_it_cannot_write_fails_no_compile(hooks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "missing-folder" / "compiles.jsonl"
+    monkeypatch.setenv(compile_log.ENV, str(log))
+    assert compile_log.install()
+    _compile(hooks, 64, "*bf16D")  # raises nothing
+    assert not log.exists()
+
+
+def test_a_sandboxed_host_may_append_to_the_log(tmp_path: Path) -> None:
+    import os
+
+    from harness.engine import sandbox
+
+    log = tmp_path / "compiles.jsonl"
+    assert os.path.realpath(log) in sandbox.writable_paths({compile_log.ENV: str(log), "HOME": str(tmp_path)})
