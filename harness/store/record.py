@@ -16,7 +16,7 @@ import argparse
 import shlex
 import time
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.core.result import VERDICTS, Result
 from harness.store import differential, manifest, render_index
-from harness.store.results import load
+from harness.store.results import RunSelection, _iter_file_records, load, result_files
 
 RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
 BENCH = "bench"
@@ -266,6 +266,36 @@ def render(root: Path = RESULTS_ROOT) -> str:
     return "\n".join(out) + "\n"
 
 
+# --- the render index (harness.store.render_index): what a render may read past -------------------------------------
+
+
+def render_index_of(root: Path) -> dict[str, Any]:
+    """The render index of the results files under `root`, read whole (with the manifest gate a render uses)."""
+    gate = manifest.Gate()
+    sel = RunSelection(_iter_file_records(result_files([root]), True, lambda path, why: None, gate))
+    shown = {f for run in sel.chosen.values() for f in run.files}
+    runs_of: dict[Path, set[str]] = defaultdict(set)
+    for run in sel.runs.values():
+        for f in run.files:
+            runs_of[f].update(run.ids)
+    return {"schema": render_index.SCHEMA, "files": {
+        f.relative_to(root).as_posix(): {"sha256": render_index.digest(f), "runs": sorted(runs_of[f]),
+                                         "older": f not in shown}
+        for f in sorted(runs_of)}}
+
+
+def write_render_index(root: Path) -> Path:
+    path = root / render_index.INDEX_NAME
+    path.write_text(render_index.text(render_index_of(root)), encoding="utf-8")
+    return path
+
+
+def render_index_is_fresh(root: Path) -> bool:
+    """Whether `root`'s index is what its files give."""
+    path = root / render_index.INDEX_NAME
+    return path.is_file() and path.read_text(encoding="utf-8") == render_index.text(render_index_of(root))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Write results/README.md from the committed result files.")
     p.add_argument("--root", default=str(RESULTS_ROOT), help="the results folder (default: the repository's)")
@@ -277,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = path.read_text(encoding="utf-8") if path.is_file() else ""
         stale = [str(p) for p in [path] if current != text]
-        stale += [str(g / render_index.INDEX_NAME) for g in _generation_dirs(root) if not render_index.check(g)]
+        stale += [str(g / render_index.INDEX_NAME) for g in _generation_dirs(root) if not render_index_is_fresh(g)]
         for p in stale:
             print(f"{p} is stale: regenerate it with `python scripts/results_readme.py`")
         if not stale:
@@ -286,5 +316,5 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(text, encoding="utf-8")
     print(f"wrote {path}")
     for g in _generation_dirs(root):  # what a render may read past (harness.store.render_index)
-        print(f"wrote {render_index.write(g)}")
+        print(f"wrote {write_render_index(g)}")
     return 0

@@ -13,28 +13,27 @@ hash as indexed. Why that shows the same matrix:
 - a file the index names that is gone, changed, or left out by the manifest gate may have held a shown run: then
   the index is not used at all.
 
-`python scripts/results_readme.py` writes the index with results/README.md (`--check` says when either is stale). A
-stale index costs a render time, never a verdict.
+`python scripts/results_readme.py` writes the index with results/README.md (`harness.store.record.write_render_index`;
+`--check` says when either is stale). A stale index costs a render time, never a verdict.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from harness.core import files
 from harness.store import manifest
 
-__all__ = ["INDEX_NAME", "Skips", "build", "check", "skips", "write"]
+__all__ = ["INDEX_NAME", "SCHEMA", "Skips", "digest", "skips", "text"]
 
 INDEX_NAME = "render-index.json"
 SCHEMA = 1
 
 
-def _digest(path: Path) -> str:
+def digest(path: Path) -> str:
     """sha256 of the file's bytes and of its manifest's (what the manifest gate reads)."""
     h = hashlib.sha256(files.read_bytes(path, decompress=False))
     m = manifest.manifest_path(path)
@@ -42,36 +41,9 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def build(root: Path) -> dict[str, Any]:
-    """The index of the results files under `root`, read whole (with the manifest gate a render uses)."""
-    from harness.store.results import RunSelection, _iter_file_records, result_files
-
-    gate = manifest.Gate()
-    sel = RunSelection(_iter_file_records(result_files([root]), True, lambda path, why: None, gate))
-    shown = {f for run in sel.chosen.values() for f in run.files}
-    runs_of: dict[Path, set[str]] = defaultdict(set)
-    for run in sel.runs.values():
-        for f in run.files:
-            runs_of[f].update(run.ids)
-    return {"schema": SCHEMA, "files": {
-        f.relative_to(root).as_posix(): {"sha256": _digest(f), "runs": sorted(runs_of[f]), "older": f not in shown}
-        for f in sorted(runs_of)}}
-
-
-def _text(index: dict[str, Any]) -> str:
+def text(index: dict[str, Any]) -> str:
+    """The index file's text."""
     return json.dumps(index, indent=1, sort_keys=True) + "\n"
-
-
-def write(root: Path) -> Path:
-    path = root / INDEX_NAME
-    path.write_text(_text(build(root)), encoding="utf-8")
-    return path
-
-
-def check(root: Path) -> bool:
-    """Whether `root`'s committed index is what its files give."""
-    path = root / INDEX_NAME
-    return path.is_file() and path.read_text(encoding="utf-8") == _text(build(root))
 
 
 class Skips:
@@ -116,7 +88,7 @@ def skips(listed: list[Path]) -> Skips:
             continue
         entries = {root / rel: e for rel, e in index.get("files", {}).items()}
         try:
-            intact = all(f in present and _digest(f) == e.get("sha256") for f, e in entries.items())
+            intact = all(f in present and digest(f) == e.get("sha256") for f, e in entries.items())
         except (OSError, ValueError):
             intact = False
         if not intact:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.result import Result
-from harness.store import manifest, render_index
+from harness.store import manifest, record, render_index
 from harness.store.render import render_files
 from harness.store.results import ResultStore, load, result_files
 from tests.harness.test_matrix_runs import _case, _sweep
@@ -25,7 +25,7 @@ def tree(tmp_path: Path) -> Path:
     _sweep(root / "a", "matrix-sm90-a", "aaaaaaa", 100, {"k": ["pass", "fail"], "other": ["pass"]})
     _sweep(root / "b", "matrix-sm90-b", "bbbbbbb", 200, {"k": ["pass", "pass"]})
     _sweep(root / "c", "matrix-sm90-c", "ccccccc", 300, {"k": ["fail"]}, planned={"k": 2})
-    render_index.write(root)
+    record.write_render_index(root)
     return root
 
 
@@ -47,17 +47,17 @@ def _same_render(root: Path, tmp: Path) -> None:
 
 
 def test_the_index_marks_the_unshown_run_older_and_a_render_reads_past_it(tree: Path, tmp_path: Path) -> None:
-    index = render_index.build(tree)
+    index = record.render_index_of(tree)
     older = {rel.split("/")[0] for rel, e in index["files"].items() if e["older"]}
     assert older == {"c"}
-    assert render_index.check(tree)
+    assert record.render_index_is_fresh(tree)
     assert _runs(tree) == {"matrix-sm90-a", "matrix-sm90-b"}  # c's files were not read
     _same_render(tree, tmp_path)
 
 
 def test_a_new_sweep_is_read_and_still_renders_the_same(tree: Path, tmp_path: Path) -> None:
     _sweep(tree / "d", "matrix-sm90-d", "ddddddd", 400, {"k": ["pass", "fail"]})
-    assert not render_index.check(tree)  # stale, but still safe
+    assert not record.render_index_is_fresh(tree)  # stale, but still safe
     assert _runs(tree) == {"matrix-sm90-a", "matrix-sm90-b", "matrix-sm90-d"}
     _same_render(tree, tmp_path)
 

@@ -98,7 +98,7 @@ def test_the_committed_render_indexes_are_what_the_committed_results_generate(ge
     fresh with the README."""
     from harness.store import render_index
 
-    assert render_index.check(ROOT / "results" / generation), \
+    assert record.render_index_is_fresh(ROOT / "results" / generation), \
         f"results/{generation}/{render_index.INDEX_NAME} is stale: run `python scripts/results_readme.py`"
 
 
