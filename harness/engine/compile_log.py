@@ -2,9 +2,10 @@
 
 `MOE_HARNESS_COMPILE_LOG=FILE` makes every kernel host on a GPU append, for each variant it had not built in its
 process yet, a line to FILE: the kernel, its constexprs, its arguments' specialization (Triton's own `repr`), warps
-and stages, and the seconds from Triton's cache miss to the compiled kernel (a variant another process had compiled
-loads from the disk cache in milliseconds; a compile takes seconds). `python -m harness.engine.compile_log FILE`
-sums it by kernel: variants, seconds, and the constexprs and specializations that told them apart.
+and stages, the seconds from Triton's cache miss to the compiled kernel, and `how` it came: "compiled" here,
+"waited" for another process's compile of it (`harness.engine.compile_once`), or "loaded" from the disk cache.
+`python -m harness.engine.compile_log FILE` sums it by kernel: variants, compiles and their seconds, and the
+constexprs and specializations that told the variants apart.
 
 Where a cold run's time goes to compiles, this says which kernels and which of their parameters multiply the variants.
 """
@@ -45,6 +46,22 @@ def _line(path: str, row: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _counts() -> tuple[int, int] | None:
+    """(compiled, waited) of this process's compile-once cache manager; None where it is not Triton's manager."""
+    if "compile_once" not in os.environ.get("TRITON_CACHE_MANAGER", ""):
+        return None
+    from harness.engine import compile_once
+
+    return compile_once.STATS["compiled"], compile_once.STATS["waited"]
+
+
+def _how(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str | None:
+    """compiled here, waited for another process's compile, or loaded from the disk cache (None: unknown)."""
+    if before is None or after is None:
+        return None
+    return "compiled" if after[0] > before[0] else "waited" if after[1] > before[1] else "loaded"
+
+
 def _named(key: Any, names: list[str]) -> str:
     """A constexpr's name: Triton releases key them by name or by their argument's index path ((7,))."""
     if isinstance(key, tuple) and len(key) == 1 and isinstance(key[0], int) and key[0] < len(names):
@@ -68,19 +85,19 @@ def install(path: str | None = None) -> bool:
 
     def before(**kw: Any) -> None:
         with _lock:
-            _started[threading.get_ident()] = time.perf_counter()
+            _started[threading.get_ident()] = (time.perf_counter(), _counts())
         return None  # anything true would tell Triton to skip the compile
 
     def after(**kw: Any) -> None:
         with _lock:
-            t0 = _started.pop(threading.get_ident(), None)
+            t0, counts = _started.pop(threading.get_ident(), (None, None))
         comp = kw.get("compile") or {}
         fn = kw.get("fn")
         names = list(getattr(getattr(fn, "jit_function", None), "arg_names", None) or [])
         _line(path, {"pid": os.getpid(), "kernel": getattr(fn, "name", "?"), "module": getattr(fn, "module", "?"),
                      "constants": {_named(k, names): repr(v) for k, v in (comp.get("constants") or {}).items()},
                      "num_warps": comp.get("num_warps"), "num_stages": comp.get("num_stages"),
-                     "repr": str(kw.get("repr", "")),
+                     "repr": str(kw.get("repr", "")), "how": _how(counts, _counts()),
                      "seconds": None if t0 is None else round(time.perf_counter() - t0, 3)})
         return None
 
@@ -97,8 +114,9 @@ def _args(text: str) -> str:
 
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per kernel, most compile seconds first: variants (distinct constexprs, specialization, warps and stages),
-    compiles (lines of COMPILED_S or more), their seconds, and for each constexpr and for the specialization the
-    number of distinct values among the variants."""
+    compiles (lines whose `how` is "compiled"; without a `how`, lines of COMPILED_S or more, which may be waits for
+    another process's compile), their seconds, and for each constexpr and for the specialization the number of
+    distinct values among the variants."""
     by: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     seconds: dict[str, float] = defaultdict(float)
     compiles: dict[str, int] = defaultdict(int)
@@ -108,7 +126,8 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         key = json.dumps([consts, _args(r.get("repr", "")), r.get("num_warps"), r.get("num_stages")], sort_keys=True)
         by[name][key] = r
         s = r.get("seconds") or 0.0
-        if s >= COMPILED_S:
+        how = r.get("how")
+        if how == "compiled" or (how is None and s >= COMPILED_S):
             seconds[name] += s
             compiles[name] += 1
     out = []

@@ -54,8 +54,9 @@ def test_each_variant_is_a_line_and_the_summary_tells_them_apart(hooks, tmp_path
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "compiles.jsonl"
     monkeypatch.setenv(compile_log.ENV, str(log))
+    monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)  # Triton's own cache: how a variant came is unknown
     assert compile_log.install()
-    _compile(hooks, 64, "*bf16D", wait=compile_log.COMPILED_S)  # a compile
+    _compile(hooks, 64, "*bf16D", wait=compile_log.COMPILED_S)  # a compile (by its time)
     _compile(hooks, 128, "*bf16D", wait=compile_log.COMPILED_S)
     _compile(hooks, 64, "*bf16", wait=0.0)  # a load from the disk cache
     _compile(hooks, 64, "*bf16D")  # the same variant again (another process): not a new one
@@ -82,3 +83,28 @@ def test_a_sandboxed_host_may_append_to_the_log(tmp_path: Path) -> None:
 
     log = tmp_path / "compiles.jsonl"
     assert os.path.realpath(log) in sandbox.writable_paths({compile_log.ENV: str(log), "HOME": str(tmp_path)})
+
+
+def test_how_a_variant_came_is_told_by_the_compile_once_manager(hooks, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the compile-once manager, a line says whether this process compiled the variant, waited for another's
+    compile, or loaded it; only compiles count, however long a wait took."""
+    from harness.engine import compile_once
+
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv(compile_log.ENV, str(log))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "harness.engine.compile_once:CompileOnceCacheManager")
+    monkeypatch.setattr(compile_once, "STATS", {"compiled": 0, "waited": 0, "wait_s": 0.0, "gave_up": 0})
+    assert compile_log.install()
+    for block, counter in ((32, "compiled"), (64, "waited"), (128, None)):
+        info = {"constants": {(1,): block}, "num_warps": 4, "num_stages": 3}
+        kw = {"key": "k", "repr": "_gemm(a)", "fn": _Fn(), "compile": info, "is_manual_warmup": False,
+              "already_compiled": False}
+        hooks.jit_cache_hook(**kw)
+        if counter:
+            compile_once.STATS[counter] += 1
+        hooks.jit_post_compile_hook(**kw)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["how"] for r in rows] == ["compiled", "waited", "loaded"]
+    (k,) = compile_log.summarize(rows)
+    assert k["compiles"] == 1 and k["variants"] == 3
