@@ -62,6 +62,16 @@ def _how(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str |
     return "compiled" if after[0] > before[0] else "waited" if after[1] > before[1] else "loaded"
 
 
+def _attrs(configs: Any, names: list[str]) -> dict[str, str]:
+    """The arguments' specialization (divisibility by 16, ...) by argument name: Triton compiles a variant per set."""
+    found: dict[str, str] = {}
+    for attrs in (configs or [])[:1]:
+        if isinstance(attrs, dict):
+            for k, v in attrs.items():
+                found[_named(k, names)] = repr(v)
+    return dict(sorted(found.items()))
+
+
 def _named(key: Any, names: list[str]) -> str:
     """A constexpr's name: Triton releases key them by name or by their argument's index path ((7,))."""
     if isinstance(key, tuple) and len(key) == 1 and isinstance(key[0], int) and key[0] < len(names):
@@ -98,6 +108,7 @@ def install(path: str | None = None) -> bool:
                      "constants": {_named(k, names): repr(v) for k, v in (comp.get("constants") or {}).items()},
                      "num_warps": comp.get("num_warps"), "num_stages": comp.get("num_stages"),
                      "repr": str(kw.get("repr", "")), "how": _how(counts, _counts()),
+                     "attrs": _attrs(comp.get("configs"), names),
                      "seconds": None if t0 is None else round(time.perf_counter() - t0, 3)})
         return None
 
@@ -123,7 +134,8 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         name = f"{r.get('module', '?')}.{r.get('kernel', '?')}"
         consts = r.get("constants") or {}
-        key = json.dumps([consts, _args(r.get("repr", "")), r.get("num_warps"), r.get("num_stages")], sort_keys=True)
+        key = json.dumps([consts, _args(r.get("repr", "")), r.get("attrs") or {}, r.get("num_warps"),
+                          r.get("num_stages")], sort_keys=True)
         by[name][key] = r
         s = r.get("seconds") or 0.0
         how = r.get("how")
@@ -136,7 +148,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in variants.values():
             for k, v in (r.get("constants") or {}).items():
                 values[k].add(v)
-            values["(specialization)"].add(_args(r.get("repr", "")))
+            values["(specialization)"].add(_args(r.get("repr", "")) + json.dumps(r.get("attrs") or {}, sort_keys=True))
             values["(warps, stages)"].add(f"{r.get('num_warps')},{r.get('num_stages')}")
         spread = {k: len(v) for k, v in sorted(values.items(), key=lambda kv: -len(kv[1])) if len(v) > 1}
         out.append({"kernel": name, "variants": len(variants), "compiles": compiles[name],
