@@ -1,7 +1,7 @@
 """Which Triton kernel variants a run's kernel hosts build, and how long each took: one JSON line per variant.
 
 `MOE_HARNESS_COMPILE_LOG=FILE` makes every kernel host on a GPU append, for each variant it had not built in its
-process yet, a line to FILE: the kernel, its constexprs, its arguments' specialization (Triton's own `repr`), warps
+process yet, a line to FILE: the kernel, its constexprs, its arguments' types and specialization (divisibility), warps
 and stages, the seconds from Triton's cache miss to the compiled kernel, and `how` it came: "compiled" here,
 "waited" for another process's compile of it (`harness.engine.compile_once`), or "loaded" from the disk cache.
 `python -m harness.engine.compile_log FILE` sums it by kernel: variants, compiles and their seconds, and the
@@ -62,6 +62,13 @@ def _how(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str |
     return "compiled" if after[0] > before[0] else "waited" if after[1] > before[1] else "loaded"
 
 
+def _signature(signature: Any) -> dict[str, str]:
+    """The arguments' types (`*bf16`, `i32`, `constexpr`) by name: a dtype of its own is a variant of its own."""
+    if not isinstance(signature, dict):
+        return {}
+    return {str(getattr(k, "name", k)): str(v) for k, v in signature.items()}
+
+
 def _attrs(configs: Any, names: list[str]) -> dict[str, str]:
     """The arguments' specialization (divisibility by 16, ...) by argument name: Triton compiles a variant per set."""
     found: dict[str, str] = {}
@@ -108,7 +115,7 @@ def install(path: str | None = None) -> bool:
                      "constants": {_named(k, names): repr(v) for k, v in (comp.get("constants") or {}).items()},
                      "num_warps": comp.get("num_warps"), "num_stages": comp.get("num_stages"),
                      "repr": str(kw.get("repr", "")), "how": _how(counts, _counts()),
-                     "attrs": _attrs(comp.get("configs"), names),
+                     "attrs": _attrs(comp.get("configs"), names), "signature": _signature(comp.get("signature")),
                      "seconds": None if t0 is None else round(time.perf_counter() - t0, 3)})
         return None
 
@@ -134,8 +141,8 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         name = f"{r.get('module', '?')}.{r.get('kernel', '?')}"
         consts = r.get("constants") or {}
-        key = json.dumps([consts, _args(r.get("repr", "")), r.get("attrs") or {}, r.get("num_warps"),
-                          r.get("num_stages")], sort_keys=True)
+        key = json.dumps([consts, _args(r.get("repr", "")), r.get("attrs") or {}, r.get("signature") or {},
+                          r.get("num_warps"), r.get("num_stages")], sort_keys=True)
         by[name][key] = r
         s = r.get("seconds") or 0.0
         how = r.get("how")
@@ -149,6 +156,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             for k, v in (r.get("constants") or {}).items():
                 values[k].add(v)
             values["(specialization)"].add(_args(r.get("repr", "")) + json.dumps(r.get("attrs") or {}, sort_keys=True))
+            values["(types)"].add(json.dumps(r.get("signature") or {}, sort_keys=True))
             values["(warps, stages)"].add(f"{r.get('num_warps')},{r.get('num_stages')}")
         spread = {k: len(v) for k, v in sorted(values.items(), key=lambda kv: -len(kv[1])) if len(v) > 1}
         out.append({"kernel": name, "variants": len(variants), "compiles": compiles[name],

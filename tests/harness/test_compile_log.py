@@ -85,22 +85,24 @@ def test_a_sandboxed_host_may_append_to_the_log(tmp_path: Path) -> None:
     assert os.path.realpath(log) in sandbox.writable_paths({compile_log.ENV: str(log), "HOME": str(tmp_path)})
 
 
-def test_the_arguments_specialization_tells_variants_apart(hooks, tmp_path: Path,  # type: ignore[no-untyped-def]
+def test_the_arguments_specialization_and_types_tell_variants_apart(hooks, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Triton compiles a variant per specialization of its arguments (an int divisible by 16, an aligned pointer):
-    two lines with the same constexprs and different attributes are two variants."""
+    """Triton compiles a variant per specialization of its arguments (an int divisible by 16, an aligned pointer) and
+    per their types: lines with the same constexprs and other attributes or dtypes are variants of their own."""
     log = tmp_path / "compiles.jsonl"
     monkeypatch.setenv(compile_log.ENV, str(log))
     assert compile_log.install()
-    for attrs in ({(0,): [["tt.divisibility", 16]]}, {}):
+    for attrs, dtype in (({(0,): [["tt.divisibility", 16]]}, "*bf16"), ({}, "*bf16"), ({}, "*fp16")):
         kw = {"key": "k", "repr": "_gemm(a)", "fn": _Fn(), "is_manual_warmup": False, "already_compiled": False,
-              "compile": {"constants": {(1,): 64}, "num_warps": 4, "num_stages": 3, "configs": [attrs]}}
+              "compile": {"constants": {(1,): 64}, "num_warps": 4, "num_stages": 3, "configs": [attrs],
+                          "signature": {"a_ptr": dtype, "BLOCK": "constexpr"}}}
         hooks.jit_cache_hook(**kw)
         hooks.jit_post_compile_hook(**kw)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert "tt.divisibility" in rows[0]["attrs"]["a_ptr"] and rows[1]["attrs"] == {}
+    assert rows[2]["signature"] == {"a_ptr": "*fp16", "BLOCK": "constexpr"}
     (k,) = compile_log.summarize(rows)
-    assert k["variants"] == 2 and k["distinct"] == {"(specialization)": 2}
+    assert k["variants"] == 3 and k["distinct"] == {"(specialization)": 2, "(types)": 2}
 
 
 def test_how_a_variant_came_is_told_by_the_compile_once_manager(hooks, tmp_path: Path,  # type: ignore[no-untyped-def]
