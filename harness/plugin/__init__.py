@@ -108,7 +108,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(default: ini moe_durations, where {kind} is cpu or cuda; without one the generic "
                          "property tests go first)")
     group.addoption("--moe-record-durations", default=None, metavar="FILE",
-                    help="write every test's duration to FILE at the end (the input of --moe-durations)")
+                    help="write every test's duration to FILE at the end (the input of --moe-durations), and its "
+                         "CPU seconds (its own and its waited-for child processes') beside it, in FILE's name "
+                         "with .cpu before the suffix")
     group.addoption("--moe-no-supervise", action="store_true", default=False,
                     help="do not watch a one-process session from a parent process (by default a session that a "
                          "kernel ends from C code exits 1 with the test it was in, instead of the kernel's status)")
@@ -292,6 +294,10 @@ def pytest_configure(config: pytest.Config) -> None:
         if getattr(config.option, "testrunuid", "absent") is None:
             # the xdist controller chooses the run's uid now, so that it knows its workers' results files
             config.option.testrunuid = uuid.uuid4().hex
+    if config.getoption("moe_record_durations"):
+        from harness.plugin.schedule import CpuMeter
+
+        config.pluginmanager.register(CpuMeter(), "moe-harness-cpu")  # where the tests run (inert in a controller)
     os.environ["HARNESS_CASE_TIMEOUT"] = f"{config.getoption('moe_case_timeout'):g}"  # xdist workers inherit it
     from harness.engine import sandbox
 

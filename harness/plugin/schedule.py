@@ -133,18 +133,64 @@ class Expected:
         return self.durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid), default)
 
 
+#: a report's user property: the CPU seconds its test took (`CpuMeter`)
+CPU_PROPERTY = "moe_cpu_s"
+
+
+def cpu_path(path: str | Path) -> Path:
+    """Where a durations file's CPU times go: `cuda-durations.json` -> `cuda-durations.cpu.json`."""
+    path = Path(path)
+    return path.with_name(path.stem + ".cpu" + (path.suffix or ".json"))
+
+
 class DurationRecorder:
     """Collects each test's duration (setup, call and teardown) and writes them to `path` when the session ends
-    (on the xdist controller, which sees every worker's reports)."""
+    (on the xdist controller, which sees every worker's reports); the CPU seconds `CpuMeter` measured go beside it
+    (`cpu_path`)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        for key, value in report.user_properties:
+            if key == CPU_PROPERTY and isinstance(value, (int, float)):
+                self.cpu[report.nodeid] = float(value)
 
     def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(self.seconds.items())}, indent=0) + "\n",
-                             encoding="utf-8")
+        for path, values in ((self.path, self.seconds), (cpu_path(self.path), self.cpu)):
+            path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(values.items())}, indent=0) + "\n",
+                            encoding="utf-8")
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU of this process and of the children it has waited for (a child pytest, a sweep's CLI)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class CpuMeter:
+    """In the process that runs the tests: each test's CPU seconds (setup to teardown; its own and those of the
+    processes it started and waited for, not kernel hosts, which a fork server starts), as a user property of its
+    teardown report (`CPU_PROPERTY`), which xdist carries to the controller's `DurationRecorder`."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        self.started[item.nodeid] = _cpu_seconds()
+        yield
+        self.started.pop(item.nodeid, None)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
+        outcome = yield
+        if call.when == "teardown" and item.nodeid in self.started:
+            outcome.get_result().user_properties.append(
+                (CPU_PROPERTY, round(_cpu_seconds() - self.started[item.nodeid], 3)))

@@ -259,3 +259,27 @@ def test_xdist_hands_tests_out_one_at_a_time_unless_the_user_chose_a_chunk() -> 
     for config in (default, chosen, serial):
         plugin._hand_out_one_at_a_time(config)  # type: ignore[arg-type]
     assert (default.option.maxschedchunk, chosen.option.maxschedchunk, serial.option.maxschedchunk) == (1, 8, None)
+
+
+def test_recorded_durations_come_with_each_tests_cpu_seconds(tmp_path: Path) -> None:
+    """The CPU a test spends (its own, and that of a process it waits for) goes beside its duration, over xdist too;
+    a test that sleeps spends almost none."""
+    (tmp_path / "test_cpu_probe.py").write_text(
+        "import subprocess, sys, time\n\n"
+        "def _spin(s):\n    t = time.process_time()\n    while time.process_time() - t < s:\n        pass\n\n"
+        "def test_spins():\n    _spin(0.6)\n\n"
+        "def test_sleeps():\n    time.sleep(0.6)\n\n"
+        "def test_child_spins():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.6: pass'], check=True)\n")
+    record = tmp_path / "out" / "durations.json"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin.load_args(), "test_cpu_probe.py",
+           "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE", "-k", "probe", "--rootdir", str(tmp_path), "-n", "2",
+           "--moe-record-durations", str(record)]
+    p = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), **NO_GPU), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    wall = json.loads(record.read_text())
+    cpu = {k.split("::")[-1]: v for k, v in json.loads((tmp_path / "out" / "durations.cpu.json").read_text()).items()}
+    assert set(cpu) == {"test_spins", "test_sleeps", "test_child_spins"} and len(wall) == 3, (cpu, wall)
+    assert cpu["test_spins"] >= 0.5 and cpu["test_child_spins"] >= 0.5 and cpu["test_sleeps"] < 0.3, cpu
