@@ -413,8 +413,9 @@ def load(paths: Iterable[str | os.PathLike], *, strict: bool = True,
     meta: list[dict[str, Any]] = []
     new_runs: set[str] = set()  # run ids of files no index names
     left_out: list[Path] = []
-    for path, rec in _iter_file_records([f for f in listed if f not in skips.older], strict, on_skip, gate,
-                                        left_out):
+    skipped: list[tuple[Path, str]] = []  # told once the read is final (a read that starts over tells them again)
+    tell = on_skip if not skips.older else lambda path, why: skipped.append((path, why))
+    for path, rec in _iter_file_records([f for f in listed if f not in skips.older], strict, tell, gate, left_out):
         (results if isinstance(rec, Result) else meta).append(rec)
         if path not in skips.indexed:
             new_runs.add(rec.run_id if isinstance(rec, Result) else str(rec.get("run_id") or ""))
@@ -422,6 +423,11 @@ def load(paths: Iterable[str | os.PathLike], *, strict: bool = True,
         if gate is not None:
             del gate.notes[notes:]
         return load(paths, strict=strict, on_skip=on_skip, gate=gate)
+    for path, why in skipped:
+        if on_skip is None:
+            warnings.warn(f"skipped {path}: not a results file ({why})", stacklevel=2)
+        else:
+            on_skip(path, why)
     return results, meta
 
 

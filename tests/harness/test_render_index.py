@@ -62,6 +62,22 @@ def test_a_new_sweep_is_read_and_still_renders_the_same(tree: Path, tmp_path: Pa
     _same_render(tree, tmp_path)
 
 
+def test_files_of_other_data_are_told_once_when_the_read_starts_over(tree: Path, tmp_path: Path) -> None:
+    """A read that starts over (the index no longer holds) names each file of other data once, not once a pass: the
+    matrix collects differential runs that way."""
+    (tree / "bench").mkdir()
+    (tree / "bench" / "probe.jsonl").write_text('{"shape": "x", "us": 1.0}\n')
+    told: list[Path] = []
+    load(result_files([tree]), skip_older=True, on_skip=lambda path, why: told.append(path))
+    assert told == [tree / "bench" / "probe.jsonl"]
+    with ResultStore(tree / "c", run_id="matrix-sm90-c", worker="w2") as store:  # c resumed: read again, all
+        store.append(Result(case=_case("k", 2), verdict="pass", generation="sm90",
+                            device={**DEVICE, "commit": "ccccccc"}, timestamp=310))
+    told.clear()
+    load(result_files([tree]), skip_older=True, on_skip=lambda path, why: told.append(path))
+    assert told == [tree / "bench" / "probe.jsonl"]
+
+
 def test_a_run_resumed_in_a_new_file_reads_its_skipped_files(tree: Path, tmp_path: Path) -> None:
     # c's second case, written later in a file of its own: c is now complete and the latest, so it is shown
     with ResultStore(tree / "c", run_id="matrix-sm90-c", worker="w2") as store:
