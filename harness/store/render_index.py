@@ -58,13 +58,23 @@ class Skips:
         return set().union(*self.older.values()) if self.older else set()
 
 
+def _entry_ok(e: Any) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("older"), bool)
+            and isinstance(e.get("runs"), list) and all(isinstance(r, str) for r in e["runs"]))
+
+
 def _load(root: Path) -> dict[str, Any] | None:
+    """The index in `root`; None when there is none, or it is not one this version wrote (a render then reads all)."""
     path = root / INDEX_NAME
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return index if isinstance(index, dict) and index.get("schema") == SCHEMA else None
+    if not isinstance(index, dict) or index.get("schema") != SCHEMA or not isinstance(index.get("files"), dict):
+        return None
+    if not all(isinstance(rel, str) and _entry_ok(e) for rel, e in index["files"].items()):
+        return None
+    return index
 
 
 def _roots(listed: list[Path]) -> list[Path]:
@@ -86,7 +96,7 @@ def skips(listed: list[Path]) -> Skips:
         index = _load(root)
         if index is None:
             continue
-        entries = {root / rel: e for rel, e in index.get("files", {}).items()}
+        entries = {root / rel: e for rel, e in index["files"].items()}
         try:
             intact = all(f in present and digest(f) == e.get("sha256") for f, e in entries.items())
         except (OSError, ValueError):

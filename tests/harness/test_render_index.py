@@ -114,3 +114,13 @@ def test_a_shown_file_left_out_by_the_gate_turns_the_index_off(tree: Path) -> No
     gate = LeavesOutB()
     assert "matrix-sm90-c" in _runs(tree, gate=gate)  # c may be what the matrix shows now: read
     assert len(gate.notes) == 1  # named once, not once per pass
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"schema": 1, "files": [1]}', '{"schema": 1, "files": {"b/x.jsonl": 3}}',
+                                  '{"schema": 1, "files": {"c/x.jsonl": {"sha256": 1, "older": true, "runs": []}}}',
+                                  "not json", '{"schema": 99, "files": {}}'])
+def test_an_index_that_is_not_one_is_not_used(tree: Path, tmp_path: Path, text: str) -> None:
+    """A broken or foreign index never stops a render: it reads every file."""
+    (tree / render_index.INDEX_NAME).write_text(text)
+    assert "matrix-sm90-c" in _runs(tree)
+    _same_render(tree, tmp_path)
