@@ -4,6 +4,7 @@ or is gone, and when the manifest gate leaves out a file of a shown run."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -116,11 +117,28 @@ def test_a_shown_file_left_out_by_the_gate_turns_the_index_off(tree: Path) -> No
     assert len(gate.notes) == 1  # named once, not once per pass
 
 
-@pytest.mark.parametrize("text", ["[1, 2]", '{"schema": 1, "files": [1]}', '{"schema": 1, "files": {"b/x.jsonl": 3}}',
-                                  '{"schema": 1, "files": {"c/x.jsonl": {"sha256": 1, "older": true, "runs": []}}}',
-                                  "not json", '{"schema": 99, "files": {}}'])
-def test_an_index_that_is_not_one_is_not_used(tree: Path, tmp_path: Path, text: str) -> None:
+def _corrupt(index: dict, how: str) -> str:
+    """The real index of the tree, one entry of a shown file (the first) and one of an older file broken `how`."""
+    shown = next(rel for rel, e in index["files"].items() if not e["older"])
+    older = next(rel for rel, e in index["files"].items() if e["older"])
+    if how == "entry":
+        index["files"][shown] = 3
+    elif how == "sha":
+        index["files"][older]["sha256"] = 1
+    elif how == "runs":
+        index["files"][older]["runs"] = "matrix-sm90-c"
+    elif how == "older":
+        index["files"][older]["older"] = "yes"
+    return json.dumps(index)
+
+
+@pytest.mark.parametrize("how", ["not json", "a list", "files a list", "another schema", "entry", "sha", "runs",
+                                 "older"])
+def test_an_index_that_is_not_one_is_not_used(tree: Path, tmp_path: Path, how: str) -> None:
     """A broken or foreign index never stops a render: it reads every file."""
+    index = record.render_index_of(tree)
+    text = {"not json": "{", "a list": "[1, 2]", "files a list": '{"schema": 1, "files": [1]}',
+            "another schema": json.dumps({**index, "schema": 99})}.get(how) or _corrupt(index, how)
     (tree / render_index.INDEX_NAME).write_text(text)
     assert "matrix-sm90-c" in _runs(tree)
     _same_render(tree, tmp_path)
