@@ -127,6 +127,9 @@ def _render_only(args: argparse.Namespace) -> int:
 
 def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     started = time.monotonic()
+    from harness.engine import fork_server
+
+    fork_server.start_early()  # its torch import beside this process's (prepare_interpreter), not after it
     prepare_interpreter(args.device)
     from harness.engine import sandbox
     from harness.engine.host import Host, HostDied

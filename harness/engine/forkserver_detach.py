@@ -1,4 +1,4 @@
-"""Imported by the kernel hosts' fork server, and only there (the preload list of `harness.engine.host._context`):
+"""Imported by the kernel hosts' fork server, and only there (the preload list of `harness.engine.fork_server`):
 the fork server leaves the judge's session and process group. A host is the fork server's child; a kernel that
 signals its host's parent's process group (SIGINT to every process of it, as a Ctrl-C does) then reaches the fork
 server, which ignores SIGINT, and no judge."""

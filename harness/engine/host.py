@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from harness.engine import compile_once_env, namespaces, sandbox
+from harness.engine import compile_once_env, fork_server, namespaces, sandbox
 from harness.engine.arena import Arena
 
 #: largest reply a judge reads from a host (a reply is JSON: descriptions, never tensors)
@@ -170,12 +170,9 @@ def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: 
 
 def _context() -> Any:
     """A fork server where there is one: a host forks from a clean, single-threaded process that has imported torch
-    and never touched CUDA (forking the judge itself can deadlock on a lock a thread of its held); else spawn."""
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "harness.engine.forkserver_detach", "harness.engine.hosted"])
-        return ctx
-    return mp.get_context("spawn")
+    and never touched CUDA (forking the judge itself can deadlock on a lock a thread of its held); else spawn
+    (`harness.engine.fork_server`)."""
+    return fork_server.context()
 
 
 def _rss_mb(pid: int) -> float:
