@@ -140,8 +140,9 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     # listed in a host (which probes the imports first: one that ends the process from C code is named), so that
     # this process, which renders the verdicts, never imports an adapter module; the sweep plans in the same host
     planner = Host("cpu")
-    begun: dict[str, Any] = {"startup": {"preparing": time.monotonic() - started}}  # the run id and device, once
-    t0 = time.monotonic()  # chosen (what an interrupt's message needs), and what the start took
+    # the run id and device, once chosen (what an interrupt's message needs), and what each part of the start took
+    begun: dict[str, Any] = {"startup": {"preparing": time.monotonic() - started}}
+    t0 = time.monotonic()
     with contextlib.suppress(HostDied):  # its start (torch) overlaps the device's; a failed one is reported when asked
         planner.start()
     begun["startup"]["the planner's start"] = time.monotonic() - t0

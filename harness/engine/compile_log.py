@@ -27,7 +27,8 @@ ENV = "MOE_HARNESS_COMPILE_LOG"
 #: a variant that took this long or longer was compiled here; shorter: loaded from the disk cache
 COMPILED_S = 0.3
 
-_started: dict[int, float] = {}
+#: thread -> (when its cache miss began, the compile-once counts then)
+_started: dict[int, tuple[float, tuple[int, int] | None]] = {}
 _lock = threading.Lock()
 _installed: list[str] = []
 

@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(root)
     if args.check:
         current = path.read_text(encoding="utf-8") if path.is_file() else ""
-        stale = [str(p) for p in [path] if current != text]
+        stale = [] if current == text else [str(path)]
         stale += [str(g / render_index.INDEX_NAME) for g in _generation_dirs(root) if not render_index_is_fresh(g)]
         for p in stale:
             print(f"{p} is stale: regenerate it with `python scripts/results_readme.py`")
