@@ -26,11 +26,12 @@ from harness.core import files
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, git_state
 from harness.core.result import Result
-from harness.engine import remote, runner, sandbox
+from harness.engine import remote, sandbox
 from harness.engine.host import Host
 from harness.store import manifest
 from harness.store.results import ResultStore, load_results, new_run_id, sweep_file
 from harness.sweep import plan_cache
+from harness.sweep.planning import Planned, Planning, chunk_count
 from harness.sweep.progress import Progress, WorkerWarnings, counted_as
 from harness.sweep.schedule import ChunkQueue
 from harness.sweep.selection import (
@@ -199,43 +200,6 @@ def open_run(results_dir: str, run_id: str, device: DeviceInfo, profile: str, co
     return len(load_results(files, strict=False))
 
 
-def _plan_adapters(adapter_specs: Sequence[str], run: _Run, profile: str, shard: Shard | None,
-                   out: IO[str] | None, on_plan: Callable[[str, Plan], None] | None,
-                   planner: Host) -> list[tuple[Any, str, Plan]]:
-    """Each adapter's plan (its shard of it), recorded as metadata; an adapter that cannot be planned is recorded
-    with the reason and skipped. The declarations are read from `planner`, a host that imports the adapters'
-    modules so that this process never does."""
-    planned = []
-    for spec_name in adapter_specs:
-        adapter = remote.open_adapter(spec_name, "cpu", host=planner)
-        try:
-            p = _planned(adapter, spec_name, profile, run.device)
-        except Exception as e:  # an op without a spec, or a boundary() that raises: say so, sweep the rest
-            run.main.append_meta("adapter", {**adapter_record(adapter, None, run.device, profile),
-                                             "plan_error": f"{type(e).__name__}: {e}"})
-            if out is not None:
-                print(f"{adapter.name}: cannot plan its cases ({type(e).__name__}: {e}); skipped", file=out)
-            continue
-        if shard is not None:
-            p = shard.of(p)
-        record = adapter_record(adapter, p, run.device, profile)
-        if tampered := getattr(adapter, "tampered", ""):  # every case of it is a harness error (runner's gate)
-            record["tampered"] = tampered
-            if out is not None:
-                print(tampered, file=out, flush=True)
-        run.main.append_meta("adapter", record)
-        planned.append((adapter, spec_name, p))
-        if runner.turned_away_whole(adapter, run.device) or getattr(adapter, "tampered", ""):  # no kernel host
-            for c in p.cases:
-                verdict = runner.gated_verdict(c, adapter, run.device)
-                assert verdict is not None  # the gate's first rules turn every case away
-                run.gated[c.case_id] = verdict
-        run.totals[adapter.name] = Counter()
-        if on_plan is not None:
-            on_plan(adapter.name, p)
-    return planned
-
-
 def _planned(adapter: Any, spec_name: str, profile: str, device: DeviceInfo) -> Plan:
     """`plan(adapter, profile)`, remembered per machine (`plan_cache`: signed here, made again when it does not
     match)."""
@@ -250,53 +214,59 @@ def _planned(adapter: Any, spec_name: str, profile: str, device: DeviceInfo) -> 
     return found
 
 
-#: chunks cut per worker: few, since a worker that changes adapter starts a kernel host; once the chunks are out, idle
-#: workers take the unsent halves of the others' (harness.sweep.schedule). Simulated on the cold quick matrix's case
-#: times (16 workers, 1.7 s a host start): 2 a worker 84 s, 5 a worker 91 s, 5 without taking halves 123 s.
-CHUNKS_PER_WORKER = 2
+def _add_plan(run: _Run, planned: Planned, done: dict[str, Result], chunks: ChunkQueue, jobs: int,
+              out: IO[str] | None, on_plan: Callable[[str, Plan], None] | None) -> None:
+    """Record one adapter's plan in the run (its metadata; the verdicts known without a worker: judged before a
+    resume, or given by the gate in planning) and queue the rest of its cases for the workers, in chunks."""
+    adapter, p, progress = planned.adapter, planned.plan, run.progress
+    assert progress is not None
+    run.main.append_meta("adapter", {**planned.record, **({"plan_error": planned.error} if planned.error else {})})
+    if p is None:
+        progress.note(f"{adapter.name}: cannot plan its cases ({planned.error}); skipped")
+        return
+    if tampered := planned.record.get("tampered"):
+        progress.note(tampered)
+    run.gated.update(planned.gated)
+    run.totals[adapter.name] = Counter()
+    if on_plan is not None:
+        on_plan(adapter.name, p)
+    first = len(run.cases)
+    for at, case in enumerate(p.cases, first):
+        run.cases[at], run.owner[at] = case, adapter
+    run.left_of[adapter.name] += len(p.cases)
+    progress.add({i: (run.cases[i].adapter, run.cases[i].cell()) for i in range(first, len(run.cases))})
+    whole = f" ({len(p.cells)} of its {p.summary()['cells']} cells in this shard)" if p.shard else ""
+    progress.note(f"  {p.adapter}: {p.selection} cells ({p.summary()['cells']} of {p.cells_total}){whole}, "
+                  f"{len(p.cases)} cases")
+    items = []
+    for index in range(first, len(run.cases)):
+        case = run.cases[index]
+        if case.case_id in done:
+            run.account(index, done[case.case_id].verdict, done[case.case_id].declared)
+        elif case.case_id in planned.gated:
+            r = planned.gated[case.case_id]
+            run.account(index, r.verdict, r.declared, r)
+        else:
+            items.append((index, case))
+    size = math.ceil(len(items) / chunk_count(len(items), jobs)) if items else 1
+    family = remote.host_family(adapter)
+    for at in range(0, len(items), size):
+        chunks.append(_Chunk(planned.spec, items[at:at + size], family=family))
 
 
-def _chunk_cases(planned: list[tuple[Any, str, Plan]], run: _Run, done: dict[str, Result],
-                 chunk_size: int) -> tuple[ChunkQueue, list[tuple[int, Result, bool]]]:
-    """Number every case, and cut the cases still to judge into chunks of one adapter (biggest adapters first, so
-    the long tail is short); the cases judged before a resume come back apart, and so do the cases judged in
-    planning (`run.gated`), paired with True (to be written)."""
-    chunks = ChunkQueue()
-    finished: list[tuple[int, Result, bool]] = []
-    for adapter, spec_name, p in sorted(planned, key=lambda t: -len(t[2].cases)):
-        items = []
-        for case in p.cases:
-            index = len(run.cases)
-            run.cases[index] = case
-            run.owner[index] = adapter
-            if case.case_id in done:
-                finished.append((index, done[case.case_id], False))
-            elif case.case_id in run.gated:
-                finished.append((index, run.gated[case.case_id], True))
-            else:
-                items.append((index, case))
-        family = remote.host_family(adapter)
-        for at in range(0, len(items), chunk_size):
-            chunks.append(_Chunk(spec_name, items[at:at + chunk_size], family=family))
-    run.left_of = Counter(run.owner[i].name for i in run.cases)
-    return chunks, finished
-
-
-def _announce(out: IO[str] | None, planned: list[tuple[Any, str, Plan]], run: _Run, profile: str, jobs: int,
-              case_timeout: float, shard: Shard | None, planning_s: float) -> None:
+def _announce(out: IO[str] | None, run: _Run, adapters: int, profile: str, jobs: int, case_timeout: float,
+              shard: Shard | None, planning_s: float, resumed: str) -> None:
+    """The plan's summary, once every adapter is planned."""
     if out is None:
         return
     assert run.progress is not None
     where = f", shard {shard}" if shard is not None else ""
-    print(sandbox.describe(), file=out, flush=True)
     gated = f" ({len(run.gated)} judged in planning: not installed, or not for this generation)" if run.gated else ""
-    print(f"{len(planned)} adapter(s), {run.progress.cells_total} cells, {len(run.cases)} cases{gated}, profile "
-          f"{profile}{where}, {jobs} worker(s), case timeout {case_timeout:g}s; planned in {planning_s:.1f}s",
-          file=out, flush=True)
-    for _, _, p in planned:
-        whole = f" ({len(p.cells)} of its {p.summary()['cells']} cells in this shard)" if p.shard else ""
-        print(f"  {p.adapter}: {p.selection} cells ({p.summary()['cells']} of {p.cells_total}){whole}, "
-              f"{len(p.cases)} cases", file=out, flush=True)
+    run.progress.note(f"{adapters} adapter(s), {run.progress.cells_total} cells, {len(run.cases)} cases{gated}, "
+                      f"profile {profile}{where}, {jobs} worker(s), case timeout {case_timeout:g}s; planned in "
+                      f"{planning_s:.1f}s")
+    if resumed:
+        run.progress.note(resumed)
 
 
 def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str, *, profile: str = "quick",
@@ -349,30 +319,36 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
                   shard: Shard | None, planner: Host | None, pool: WorkerPool | None) -> dict[str, Counter]:
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
     run.main.append_meta("run", run_record(device, profile, command, shard))
-    planner = planner or Host("cpu")
-    planning_s = time.monotonic()
-    try:
-        planned = _plan_adapters(adapter_specs, run, profile, shard, out, on_plan, planner)
-    finally:
-        planner.close()
-    planning_s = time.monotonic() - planning_s
     n_jobs = max(1, jobs or default_jobs(device))
-    for_workers = sum(c.case_id not in done and c.case_id not in run.gated for _, _, p in planned for c in p.cases)
-    chunk_size = max(2, math.ceil(for_workers / (CHUNKS_PER_WORKER * n_jobs)))
-    chunks, finished = _chunk_cases(planned, run, done, chunk_size)
-    run.progress = Progress(len(run.cases), {i: (c.adapter, c.cell()) for i, c in run.cases.items()}, out,
-                            workers=n_jobs)
-    _announce(out, planned, run, profile, n_jobs, case_timeout, shard, planning_s)
-    if out is not None and resume:
-        before = sum(not written for *_, written in finished)
-        print(f"resuming {run_id}: {before} of {len(run.cases)} cases already judged", file=out, flush=True)
-    for index, r, to_write in finished:
-        run.account(index, r.verdict, r.declared, r if to_write else None)
+    run.progress = Progress(0, {}, out, workers=n_jobs)
+    if out is not None:
+        print(sandbox.describe(), file=out, flush=True)
+    planner = planner or Host("cpu")
+    started = time.monotonic()
+    planning = Planning(adapter_specs, planner, device, profile, shard,
+                        lambda adapter, spec: _planned(adapter, spec, profile, device)).start()
+    chunks = ChunkQueue()
+
+    def feed() -> bool:
+        """Take the plans made since the last call; False once every adapter is planned (the planner closed)."""
+        for planned in planning.take():
+            _add_plan(run, planned, done, chunks, n_jobs, out, on_plan)
+        run.progress.planning = "" if planning.done else f"planning: {planning.made} of {len(adapter_specs)} adapters"
+        if not planning.done:
+            return True
+        planner.close()
+        before = sum(1 for c in run.cases.values() if c.case_id in done)
+        resumed = f"resuming {run_id}: {before} of {len(run.cases)} cases already judged" if resume else ""
+        _announce(out, run, planning.made, profile, n_jobs, case_timeout, shard, time.monotonic() - started, resumed)
+        return False
+
     warned = WorkerWarnings(warnings_log(results_dir, run_id))
-    pool = pool or worker_pool(device, results_dir, run_id, n_jobs, case_timeout)
     try:
-        pool.run(chunks, run.progress, run.cases, run.account, run.mark)
+        pool = pool or worker_pool(device, results_dir, run_id, n_jobs, case_timeout)
+        pool.run(chunks, run.progress, run.cases, run.account, run.mark, feed=feed)
     finally:
+        planner.close()  # first: a planning thread waiting on it ends
+        planning.stop()
         run.progress.finish()
         run.main.append_meta("run_end", {"generation": device.generation, "verdicts": run.progress.done,
                                          "wall_s": round(run.progress.elapsed(), 2),

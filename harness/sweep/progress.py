@@ -70,12 +70,21 @@ class Progress:
         self.tty = bool(out is not None and hasattr(out, "isatty") and out.isatty())
         self.cell_left = Counter(cells_of.values())
         self.cells_total = len(self.cell_left)
-        self.cells_of = cells_of
+        self.cells_of = dict(cells_of)
         self.done = 0
         self.counts: Counter = Counter()
         self.t0 = time.monotonic()
         self._last = 0.0
         self.spent: Counter = Counter()  # seconds per judging phase (metrics.time_s), summed over the cases
+        self.planning = ""  # how far the planning is, while adapters are still being planned (the ETA waits for it)
+
+    def add(self, cells_of: Mapping[int, tuple]) -> None:
+        """More cases, planned while the first were judged: index -> (adapter, cell)."""
+        self.cells_of.update(cells_of)
+        self.total += len(cells_of)
+        self.left_of.update(cell[0] for cell in cells_of.values())
+        self.cell_left.update(cells_of.values())
+        self.cells_total = len(self.cell_left)
 
     @property
     def cells_done(self) -> int:
@@ -102,9 +111,10 @@ class Progress:
         elapsed = self.elapsed()
         eta = eta_seconds(self.left_of, self.measured, self.workers)
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items()))
-        eta_s = "?" if eta is None else duration(eta)
+        eta_s = "?" if eta is None or self.planning else duration(eta)
+        planning = f" ({self.planning})" if self.planning else ""
         return (f"{self.cells_done}/{self.cells_total} cells, {self.done}/{self.total} cases ({counts or 'none yet'})"
-                f" {elapsed:.0f}s elapsed, ETA {eta_s}{self._compiling()}")
+                f" {elapsed:.0f}s elapsed, ETA {eta_s}{planning}{self._compiling()}")
 
     def _compiling(self) -> str:
         """A note when first-call work (Triton compiles) has taken most of the judging time so far."""

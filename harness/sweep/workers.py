@@ -248,6 +248,7 @@ class WorkerPool:
         self.cpu_threads = 0
         self.slots: list[_Slot] = []
         self.start_failures = 0  # workers that died before reporting ready, in a row
+        self.feeding = False  # run's feed may still add chunks
         # every worker holds the read end; when this process dies the write end closes and the workers exit
         self.lifeline, self._lifeline_w = self.ctx.Pipe(duplex=False)
 
@@ -262,26 +263,40 @@ class WorkerPool:
             self.start(slot)
 
     def run(self, chunks: ChunkQueue, progress: Progress, cases: dict[int, Case],
-            account: Callable[[int, str, bool], None], mark: Callable[..., None]) -> None:
-        """Judge every chunk; Ctrl-C or SIGTERM raises `SweepInterrupted` (the workers are killed at once)."""
+            account: Callable[[int, str, bool], None], mark: Callable[..., None],
+            feed: Callable[[], bool] | None = None) -> None:
+        """Judge every chunk; Ctrl-C or SIGTERM raises `SweepInterrupted` (the workers are killed at once).
+        feed: called between the workers' messages while it returns True, to add chunks (and `cases`) planned while
+        the first are judged; no worker takes half of another's chunk before it returned False."""
         self.chunks, self.progress, self.cases, self.account, self.mark = chunks, progress, cases, account, mark
         finished = False
         previous = _stop_on_signals()
+        self.feeding = feed is not None
         try:
-            # idle workers take halves of chunks; no case for a worker (all judged in planning): none started
-            self.start_workers(min(self.jobs, sum(len(c.items) for c in chunks)))
-            while self.chunks or any(s.chunk is not None for s in self.slots):
+            if feed is not None and not self.cpu_threads:
+                self.cpu_threads = threads_for(self.jobs)  # the cases to come are not known yet
+            while True:
+                if self.feeding:
+                    assert feed is not None
+                    self.feeding = feed()
+                # idle workers take halves of chunks; no case for a worker (all judged in planning): none started
+                self.start_workers(min(self.jobs, self._queued()))
+                if not (self.feeding or self.chunks or any(s.chunk is not None for s in self.slots)):
+                    break
                 self.dispatch()
                 live = [s for s in self.slots if s.conn is not None]
-                wait([s.conn for s in live] + [s.proc.sentinel for s in live], timeout=0.5)
+                wait([s.conn for s in live] + [s.proc.sentinel for s in live], timeout=0.05 if self.feeding else 0.5)
                 for slot in live:
                     self.watch(slot, time.monotonic())
                 self.progress.show()
             finished = True
         except KeyboardInterrupt as e:
             how = str(e) or "SIGINT"
-            raise SweepInterrupted(f"the sweep was stopped ({how}); the cases that were running have no verdict; "
-                                   f"the same command with --resume {self.run_id} judges the rest") from None
+            judged = f"{self.progress.done} case(s) judged so far" if self.progress.done else "nothing was judged"
+            planning = ", during its planning" if self.feeding else ""
+            raise SweepInterrupted(f"the sweep was stopped ({how}{planning}); {judged}; the cases that were running "
+                                   f"have no verdict; the same command with --resume {self.run_id} judges the rest"
+                                   ) from None
         finally:
             self.stop(kill=not finished)
             for sig, handler in previous.items():
@@ -304,6 +319,8 @@ class WorkerPool:
         the back half of the unsent cases of the chunk with the most measured work left (harness.sweep.schedule)."""
         if self.chunks:
             return self.chunks.take(slot.judged)
+        if self.feeding:  # more chunks are coming
+            return None
         unsent = [(s.index, s.chunk.spec, len(self._unsent(s))) for s in self.slots if s.chunk is not None]
         taken = self.chunks.to_take(unsent, slot.judged)
         if taken is None:
@@ -314,6 +331,10 @@ class WorkerPool:
         gone = {i for i, _ in moved}
         owner.chunk.items = [it for it in owner.chunk.items if it[0] not in gone]
         return _Chunk(owner.chunk.spec, moved, family=owner.chunk.family)
+
+    def _queued(self) -> int:
+        """Cases in the queue or in the workers' chunks."""
+        return sum(len(c.items) for c in self.chunks) + sum(len(s.chunk.items) for s in self.slots if s.chunk)
 
     @staticmethod
     def _unsent(slot: _Slot) -> list[tuple[int, Case]]:

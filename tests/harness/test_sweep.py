@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ from harness import ops, registry, sweep
 from harness.core.device import detect
 from harness.store import manifest
 from harness.store.results import load_meta, load_results
+from harness.sweep import planning
 from tests.harness import signals
 
 FAKE = "tests.harness.fixtures.fake_adapters:FAULTY"
@@ -408,7 +411,7 @@ def test_an_idle_worker_takes_half_of_a_busy_workers_unsent_cases(tmp_path: Path
     spec = "tests.harness.fixtures.fake_adapters:SLOW"
     pidfile = tmp_path / "pids"
     monkeypatch.setenv("MOE_TEST_PIDFILE", str(pidfile))
-    monkeypatch.setattr(sweep, "CHUNKS_PER_WORKER", 0.01)
+    monkeypatch.setattr(planning, "MIN_CHUNK", 10**6)  # one chunk
     planned = sweep.plan(registry.resolve(spec), "quick").cases
     sweep.run_sweep([spec], detect("cpu"), str(tmp_path / "r"), profile="quick", run_id="s", jobs=2, out=None)
     results = load_results([tmp_path / "r"])
@@ -445,3 +448,56 @@ def test_adapters_turned_away_whole_get_their_verdicts_without_a_worker(tmp_path
         judged = runner.judge(r.case, registry.resolve(adapters[r.adapter]), detect("cpu"))
         assert (judged.verdict, judged.reason, judged.declared, judged.generation) == (
             r.verdict, r.reason, r.declared, r.generation)
+
+
+def test_cases_are_judged_while_later_adapters_are_still_planned(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planning runs beside the judging: the second adapter's planning waits for a verdict of the first one's
+    cases, which only comes when those cases reach the workers before every adapter is planned."""
+    first, second = "reference-activation", "tests.harness.fixtures.fake_adapters:CORRECT"
+    judged = threading.Event()
+    account, planned = sweep._Run.account, sweep._planned
+
+    def counted(self: Any, index: int, verdict: str, declared: bool, record: Any = None) -> None:
+        account(self, index, verdict, declared, record)
+        if self.owner[index].name == "reference-activation":
+            judged.set()
+
+    waited: list[bool] = []
+
+    def second_waits(adapter: Any, spec: str, profile: str, device: Any) -> Any:
+        if spec == second:
+            waited.append(judged.wait(120))
+        return planned(adapter, spec, profile, device)
+
+    monkeypatch.setattr(sweep._Run, "account", counted)
+    monkeypatch.setattr(sweep, "_planned", second_waits)
+    totals = sweep.run_sweep([first, second], detect("cpu"), str(tmp_path), profile="quick", run_id="p", jobs=2,
+                             out=None)
+    assert waited == [True]
+    expected = [c.case_id for s in (first, second) for c in sweep.plan(registry.resolve(s), "quick").cases]
+    assert Counter(r.case.case_id for r in load_results([tmp_path])) == Counter(expected)
+    assert set(totals) == {"reference-activation", "fake-correct"}
+
+
+def test_adapters_whose_cases_workers_judge_are_planned_first_the_biggest_ops_first() -> None:
+    """Workers wait for plans: those of adapters turned away whole (their verdicts need no worker) come last, and
+    among the rest the ops with the most cells (the longest to judge) first."""
+    specs = ["tests.harness.fixtures.fake_adapters:NOT_INSTALLED", "reference-routing", "reference-activation",
+             "reference-experts"]
+    opened = [(s, registry.resolve(s)) for s in specs]
+    order = [a.name for _, a in sorted(opened, key=planning._order(detect("cpu")))]
+    cells = {a.name: len(ops.get(a.op).all_cells()) for _, a in opened}
+    assert order[-1] == "fake-not-installed"
+    assert [cells[n] for n in order[:-1]] == sorted((cells[n] for n in order[:-1]), reverse=True), (order, cells)
+
+
+def test_an_adapter_is_cut_into_few_chunks_of_many_cases() -> None:
+    """A chunk moves a worker to the adapter's kernel host (seconds to start): an adapter is cut into at most a
+    quarter as many chunks as there are workers, of MIN_CHUNK cases or more unless it is one."""
+    for jobs in (1, 2, 8, 16, 64):
+        for cases in (1, 10, planning.MIN_CHUNK, 105, 1000, 10_000):
+            n = planning.chunk_count(cases, jobs)
+            assert 1 <= n <= max(1, -(-jobs // 4)), (cases, jobs, n)
+            assert n == 1 or cases // n >= planning.MIN_CHUNK, (cases, jobs, n)
+    assert planning.chunk_count(1000, 16) > 1  # a big adapter is shared from the start on a machine of many workers
