@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 from harness import ops, registry
 from harness.core import files
 from harness.core.case import Case
-from harness.core.device import DeviceInfo, git_state
+from harness.core.device import DeviceInfo, git_state, threads_for
 from harness.core.result import Result
 from harness.engine import remote, sandbox
 from harness.engine.host import Host
@@ -329,24 +331,27 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
                         lambda adapter, spec: _planned(adapter, spec, profile, device)).start()
     chunks = ChunkQueue()
 
-    def feed() -> bool:
-        """Take the plans made since the last call; False once every adapter is planned (the planner closed)."""
+    def feed() -> tuple[bool, bool]:
+        """Take the plans made since the last call: (whether more plans come, whether more chunks may come)."""
         for planned in planning.take():
             _add_plan(run, planned, done, chunks, n_jobs, out, on_plan)
         run.progress.planning = "" if planning.done else f"planning: {planning.made} of {len(adapter_specs)} adapters"
         if not planning.done:
-            return True
+            return True, not planning.for_workers_done
         planner.close()
         before = sum(1 for c in run.cases.values() if c.case_id in done)
         resumed = f"resuming {run_id}: {before} of {len(run.cases)} cases already judged" if resume else ""
         _announce(out, run, planning.made, profile, n_jobs, case_timeout, shard, time.monotonic() - started, resumed)
-        return False
+        return False, False
 
     warned = WorkerWarnings(warnings_log(results_dir, run_id))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_for(n_jobs + 1))  # the planning's oracle runs share the CPUs with the workers
     try:
         pool = pool or worker_pool(device, results_dir, run_id, n_jobs, case_timeout)
         pool.run(chunks, run.progress, run.cases, run.account, run.mark, feed=feed)
     finally:
+        torch.set_num_threads(threads)
         planner.close()  # first: a planning thread waiting on it ends
         planning.stop()
         run.progress.finish()

@@ -30,7 +30,9 @@ from harness.sweep.selection import Plan, Shard, adapter_record
 #: cases a chunk of one adapter holds at least before the adapter is cut into several (a worker that moves to another
 #: adapter starts a kernel host: seconds); at most a quarter of the workers start on one adapter, the rest of a big
 #: one goes to idle workers in halves once no chunk is left (harness.sweep.schedule)
-MIN_CHUNK = 40
+MIN_CHUNK = 24
+#: in the plans' queue: no plan after it has cases for the workers
+_FOR_WORKERS_DONE = "for-workers-done"
 
 
 def chunk_count(cases: int, jobs: int) -> int:
@@ -74,6 +76,7 @@ class Planning:
         self.specs, self.planner, self.device, self.profile, self.shard = list(specs), planner, device, profile, shard
         self.plan_one = plan_one
         self.made = 0  # plans taken so far
+        self.for_workers_done = False  # every plan with cases for workers was taken (the rest are turned away whole)
         self._out: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._ended = False
@@ -103,7 +106,9 @@ class Planning:
             except queue.Empty:
                 break
             if item is None:
-                self._ended = True
+                self._ended = self.for_workers_done = True
+            elif item is _FOR_WORKERS_DONE:
+                self.for_workers_done = True
             elif isinstance(item, BaseException):
                 self._ended = True
                 raise item
@@ -115,9 +120,12 @@ class Planning:
     def _run(self) -> None:
         try:
             opened = [(spec, remote.open_adapter(spec, "cpu", host=self.planner)) for spec in self.specs]
-            for spec, adapter in sorted(opened, key=_order(self.device)):
+            order = _order(self.device)
+            for spec, adapter in sorted(opened, key=order):
                 if self._stop.is_set():
                     break
+                if order((spec, adapter))[0]:  # the first turned away whole: no chunk comes after it
+                    self._out.put(_FOR_WORKERS_DONE)
                 self._out.put(self._planned(spec, adapter))
         except BaseException as e:  # handed to the sweep's thread, which raises it
             self._out.put(e)

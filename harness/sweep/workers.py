@@ -248,7 +248,7 @@ class WorkerPool:
         self.cpu_threads = 0
         self.slots: list[_Slot] = []
         self.start_failures = 0  # workers that died before reporting ready, in a row
-        self.feeding = False  # run's feed may still add chunks
+        self.feeding = self.more_chunks = False  # run's feed may still be called; may still add chunks
         # every worker holds the read end; when this process dies the write end closes and the workers exit
         self.lifeline, self._lifeline_w = self.ctx.Pipe(duplex=False)
 
@@ -264,10 +264,11 @@ class WorkerPool:
 
     def run(self, chunks: ChunkQueue, progress: Progress, cases: dict[int, Case],
             account: Callable[[int, str, bool], None], mark: Callable[..., None],
-            feed: Callable[[], bool] | None = None) -> None:
+            feed: Callable[[], tuple[bool, bool]] | None = None) -> None:
         """Judge every chunk; Ctrl-C or SIGTERM raises `SweepInterrupted` (the workers are killed at once).
-        feed: called between the workers' messages while it returns True, to add chunks (and `cases`) planned while
-        the first are judged; no worker takes half of another's chunk before it returned False."""
+        feed: called between the workers' messages, to add chunks (and `cases`) planned while the first are judged,
+        until it returns (False, _); its second value: whether more chunks may come (until then no worker takes
+        half of another's chunk)."""
         self.chunks, self.progress, self.cases, self.account, self.mark = chunks, progress, cases, account, mark
         finished = False
         previous = _stop_on_signals()
@@ -278,7 +279,7 @@ class WorkerPool:
             while True:
                 if self.feeding:
                     assert feed is not None
-                    self.feeding = feed()
+                    self.feeding, self.more_chunks = feed()
                 # idle workers take halves of chunks; no case for a worker (all judged in planning): none started
                 self.start_workers(min(self.jobs, self._queued()))
                 if not (self.feeding or self.chunks or any(s.chunk is not None for s in self.slots)):
@@ -319,7 +320,7 @@ class WorkerPool:
         the back half of the unsent cases of the chunk with the most measured work left (harness.sweep.schedule)."""
         if self.chunks:
             return self.chunks.take(slot.judged)
-        if self.feeding:  # more chunks are coming
+        if self.feeding and self.more_chunks:  # more are coming
             return None
         unsent = [(s.index, s.chunk.spec, len(self._unsent(s))) for s in self.slots if s.chunk is not None]
         taken = self.chunks.to_take(unsent, slot.judged)

@@ -7,14 +7,16 @@ import io
 import itertools
 import json
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from harness import ops, registry, sweep
-from harness.core.device import detect
+from harness.core.device import detect, threads_for
 from harness.store import manifest
 from harness.store.results import load_meta, load_results
 from harness.sweep import planning
@@ -464,17 +466,22 @@ def test_cases_are_judged_while_later_adapters_are_still_planned(tmp_path: Path,
             judged.set()
 
     waited: list[bool] = []
+    threads: list[int] = []
 
     def second_waits(adapter: Any, spec: str, profile: str, device: Any) -> Any:
         if spec == second:
             waited.append(judged.wait(120))
+        threads.append(torch.get_num_threads())
         return planned(adapter, spec, profile, device)
 
     monkeypatch.setattr(sweep._Run, "account", counted)
     monkeypatch.setattr(sweep, "_planned", second_waits)
+    before = torch.get_num_threads()
     totals = sweep.run_sweep([first, second], detect("cpu"), str(tmp_path), profile="quick", run_id="p", jobs=2,
                              out=None)
     assert waited == [True]
+    # the planning's oracle runs take their share of the CPUs beside the workers (torch's threads, restored after)
+    assert set(threads) == {threads_for(3)} and torch.get_num_threads() == before
     expected = [c.case_id for s in (first, second) for c in sweep.plan(registry.resolve(s), "quick").cases]
     assert Counter(r.case.case_id for r in load_results([tmp_path])) == Counter(expected)
     assert set(totals) == {"reference-activation", "fake-correct"}
@@ -501,3 +508,29 @@ def test_an_adapter_is_cut_into_few_chunks_of_many_cases() -> None:
             assert 1 <= n <= max(1, -(-jobs // 4)), (cases, jobs, n)
             assert n == 1 or cases // n >= planning.MIN_CHUNK, (cases, jobs, n)
     assert planning.chunk_count(1000, 16) > 1  # a big adapter is shared from the start on a machine of many workers
+
+
+def test_idle_workers_take_halves_while_only_adapters_turned_away_whole_are_left_to_plan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every plan with cases for the workers is made, an idle worker takes half of a busy one's chunk even
+    while the planning goes on: the last adapter's planning waits until both workers' kernel hosts judged cases."""
+    slow, away = (f"tests.harness.fixtures.fake_adapters:{n}" for n in ("SLOW", "NOT_INSTALLED"))
+    pidfile = tmp_path / "pids"
+    monkeypatch.setenv("MOE_TEST_PIDFILE", str(pidfile))
+    monkeypatch.setattr(planning, "MIN_CHUNK", 10**6)  # one chunk
+    planned = sweep._planned
+    shared: list[bool] = []
+
+    def away_waits(adapter: Any, spec: str, profile: str, device: Any) -> Any:
+        if spec == away:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and len(set(pidfile.read_text().split()) if pidfile.exists() else ()) < 2:
+                time.sleep(0.1)
+            shared.append(pidfile.exists() and len(set(pidfile.read_text().split())) == 2)
+        return planned(adapter, spec, profile, device)
+
+    monkeypatch.setattr(sweep, "_planned", away_waits)
+    sweep.run_sweep([away, slow], detect("cpu"), str(tmp_path / "r"), profile="quick", run_id="h", jobs=2, out=None)
+    assert shared == [True]
+    expected = [c.case_id for s in (away, slow) for c in sweep.plan(registry.resolve(s), "quick").cases]
+    assert Counter(r.case.case_id for r in load_results([tmp_path / "r"])) == Counter(expected)
