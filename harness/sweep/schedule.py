@@ -29,7 +29,8 @@ class _Chunk(Protocol):
 
 
 class ChunkQueue:
-    """The chunks still to hand out, in plan order; `observe` feeds it the seconds each finished case took."""
+    """The chunks still to hand out, the biggest adapters first; `observe` feeds it the seconds each finished case
+    took."""
 
     def __init__(self, chunks: Sequence | None = None) -> None:
         self._chunks: deque = deque(chunks or ())
@@ -38,6 +39,13 @@ class ChunkQueue:
 
     def append(self, chunk: _Chunk) -> None:
         self._chunks.append(chunk)
+
+    def insert_by_weight(self, chunk: _Chunk) -> None:
+        """Queue `chunk` after those of its `weight` or more and before lighter ones (a chunk without one weighs
+        nothing): the adapters with the most cases go out first, whatever order they were planned in."""
+        weight = getattr(chunk, "weight", 0.0)
+        at = next((i for i, c in enumerate(self._chunks) if getattr(c, "weight", 0.0) < weight), len(self._chunks))
+        self._chunks.insert(at, chunk)
 
     def appendleft(self, chunk: _Chunk) -> None:
         """Put back a chunk that was handed out: it goes out next."""

@@ -196,6 +196,7 @@ class _Chunk:
     items: list[tuple[int, Case]]
     silent_deaths: int = 0
     family: str | None = None  # adapters of one family share a worker's kernel host (`remote.host_family`)
+    weight: float = 0.0  # its place in the queue (`ChunkQueue.insert_by_weight`): its adapter's cases
 
 
 @dataclass

@@ -35,6 +35,19 @@ def test_a_chunk_put_back_goes_out_first() -> None:
     assert q.take() is back and q.popleft().items == list(range(10))
 
 
+def test_chunks_planned_in_any_order_go_out_biggest_adapter_first() -> None:
+    """Plans reach the queue in planning order (not by size): each chunk goes after those of adapters with at least
+    as many cases, so the long tail stays short; one put back still goes first."""
+    q = ChunkQueue()
+    for spec, weight in (("small", 10.0), ("big", 50.0), ("mid", 30.0), ("big2", 50.0), ("none", 0.0)):
+        chunk = Chunk(spec, [1])
+        chunk.weight = weight  # type: ignore[attr-defined]
+        q.insert_by_weight(chunk)
+    back = Chunk("back", [2])
+    q.appendleft(back)
+    assert [q.popleft().spec for _ in range(len(q))] == ["back", "big", "big2", "mid", "small", "none"]
+
+
 def test_seconds_per_case_are_measured_per_adapter() -> None:
     q = ChunkQueue()
     assert q.per_case("x") == 1.0  # nothing measured yet
