@@ -252,8 +252,8 @@ def _add_plan(run: _Run, planned: Planned, done: dict[str, Result], chunks: Chun
             items.append((index, case))
     size = math.ceil(len(items) / chunk_count(len(items), jobs)) if items else 1
     family = remote.host_family(adapter)
-    for at in range(0, len(items), size):  # biggest adapters first, so that the long tail is short
-        chunks.insert_by_weight(_Chunk(planned.spec, items[at:at + size], family=family, weight=len(items)))
+    for j, at in enumerate(range(0, len(items), size)):
+        chunks.insert_by_weight(_Chunk(planned.spec, items[at:at + size], family=family, weight=(-j, len(items))))
 
 
 def _announce(out: IO[str] | None, run: _Run, adapters: int, profile: str, jobs: int, case_timeout: float,

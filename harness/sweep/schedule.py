@@ -14,10 +14,13 @@ one or two workers). So:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+#: the weight of a chunk queued without one (`ChunkQueue.insert_by_weight`)
+LIGHTEST = (-math.inf, 0.0)
 #: seconds a taken half must be worth (measured) before an idle worker takes it; twice that when the worker does not
 #: hold the adapter's kernel host (about what a host takes to start)
 STEAL_MIN_S = 1.5
@@ -41,10 +44,12 @@ class ChunkQueue:
         self._chunks.append(chunk)
 
     def insert_by_weight(self, chunk: _Chunk) -> None:
-        """Queue `chunk` after those of its `weight` or more and before lighter ones (a chunk without one weighs
-        nothing): the adapters with the most cases go out first, whatever order they were planned in."""
-        weight = getattr(chunk, "weight", 0.0)
-        at = next((i for i, c in enumerate(self._chunks) if getattr(c, "weight", 0.0) < weight), len(self._chunks))
+        """Queue `chunk` after those of its `weight` or more and before lighter ones (a chunk without one is the
+        lightest). The sweep weighs a chunk (-its place among its adapter's chunks, its adapter's cases): every
+        adapter's first chunk goes out before any second one, so that an adapter whose cases are slow (each one a
+        compile) starts early, not last; among first chunks the biggest adapters go first."""
+        weight = getattr(chunk, "weight", LIGHTEST)
+        at = next((i for i, c in enumerate(self._chunks) if getattr(c, "weight", LIGHTEST) < weight), len(self._chunks))
         self._chunks.insert(at, chunk)
 
     def appendleft(self, chunk: _Chunk) -> None:

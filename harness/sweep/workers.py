@@ -34,7 +34,7 @@ from harness.core.result import Result, strict_json
 from harness.engine import remote, runner
 from harness.engine.host import Host, HostDied, log_warnings_to
 from harness.sweep.progress import Progress
-from harness.sweep.schedule import ChunkQueue
+from harness.sweep.schedule import LIGHTEST, ChunkQueue
 
 #: seconds a worker may take to start (import torch, triton, the kernels) before it counts as dead
 START_TIMEOUT_S = 180.0
@@ -196,7 +196,7 @@ class _Chunk:
     items: list[tuple[int, Case]]
     silent_deaths: int = 0
     family: str | None = None  # adapters of one family share a worker's kernel host (`remote.host_family`)
-    weight: float = 0.0  # its place in the queue (`ChunkQueue.insert_by_weight`): its adapter's cases
+    weight: tuple[float, float] = LIGHTEST  # its place in the queue (`ChunkQueue.insert_by_weight`)
 
 
 @dataclass

@@ -35,17 +35,21 @@ def test_a_chunk_put_back_goes_out_first() -> None:
     assert q.take() is back and q.popleft().items == list(range(10))
 
 
-def test_chunks_planned_in_any_order_go_out_biggest_adapter_first() -> None:
-    """Plans reach the queue in planning order (not by size): each chunk goes after those of adapters with at least
-    as many cases, so the long tail stays short; one put back still goes first."""
+def test_every_adapters_first_chunk_goes_out_before_any_second_one_biggest_adapters_first() -> None:
+    """Plans reach the queue in planning order (not by size): every adapter's first chunk goes out before any second
+    one (an adapter of slow cases, each a compile, must not start last), the bigger adapters first; a chunk put back
+    still goes first."""
     q = ChunkQueue()
-    for spec, weight in (("small", 10.0), ("big", 50.0), ("mid", 30.0), ("big2", 50.0), ("none", 0.0)):
+    for spec, weight in (("small", (0, 10)), ("big#1", (-1, 50)), ("big", (0, 50)), ("mid", (0, 30)),
+                         ("big2", (0, 50)), ("mid#1", (-1, 30)), ("none", None)):
         chunk = Chunk(spec, [1])
-        chunk.weight = weight  # type: ignore[attr-defined]
+        if weight is not None:
+            chunk.weight = weight  # type: ignore[attr-defined]
         q.insert_by_weight(chunk)
     back = Chunk("back", [2])
     q.appendleft(back)
-    assert [q.popleft().spec for _ in range(len(q))] == ["back", "big", "big2", "mid", "small", "none"]
+    assert [q.popleft().spec for _ in range(len(q))] == ["back", "big", "big2", "mid", "small", "big#1", "mid#1",
+                                                           "none"]
 
 
 def test_seconds_per_case_are_measured_per_adapter() -> None:

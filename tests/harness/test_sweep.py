@@ -534,3 +534,31 @@ def test_idle_workers_take_halves_while_only_adapters_turned_away_whole_are_left
     assert shared == [True]
     expected = [c.case_id for s in (away, slow) for c in sweep.plan(registry.resolve(s), "quick").cases]
     assert Counter(r.case.case_id for r in load_results([tmp_path / "r"])) == Counter(expected)
+
+
+def test_each_planned_adapters_first_chunk_is_queued_before_any_second_one(tmp_path: Path) -> None:
+    """The sweep cuts a plan into chunks as it arrives: whatever the planning order, the workers get every adapter's
+    first chunk, bigger adapters first, before any adapter's second one."""
+    from harness.store.results import ResultStore
+    from harness.sweep.progress import Progress
+    from harness.sweep.schedule import ChunkQueue
+
+    dev = detect("cpu")
+    run = sweep._Run(dev, ResultStore(str(tmp_path), run_id="q", worker="main"))
+    run.progress = Progress(0, {}, None, workers=16)
+    chunks = ChunkQueue()
+    sizes = {}
+    for name in ("reference-activation", "reference-reduce"):  # the smaller one planned first
+        adapter = registry.resolve(name)
+        p = sweep.plan(adapter, "quick")
+        sizes[name] = len(p.cases)
+        record = sweep.adapter_record(adapter, p, dev, "quick")
+        sweep._add_plan(run, planning.Planned(adapter, name, p, record), {}, chunks, 16, None, None)
+    run.main.close()
+    assert sizes["reference-activation"] < sizes["reference-reduce"]
+    order = [(c.spec, c.items[0][0]) for c in chunks]
+    first_case = {spec: min(i for s, i in order if s == spec) for spec, _ in order}
+    firsts = [spec for spec, i in order if i == first_case[spec]]
+    assert len(order) > 2 and [spec for spec, _ in order[:2]] == firsts == ["reference-reduce",
+                                                                           "reference-activation"], order
+    assert sum(len(c.items) for c in chunks) == sum(sizes.values())
