@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -31,7 +30,7 @@ from harness.core.case import Case
 from harness.core.device import DeviceInfo, detect, threads_for, usable_cpus
 from harness.core.exits import INTERRUPT_SIGNALS
 from harness.core.result import Result, strict_json
-from harness.engine import remote, runner
+from harness.engine import fork_server, remote, runner
 from harness.engine.host import Host, HostDied, log_warnings_to
 from harness.sweep.progress import Progress
 from harness.sweep.schedule import LIGHTEST, ChunkQueue
@@ -174,14 +173,11 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
 
 
 def _context() -> Any:
-    """Workers must never inherit a CUDA context, so no plain fork. A fork server is a fresh process (it never
-    touches CUDA) that imports torch once; each worker forks from it, so replacing a dead worker costs a fraction
-    of a second instead of a full torch import. Where there is no fork server, spawn."""
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "triton", "harness.sweep.workers"])  # missing ones are skipped
-        return ctx
-    return mp.get_context("spawn")
+    """Workers must never inherit a CUDA context, so no plain fork: they fork from the kernel hosts' fork server (a
+    fresh process that imported torch once and never touched CUDA), so replacing a dead worker costs a fraction of a
+    second instead of a full torch import; where there is none, spawn. One server, one preload: whichever of a
+    sweep's processes starts first, nothing it preloads imports Triton (`harness.engine.fork_server`)."""
+    return fork_server.context()
 
 
 def _stop_on_signals() -> dict[int, Any]:

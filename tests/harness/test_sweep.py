@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -562,3 +564,17 @@ def test_each_planned_adapters_first_chunk_is_queued_before_any_second_one(tmp_p
     assert len(order) > 2 and [spec for spec, _ in order[:2]] == firsts == ["reference-reduce",
                                                                            "reference-activation"], order
     assert sum(len(c.items) for c in chunks) == sum(sizes.values())
+
+
+def test_sweep_workers_and_kernel_hosts_ask_one_fork_server_preload_without_triton() -> None:
+    """Workers and kernel hosts fork from one fork server, started by whichever comes first; what it preloads is
+    fixed then. Were it the workers' and were Triton in it, hosts started afterwards would hold a Triton imported
+    before the sweep chose the interpreter or not."""
+    code = ("import multiprocessing.forkserver as fs, sys\n"
+            "from harness.sweep.workers import _context\n"
+            "_context()\n"
+            "from harness.engine import fork_server\n"
+            "assert fs._forkserver._preload_modules == list(fork_server.PRELOAD), fs._forkserver._preload_modules\n"
+            "assert not any(m == 'triton' or m.startswith('triton.') for m in fork_server.PRELOAD)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
