@@ -341,7 +341,7 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
         planner.close()
         before = sum(1 for c in run.cases.values() if c.case_id in done)
         resumed = f"resuming {run_id}: {before} of {len(run.cases)} cases already judged" if resume else ""
-        _announce(out, run, planning.made, profile, n_jobs, case_timeout, shard, time.monotonic() - started, resumed)
+        _announce(out, run, len(run.totals), profile, n_jobs, case_timeout, shard, time.monotonic() - started, resumed)
         return False, False
 
     warned = WorkerWarnings(warnings_log(results_dir, run_id))
