@@ -130,6 +130,9 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     from harness.engine import fork_server
 
     fork_server.start_early()  # its torch import beside this process's (prepare_interpreter), not after it
+    from harness.engine import early_probe
+
+    early = early_probe.start(args.device, list(args.adapter or []))  # the import probe, beside them too
     prepare_interpreter(args.device)
     from harness.engine import sandbox
     from harness.engine.host import Host, HostDied
@@ -147,7 +150,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
         planner.start()
     begun["startup"]["the planner's start"] = time.monotonic() - t0
     try:
-        return _sweep_with(args, shard, out, started, planner, begun)
+        return _sweep_with(args, shard, out, started, planner, begun, early)
     except KeyboardInterrupt as e:
         from harness.sweep import SweepInterrupted
 
@@ -156,6 +159,8 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
         raise SweepInterrupted(_stopped_early(args, shard, begun, str(e) or "SIGINT")) from None
     finally:
         planner.close()
+        if early is not None:
+            early.cancel()
 
 
 def _stopped_early(args: argparse.Namespace, shard: Any, begun: dict[str, Any], how: str) -> str:
@@ -171,7 +176,7 @@ def _stopped_early(args: argparse.Namespace, shard: Any, begun: dict[str, Any], 
 
 
 def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, planner: Any,
-                begun: dict[str, Any]) -> int:
+                begun: dict[str, Any], early: Any) -> int:
     from harness.core.device import detect
     from harness.engine import remote
     from harness.store.results import new_run_id
@@ -194,7 +199,8 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
                                start=args.jobs or default_jobs(dev))
             startup["starting the workers"] = time.monotonic() - t0
         listed = time.monotonic()
-        specs = remote.expand(list(args.adapter or []), probe=True, host=planner).specs
+        probed = early.output() if early is not None else None
+        specs = remote.expand(list(args.adapter or []), probe=True, host=planner, early=probed).specs
         listed = time.monotonic() - listed
     except (ValueError, remote.HostError, KeyboardInterrupt) as e:
         if pool is not None:

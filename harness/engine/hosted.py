@@ -172,9 +172,9 @@ class Served:
             return {"error": f"unknown request {kind!r}"}
         return handler(*args)
 
-    def do_expand(self, specs: list[str], probe: bool) -> dict[str, Any]:
+    def do_expand(self, specs: list[str], probe: bool, early: dict[str, Any] | None = None) -> dict[str, Any]:
         if probe:
-            registry.probe_imports(specs)
+            registry.probe_imports(specs, early)
         try:
             if specs == ["@entry-points"]:  # the adapters installed packages publish (the plugin's default)
                 found = [a.name for a in registry.entry_point_adapters()]

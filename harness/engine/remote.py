@@ -308,15 +308,17 @@ class Catalog:
         return self.specs[self.names.index(name)] if name in self.names else name
 
 
-def expand(specs: list[str], *, probe: bool = False, host: Host | None = None) -> Catalog:
+def expand(specs: list[str], *, probe: bool = False, host: Host | None = None,
+           early: dict[str, Any] | None = None) -> Catalog:
     """`registry.expand` (every registered adapter when `specs` is empty), done in a host; ValueError for a spec
     that names nothing. probe: first import the adapter modules in a probe child (an import that ends the process
-    from C code is named, not fatal). host: a CPU host to do it in, left running (its adapters stay imported, for
-    planning); default a new one, closed."""
+    from C code is named, not fatal); early: the output of such a child started ahead (`harness.engine.early_probe`),
+    used where it probed what the host would. host: a CPU host to do it in, left running (its adapters stay
+    imported, for planning); default a new one, closed."""
     own = host is None
     host = host or Host("cpu")
     try:
-        reply = _ask(host, ("expand", list(specs), probe), "listing adapters")
+        reply = _ask(host, ("expand", list(specs), probe, early), "listing adapters")
     finally:
         if own:
             host.close()

@@ -552,23 +552,35 @@ def load_builtin_and_plugins() -> None:
         _FROM_ENTRY_POINTS.update((a.name, ep.name) for a in found)
 
 
-def probe_imports(specs: Iterable[str]) -> None:
+def probe_origins(specs: Iterable[str]) -> list[tuple[str, str]]:
+    """What the import probe imports for `specs`: the built-in providers, the entry points, and the modules of the
+    `module:object` specs not registered yet."""
+    origins = [("module", m) for m in BUILTIN_PROVIDERS]
+    origins += [("entry-point", ep.name) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    origins += [("module", s.partition(":")[0]) for s in specs if ":" in s and s not in _REGISTRY]
+    return origins
+
+
+def probe_imports(specs: Iterable[str], early: Mapping[str, Any] | None = None) -> None:
     """Import the built-in providers, the entry points and the modules of the `module:object` specs among `specs`
     in a child process first (`harness.registry.probe`): one whose import ends or hangs that child is recorded in
     `DEADLY` and never imported here, so an exit from C code at import cannot end this process with no report.
     For a process that imports every adapter it runs (the matrix parent); a no-op once adapters are loaded, and
     when this machine's last probe of the same origins found nothing and none of the files it imported changed
-    since (`harness.registry.probe_cache`)."""
+    since (`harness.registry.probe_cache`). early: a probe child's output for these specs, started before this
+    process by the command (`harness.registry.probe.start_early`); used when it probed these very origins under
+    this environment and imported them all, else the probe runs here."""
     from harness.registry import probe_cache
-    from harness.registry.probe import ProbeNotStarted, probe
+    from harness.registry.probe import ProbeNotStarted, early_files, probe
 
     if _loaded:
         return
-    origins = [("module", m) for m in BUILTIN_PROVIDERS]
-    origins += [("entry-point", ep.name) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
-    origins += [("module", s.partition(":")[0]) for s in specs if ":" in s and s not in _REGISTRY]
+    origins = probe_origins(specs)
     remembered = probe_cache.key(origins)
     if probe_cache.is_clear(remembered):
+        return
+    if early is not None and (done := early_files(early, remembered)) is not None:
+        probe_cache.record(remembered, done)
         return
     files: list[str] = []
     try:

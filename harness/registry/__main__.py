@@ -8,11 +8,33 @@ import sys
 
 
 def _main(argv: list[str]) -> int:
+    """argv: [ORIGINS_JSON], or ["--early", DEVICE, SPECS_JSON]: a child a command starts before it imports torch
+    itself (`harness.engine.early_probe`). It chooses the interpreter as that command will, and names the probe it
+    makes by its cache key, so that the process that imports the adapters uses its result only for the same probe;
+    "probe-clear" when this machine's last probe of it found nothing and nothing changed since."""
+    from harness import registry
+
+    if argv[0] == "--early":
+        from harness.core.device import prepare_interpreter
+        from harness.registry import probe_cache
+
+        prepare_interpreter(argv[1])
+        origins = registry.probe_origins(json.loads(argv[2]))
+        key = probe_cache.key(origins)
+        print(f"probe-key {key}", flush=True)
+        if probe_cache.is_clear(key):
+            print("probe-clear", flush=True)
+            return 0
+    else:
+        origins = [tuple(o) for o in json.loads(argv[0])]
+    return _probe(origins)
+
+
+def _probe(origins: list) -> int:
     from importlib import import_module, metadata
 
     from harness import registry
 
-    origins = json.loads(argv[0])
     points = {ep.name: ep for ep in metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
     for i, (kind, target) in enumerate(origins):
         print(f"probe-start {i}", flush=True)

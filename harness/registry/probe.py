@@ -18,8 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from harness.core.exits import exit_cause
 
@@ -134,3 +135,13 @@ def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S,
             f"importing it ended the process ({exit_cause(child.code)}), in a probe child process; not imported here")
         rest = rest[culprit + 1:]
     return deadly
+
+
+def early_files(early: Mapping[str, Any], key: str) -> list[str] | None:
+    """The module files an early probe child (`harness.engine.early_probe`) imported, when it imported every origin
+    of the probe keyed `key` (`probe_cache.key`: the same origins, Python, path, packages and environment) and none
+    ended or hung it; None when it probed something else or did not finish, and the probe must run here."""
+    lines = [str(line) for line in early.get("lines") or ()]
+    if f"probe-key {key}" not in lines or "probe-end" not in lines or early.get("overran"):
+        return None
+    return _loaded_files(lines)

@@ -103,3 +103,40 @@ def test_only_the_newest_entries_are_kept(module: Path, monkeypatch: pytest.Monk
         os.utime(where / f"entry{i}.json", (1000 + i, 1000 + i))  # distinct ages, whatever the clock's resolution
     assert len(list(where.glob("*.json"))) == 3
     assert probe_cache.is_clear("entry4") and not probe_cache.is_clear("entry0")
+
+
+def test_an_early_probe_child_of_the_same_origins_stands_in_for_the_listings_own(
+        module: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matrix starts the probe child before it imports torch (harness.engine.early_probe): the listing uses its
+    output instead of probing again, when it probed these origins under this environment and imported them all."""
+    from harness.engine import early_probe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the child chooses for --device cpu
+    specs = [f"{module.stem}:ADAPTER"]
+    started = early_probe.start("cpu", specs)
+    assert started is not None
+    early = started.output()
+    assert "probe-end" in early["lines"] and not early["overran"], early
+    calls = _probes(monkeypatch, module, {})
+    registry.probe_imports(specs, early)
+    assert calls == [] and registry.DEADLY == {}
+    registry.probe_imports(specs)  # its all-clear was remembered
+    assert calls == []
+
+
+@pytest.mark.parametrize("how", ["other key", "unfinished", "overran"])
+def test_an_early_probe_of_anything_else_is_not_used(module: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     how: str) -> None:
+    specs = [f"{module.stem}:ADAPTER"]
+    key = probe_cache.key(registry.probe_origins(specs))
+    lines = [f"probe-key {key}", "probe-start 0", "probe-done 0", "probe-files []", "probe-end"]
+    early: dict = {"lines": lines, "overran": False}
+    if how == "other key":
+        early["lines"] = ["probe-key another", *lines[1:]]
+    elif how == "unfinished":  # the child died in an import: the listing's own probe names it
+        early["lines"] = lines[:2]
+    else:
+        early["overran"] = True
+    calls = _probes(monkeypatch, module, {})
+    registry.probe_imports(specs, early)
+    assert len(calls) == 1

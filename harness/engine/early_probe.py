@@ -1,0 +1,66 @@
+"""The import probe's child, started by a command before it imports torch itself.
+
+Listing the adapters in a fresh planning host first runs the import probe (`harness.registry.probe`): a child
+Python that imports torch and every adapter module, so that an import that ends the process from C code is named
+instead of fatal. On a machine whose caches are cold (the probe's remembered all-clears too) that child is most of
+the listing, and it ran only once the command had imported torch and started the host. `start` runs it from the
+command's first moment instead, beside the command's own imports; `output` is handed to the listing
+(`remote.expand(early=...)`), which uses it only when it probed the very origins, Python, packages and environment
+the host would (`harness.registry.probe.early_files`), and probes itself otherwise. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["EarlyProbe", "start"]
+
+#: the child: this process's module path, then `python -m harness.registry --early DEVICE SPECS`
+_BOOT = ("import json, runpy, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
+         "runpy.run_module('harness.registry', run_name='__main__', alter_sys=True)")
+
+
+class EarlyProbe:
+    """A running probe child; `output()` waits for it (the probe's own time limits) and returns what it printed."""
+
+    def __init__(self, proc: subprocess.Popen, err: Any) -> None:
+        self.proc, self.err = proc, err
+
+    def output(self) -> dict[str, Any]:
+        from harness.registry.probe import PROBE_TIMEOUT_S, START_TIMEOUT_S, _follow
+
+        try:
+            lines, overran = _follow(self.proc, PROBE_TIMEOUT_S, START_TIMEOUT_S)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.err.close()
+        return {"lines": lines, "overran": overran}
+
+    def cancel(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.err.close()
+
+
+def start(device: str, specs: Sequence[str]) -> EarlyProbe | None:
+    """Start the probe child for `specs` (as the matrix lists them) on `device` (it chooses the interpreter as the
+    command will); None where it cannot start (the listing then probes as before)."""
+    # this process's module path exactly (the probe's cache key holds it, and PYTHONPATH as the environment has it)
+    err = tempfile.TemporaryFile()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), "--early", device,
+                                 json.dumps(list(specs))], stdout=subprocess.PIPE, stderr=err)
+    except OSError:
+        err.close()
+        return None
+    return EarlyProbe(proc, err)
