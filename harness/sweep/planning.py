@@ -1,10 +1,10 @@
 """A sweep's planning beside its judging: adapters planned one at a time in a thread while the workers already judge
 the cases of those planned before.
 
-A cold plan of every adapter (no remembered plan: a fresh machine, a changed source) takes seconds: 10.8 s for the
-quick matrix's 61 adapters on an H200 whose 16 cores were busy starting the workers, 3 s on 2 CPU cores. The workers,
-started early, waited idle for all of it. Now the adapters that judge (installed, of this generation) and have the
-most cells are planned first, and each plan reaches the sweep as soon as it is made.
+A cold plan of every adapter (no remembered plan: a fresh machine, a changed source) takes seconds: 10.8 to 13 s for
+the quick matrix's 61 adapters on an H200, 3 s on 2 CPU cores. The workers, started early, waited idle for all of it.
+Now the adapters whose cases workers judge (installed, of this generation) are planned first, the ops with the most
+cells first, and each plan reaches the sweep as soon as it is made.
 
 Everything the planning asks of the adapters' declarations (the planner host's round trips) happens in this thread,
 and everything that touches the run (its results file, its counts, the workers' queue) in the sweep's thread, which
