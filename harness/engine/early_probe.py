@@ -5,8 +5,9 @@ Python that imports torch and every adapter module, so that an import that ends 
 instead of fatal. On a machine whose caches are cold (the probe's remembered all-clears too) that child is most of
 the listing, and it ran only once the command had imported torch and started the host. `start` runs it from the
 command's first moment instead, beside the command's own imports; `output` is handed to the listing
-(`remote.expand(early=...)`), which uses it only when it probed the very origins, Python, packages and environment
-the host would (`harness.registry.probe.early_files`), and probes itself otherwise. Nothing here imports torch.
+(`remote.expand(early=...)`), whose probe takes it as its first child when it probed the very origins, Python,
+packages and environment the host would (`harness.registry.probe.early_child`): an import that ended or hung it is
+blamed as in any probe, and the probe goes on after it. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class EarlyProbe:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
-            self.proc.wait()
+            code = self.proc.wait()
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
+            self.err.seek(0)
+            stderr = self.err.read()[-4000:].decode(errors="replace")
             self.err.close()
-        return {"lines": lines, "overran": overran}
+        return {"lines": lines, "overran": overran, "code": code, "stderr": stderr}
 
     def cancel(self) -> None:
         if self.proc.poll() is None:

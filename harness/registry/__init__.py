@@ -568,10 +568,10 @@ def probe_imports(specs: Iterable[str], early: Mapping[str, Any] | None = None) 
     For a process that imports every adapter it runs (the matrix parent); a no-op once adapters are loaded, and
     when this machine's last probe of the same origins found nothing and none of the files it imported changed
     since (`harness.registry.probe_cache`). early: a probe child's output for these specs, started before this
-    process by the command (`harness.registry.probe.start_early`); used when it probed these very origins under
-    this environment and imported them all, else the probe runs here."""
+    process by the command (`harness.engine.early_probe`): the probe's first child when it probed these very
+    origins under this environment (`probe.early_child`)."""
     from harness.registry import probe_cache
-    from harness.registry.probe import ProbeNotStarted, early_files, probe
+    from harness.registry.probe import ProbeNotStarted, early_child, probe
 
     if _loaded:
         return
@@ -579,12 +579,9 @@ def probe_imports(specs: Iterable[str], early: Mapping[str, Any] | None = None) 
     remembered = probe_cache.key(origins)
     if probe_cache.is_clear(remembered):
         return
-    if early is not None and (done := early_files(early, remembered)) is not None:
-        probe_cache.record(remembered, done)
-        return
     files: list[str] = []
     try:
-        found = probe(origins, files=files)
+        found = probe(origins, files=files, first=early_child(early, remembered) if early is not None else None)
         DEADLY.update(found)
         if not found:
             probe_cache.record(remembered, files)

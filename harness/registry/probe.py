@@ -107,17 +107,18 @@ def _why_not_started(child: _Child, start_timeout: float) -> str:
 
 
 def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S,
-          start_timeout: float = START_TIMEOUT_S, files: list[str] | None = None) -> dict[str, str]:
+          start_timeout: float = START_TIMEOUT_S, files: list[str] | None = None,
+          first: _Child | None = None) -> dict[str, str]:
     """Import each `(kind, target)` origin in a child process, in order: kind "entry-point" (target: the entry
     point's name) or "module" (target: a module name). Returns `{"kind target": why}` for the origins whose import
     ended the child or ran past `timeout` seconds from its start; the others imported (or raised, which the
     caller's own import reports). A child that does not reach its first import (`start_timeout`) raises
     `ProbeNotStarted`. files: a list that gets the module files the child had loaded, when one child imported every
-    origin."""
+    origin. first: a child that already ran over all of `origins` (`early_child`), taken as the first one."""
     deadly: dict[str, str] = {}
     rest = list(origins)
     while rest:
-        child = _run_child(rest, timeout, start_timeout)
+        child, first = first or _run_child(rest, timeout, start_timeout), None
         if "probe-end" in child.lines:
             if files is not None and rest == list(origins):
                 files += _loaded_files(child.lines)
@@ -137,11 +138,14 @@ def probe(origins: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S,
     return deadly
 
 
-def early_files(early: Mapping[str, Any], key: str) -> list[str] | None:
-    """The module files an early probe child (`harness.engine.early_probe`) imported, when it imported every origin
-    of the probe keyed `key` (`probe_cache.key`: the same origins, Python, path, packages and environment) and none
-    ended or hung it; None when it probed something else or did not finish, and the probe must run here."""
+def early_child(early: Mapping[str, Any], key: str) -> _Child | None:
+    """An early probe child's run (`harness.engine.early_probe`) as `probe`'s first child, when it probed the origins
+    of the probe keyed `key` (`probe_cache.key`: the same origins, Python, path, packages and environment) and
+    reached its first import; None otherwise (the probe runs its own first child). A child that ended or hung in an
+    import is blamed for it as any probe child is, and the probe goes on with the origins after it."""
     lines = [str(line) for line in early.get("lines") or ()]
-    if f"probe-key {key}" not in lines or "probe-end" not in lines or early.get("overran"):
+    if f"probe-key {key}" not in lines or not any(line.startswith("probe-start ") for line in lines):
         return None
-    return _loaded_files(lines)
+    code = early.get("code")
+    return _Child(lines, None if early.get("overran") else code if isinstance(code, int) else -1,
+                  str(early.get("stderr") or ""))

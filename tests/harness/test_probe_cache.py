@@ -33,7 +33,7 @@ def _probes(monkeypatch: pytest.MonkeyPatch, module: Path, deadly: dict[str, str
     """Each probe_imports call that reached the probe child: a stand-in that reports `module` as imported."""
     calls: list[list] = []
 
-    def fake(origins, timeout=0.0, start_timeout=0.0, files=None):  # type: ignore[no-untyped-def]
+    def fake(origins, timeout=0.0, start_timeout=0.0, files=None, first=None):  # type: ignore[no-untyped-def]
         calls.append(list(origins))
         if files is not None:
             files += [str(module), "_bare.py"]  # as torch's built-in submodules name theirs
@@ -105,10 +105,25 @@ def test_only_the_newest_entries_are_kept(module: Path, monkeypatch: pytest.Monk
     assert probe_cache.is_clear("entry4") and not probe_cache.is_clear("entry0")
 
 
-def test_an_early_probe_child_of_the_same_origins_stands_in_for_the_listings_own(
+def _children(monkeypatch: pytest.MonkeyPatch, module: Path) -> list[list]:
+    """Each probe child the listing runs itself: a stand-in that imports every origin it is given."""
+    runs: list[list] = []
+
+    def fake(origins, timeout, start_timeout):  # type: ignore[no-untyped-def]
+        runs.append([tuple(o) for o in origins])
+        lines = [f"probe-{w} {i}" for i in range(len(origins)) for w in ("start", "done")]
+        return probing._Child([*lines, f'probe-files ["{module}"]', "probe-end"], 0, "")
+
+    monkeypatch.setattr(probing, "_run_child", fake)
+    monkeypatch.setattr(registry, "DEADLY", {})
+    monkeypatch.setattr(registry, "_loaded", False)
+    return runs
+
+
+def test_an_early_probe_child_of_the_same_origins_is_the_listings_probe(
         module: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The matrix starts the probe child before it imports torch (harness.engine.early_probe): the listing uses its
-    output instead of probing again, when it probed these origins under this environment and imported them all."""
+    """The matrix starts the probe child before it imports torch (harness.engine.early_probe): the listing takes
+    its run as the probe's, when it probed these origins under this environment."""
     from harness.engine import early_probe
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the child chooses for --device cpu
@@ -117,26 +132,36 @@ def test_an_early_probe_child_of_the_same_origins_stands_in_for_the_listings_own
     assert started is not None
     early = started.output()
     assert "probe-end" in early["lines"] and not early["overran"], early
-    calls = _probes(monkeypatch, module, {})
+    runs = _children(monkeypatch, module)
     registry.probe_imports(specs, early)
-    assert calls == [] and registry.DEADLY == {}
+    assert runs == [] and registry.DEADLY == {}
     registry.probe_imports(specs)  # its all-clear was remembered
-    assert calls == []
+    assert runs == []
 
 
-@pytest.mark.parametrize("how", ["other key", "unfinished", "overran"])
-def test_an_early_probe_of_anything_else_is_not_used(module: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     how: str) -> None:
+@pytest.mark.parametrize("how", ["other key", "not started", "ended", "hung"])
+def test_an_early_probe_child_is_blamed_like_any_and_the_rest_probed(module: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    how: str) -> None:
+    """An early child that ended or hung in an import names it, and the listing probes the origins after it; one of
+    another probe, or that never reached an import, is not used."""
     specs = [f"{module.stem}:ADAPTER"]
-    key = probe_cache.key(registry.probe_origins(specs))
-    lines = [f"probe-key {key}", "probe-start 0", "probe-done 0", "probe-files []", "probe-end"]
-    early: dict = {"lines": lines, "overran": False}
+    origins = registry.probe_origins(specs)
+    assert len(origins) >= 2
+    key = probe_cache.key(origins)
+    early: dict = {"lines": [f"probe-key {key}", "probe-start 0", "probe-done 0", "probe-start 1"], "overran": False,
+                   "code": 7}
     if how == "other key":
-        early["lines"] = ["probe-key another", *lines[1:]]
-    elif how == "unfinished":  # the child died in an import: the listing's own probe names it
-        early["lines"] = lines[:2]
-    else:
-        early["overran"] = True
-    calls = _probes(monkeypatch, module, {})
+        early["lines"][0] = "probe-key another"
+    elif how == "not started":
+        early["lines"] = early["lines"][:1]
+    elif how == "hung":
+        early.update(overran=True, code=-9)
+    runs = _children(monkeypatch, module)
     registry.probe_imports(specs, early)
-    assert len(calls) == 1
+    if how in ("other key", "not started"):
+        assert runs == [origins] and registry.DEADLY == {}
+        return
+    kind, target = origins[1]
+    assert runs == [origins[2:]] if origins[2:] else runs == []
+    why = registry.DEADLY[f"{kind} {target}"]
+    assert ("hung" in why) if how == "hung" else ("exit status 7" in why), why

@@ -55,7 +55,7 @@ def test_adapters_are_imported_unprobed_with_a_warning_when_the_probe_child_does
     from harness.registry import probe as probing
     from harness.registry import probe_cache
 
-    def not_started(origins, timeout=0.0, start_timeout=0.0, files=None):  # type: ignore[no-untyped-def]
+    def not_started(origins, timeout=0.0, start_timeout=0.0, files=None, first=None):  # type: ignore[no-untyped-def]
         raise probing.ProbeNotStarted("the import probe child process ended before its first import (exit status 3)",
                                       {f"module {HANG}": "importing it hung"})  # what an earlier child found
 
