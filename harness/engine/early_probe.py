@@ -33,25 +33,20 @@ class EarlyProbe:
         self.proc, self.err = proc, err
 
     def output(self) -> dict[str, Any]:
-        from harness.registry.probe import PROBE_TIMEOUT_S, START_TIMEOUT_S, _follow
+        """Its lines, exit status (None: past the probe's time limits) and the end of its stderr."""
+        from harness.registry.probe import PROBE_TIMEOUT_S, START_TIMEOUT_S, collect
 
-        try:
-            lines, overran = _follow(self.proc, PROBE_TIMEOUT_S, START_TIMEOUT_S)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            code = self.proc.wait()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-            self.err.seek(0)
-            stderr = self.err.read()[-4000:].decode(errors="replace")
-            self.err.close()
-        return {"lines": lines, "overran": overran, "code": code, "stderr": stderr}
+        with self.err:
+            child = collect(self.proc, self.err, PROBE_TIMEOUT_S, START_TIMEOUT_S)
+        return {"lines": child.lines, "code": child.code, "stderr": child.stderr}
 
     def cancel(self) -> None:
+        """End it unread (the command stopped before its listing); a no-op after `output`."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.err.close()
 
 

@@ -26,7 +26,7 @@ def _main(argv: list[str]) -> int:
             print("probe-clear", flush=True)
             return 0
     else:
-        origins = [tuple(o) for o in json.loads(argv[0])]
+        origins = json.loads(argv[0])
     return _probe(origins)
 
 

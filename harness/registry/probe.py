@@ -79,18 +79,23 @@ def _run_child(origins: Sequence[tuple[str, str]], timeout: float, start_timeout
     # the child finds modules where this process does (a caller may have extended sys.path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(_command(origins), stdout=subprocess.PIPE, stderr=err, env=env)
-        try:
-            lines, overran = _follow(proc, timeout, start_timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            code = proc.wait()
-            assert proc.stdout is not None
-            proc.stdout.close()
-        err.seek(0)
-        stderr = err.read()[-4000:].decode(errors="replace")
-    return _Child(lines, None if overran else code, stderr)
+        return collect(subprocess.Popen(_command(origins), stdout=subprocess.PIPE, stderr=err, env=env), err,
+                       timeout, start_timeout)
+
+
+def collect(proc: subprocess.Popen, err: Any, timeout: float, start_timeout: float) -> _Child:
+    """A started probe child's run: its lines until it ends, prints `probe-end` or overruns (`_follow`; then it is
+    killed), its exit status (None: past its deadline) and the end of its stderr (`err`, a file it writes)."""
+    try:
+        lines, overran = _follow(proc, timeout, start_timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+    err.seek(0)
+    return _Child(lines, None if overran else code, err.read()[-4000:].decode(errors="replace"))
 
 
 def _loaded_files(lines: list[str]) -> list[str]:
@@ -147,5 +152,4 @@ def early_child(early: Mapping[str, Any], key: str) -> _Child | None:
     if f"probe-key {key}" not in lines or not any(line.startswith("probe-start ") for line in lines):
         return None
     code = early.get("code")
-    return _Child(lines, None if early.get("overran") else code if isinstance(code, int) else -1,
-                  str(early.get("stderr") or ""))
+    return _Child(lines, code if isinstance(code, int) or code is None else -1, str(early.get("stderr") or ""))

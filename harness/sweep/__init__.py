@@ -217,7 +217,7 @@ def _planned(adapter: Any, spec_name: str, profile: str, device: DeviceInfo) -> 
 
 
 def _add_plan(run: _Run, planned: Planned, done: dict[str, Result], chunks: ChunkQueue, jobs: int,
-              out: IO[str] | None, on_plan: Callable[[str, Plan], None] | None) -> None:
+              on_plan: Callable[[str, Plan], None] | None) -> None:
     """Record one adapter's plan in the run (its metadata; the verdicts known without a worker: judged before a
     resume, or given by the gate in planning) and queue the rest of its cases for the workers, in chunks."""
     adapter, p, progress = planned.adapter, planned.plan, run.progress
@@ -334,7 +334,7 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     def feed() -> tuple[bool, bool]:
         """Take the plans made since the last call: (whether more plans come, whether more chunks may come)."""
         for planned in planning.take():
-            _add_plan(run, planned, done, chunks, n_jobs, out, on_plan)
+            _add_plan(run, planned, done, chunks, n_jobs, on_plan)
         run.progress.planning = "" if planning.done else f"planning: {planning.made} of {len(adapter_specs)} adapters"
         if not planning.done:
             return True, not planning.for_workers_done

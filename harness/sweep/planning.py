@@ -53,6 +53,12 @@ class Planned:
     error: str = ""
 
 
+def _turned_away(adapter: Any, device: DeviceInfo) -> bool:
+    """Whether the gate gives every case of `adapter` its verdict with no kernel host: not installed, another
+    generation, or a tampered declaration (every case a harness error: runner's gate)."""
+    return bool(runner.turned_away_whole(adapter, device) or getattr(adapter, "tampered", ""))
+
+
 def _order(device: DeviceInfo) -> Callable[[tuple[str, Any]], tuple[bool, int]]:
     """Adapters whose cases workers judge before those turned away whole, then the ops with more cells first."""
 
@@ -61,8 +67,7 @@ def _order(device: DeviceInfo) -> Callable[[tuple[str, Any]], tuple[bool, int]]:
         cells = 0
         with contextlib.suppress(Exception):  # an op without a spec: its plan says so
             cells = len(ops.get(adapter.op).all_cells())
-        away = bool(runner.turned_away_whole(adapter, device) or getattr(adapter, "tampered", ""))
-        return away, -cells
+        return _turned_away(adapter, device), -cells
 
     return key
 
@@ -96,13 +101,13 @@ class Planning:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def take(self, wait: float = 0.0) -> list[Planned]:
-        """The plans made since the last call (waiting up to `wait` seconds for the first); re-raises in this thread
-        what ended the planning early (a host that died, a spec that names no adapter)."""
+    def take(self) -> list[Planned]:
+        """The plans made since the last call; re-raises in this thread what ended the planning early (a host that
+        died, a spec that names no adapter)."""
         found: list[Planned] = []
         while not self._ended:
             try:
-                item = self._out.get(timeout=wait) if wait and not found else self._out.get_nowait()
+                item = self._out.get_nowait()
             except queue.Empty:
                 break
             if item is None:
@@ -121,10 +126,12 @@ class Planning:
         try:
             opened = [(spec, remote.open_adapter(spec, "cpu", host=self.planner)) for spec in self.specs]
             order = _order(self.device)
-            for spec, adapter in sorted(opened, key=order):
+            ranked = sorted(((order(o), o) for o in opened), key=lambda t: t[0])
+            for_workers = sum(1 for (away, _), _ in ranked if not away)
+            for i, (_, (spec, adapter)) in enumerate(ranked):
                 if self._stop.is_set():
                     break
-                if order((spec, adapter))[0]:  # the first turned away whole: no chunk comes after it
+                if i == for_workers:  # the first turned away whole: no chunk comes after it
                     self._out.put(_FOR_WORKERS_DONE)
                 self._out.put(self._planned(spec, adapter))
         except BaseException as e:  # handed to the sweep's thread, which raises it
@@ -143,7 +150,7 @@ class Planning:
         if tampered := getattr(adapter, "tampered", ""):  # every case of it is a harness error (runner's gate)
             record["tampered"] = tampered
         gated: dict[str, Result] = {}
-        if runner.turned_away_whole(adapter, self.device) or getattr(adapter, "tampered", ""):  # no kernel host
+        if _turned_away(adapter, self.device):
             for c in p.cases:
                 verdict = runner.gated_verdict(c, adapter, self.device)
                 assert verdict is not None  # the gate's first rules turn every case away

@@ -40,9 +40,6 @@ class ChunkQueue:
         self._seconds: dict[str, float] = {}
         self._judged: dict[str, int] = {}
 
-    def append(self, chunk: _Chunk) -> None:
-        self._chunks.append(chunk)
-
     def insert_by_weight(self, chunk: _Chunk) -> None:
         """Queue `chunk` after those of its `weight` or more and before lighter ones (a chunk without one is the
         lightest). The sweep weighs a chunk (-its place among its adapter's chunks, its adapter's cases): every

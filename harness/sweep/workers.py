@@ -278,7 +278,8 @@ class WorkerPool:
                     assert feed is not None
                     self.feeding, self.more_chunks = feed()
                 # idle workers take halves of chunks; no case for a worker (all judged in planning): none started
-                self.start_workers(min(self.jobs, self._queued()))
+                if len(self.slots) < self.jobs:
+                    self.start_workers(min(self.jobs, self._queued()))
                 if not (self.feeding or self.chunks or any(s.chunk is not None for s in self.slots)):
                     break
                 self.dispatch()

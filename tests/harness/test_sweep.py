@@ -555,7 +555,7 @@ def test_each_planned_adapters_first_chunk_is_queued_before_any_second_one(tmp_p
         p = sweep.plan(adapter, "quick")
         sizes[name] = len(p.cases)
         record = sweep.adapter_record(adapter, p, dev, "quick")
-        sweep._add_plan(run, planning.Planned(adapter, name, p, record), {}, chunks, 16, None, None)
+        sweep._add_plan(run, planning.Planned(adapter, name, p, record), {}, chunks, 16, None)
     run.main.close()
     assert sizes["reference-activation"] < sizes["reference-reduce"]
     order = [(c.spec, c.items[0][0]) for c in chunks]
