@@ -180,7 +180,7 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     from harness.core.device import detect
     from harness.engine import remote
     from harness.store.results import new_run_id
-    from harness.sweep import VerdictsLost, default_jobs, run_sweep, worker_pool
+    from harness.sweep import UNPLANNED, VerdictsLost, default_jobs, run_sweep, worker_pool
     from harness.sweep import run_files as sweep_files
     from harness.sweep.progress import duration
 
@@ -229,7 +229,9 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
         print(f"error: {e}", file=sys.stderr)
         return 1
     bad = sum(c["fail"] + c["error"] for c in totals.values())
-    judged, swept = sum(sum(c.values()) for c in totals.values()), time.monotonic() - sweep_started
+    unplanned = sorted(name for name, c in totals.items() if c[UNPLANNED])
+    judged = sum(n for c in totals.values() for k, n in c.items() if k != UNPLANNED)
+    swept = time.monotonic() - sweep_started
     run_files = sweep_files(args.results_dir, run_id)
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl ({judged} verdicts)")
     rendered = time.monotonic()
@@ -240,13 +242,16 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     rendered = time.monotonic() - rendered
     if bad:
         print(f"{bad} case(s) failed or errored: see the reasons in the matrix and in the results", file=sys.stderr)
+    if unplanned:
+        print(f"{len(unplanned)} adapter(s) could not be planned, so none of their cases was judged: "
+              f"{', '.join(unplanned)} (why: above, and in the results)", file=sys.stderr)
     wall = time.monotonic() - started
     other = wall - swept - listed - rendered
     parts = [f"{s:.1f}s {what}" for what, s in startup.items() if s >= 0.05]
     print(f"judged {judged} cases in {duration(wall)} ({swept:.1f}s planning and judging, {listed:.1f}s listing the "
           f"adapters, {rendered:.1f}s rendering, {other:.1f}s other" + (f": {', '.join(parts)}" if parts else "")
           + ")")
-    return 1 if bad else 0
+    return 1 if bad or unplanned else 0
 
 
 def _render_run(args: argparse.Namespace, run_id: str, run_files: list[Path], out: str, command: str) -> None:

@@ -48,8 +48,8 @@ from harness.sweep.selection import (
 )
 from harness.sweep.workers import SweepInterrupted, WorkerPool, _Chunk, default_jobs, judge_safely
 
-__all__ = ["CASES_PER_CELL", "QUICK_ALL_CELLS", "Plan", "Shard", "SweepInterrupted", "VerdictsLost", "adapter_record",
-           "default_jobs", "open_run", "pairwise_cover", "plan", "run_sweep", "select_cells", "sweep"]
+__all__ = ["CASES_PER_CELL", "QUICK_ALL_CELLS", "UNPLANNED", "Plan", "Shard", "SweepInterrupted", "VerdictsLost",
+           "adapter_record", "default_jobs", "open_run", "pairwise_cover", "plan", "run_sweep", "select_cells", "sweep"]
 
 
 @dataclass
@@ -216,6 +216,11 @@ def _planned(adapter: Any, spec_name: str, profile: str, device: DeviceInfo) -> 
     return found
 
 
+#: the count an adapter that could not be planned gets in `run_sweep`'s totals: none of its cases was judged, which
+#: a caller must not take for a clean run
+UNPLANNED = "unplanned"
+
+
 def _add_plan(run: _Run, planned: Planned, done: dict[str, Result], chunks: ChunkQueue, jobs: int,
               on_plan: Callable[[str, Plan], None] | None) -> None:
     """Record one adapter's plan in the run (its metadata; the verdicts known without a worker: judged before a
@@ -225,6 +230,7 @@ def _add_plan(run: _Run, planned: Planned, done: dict[str, Result], chunks: Chun
     run.main.append_meta("adapter", {**planned.record, **({"plan_error": planned.error} if planned.error else {})})
     if p is None:
         progress.note(f"{adapter.name}: cannot plan its cases ({planned.error}); skipped")
+        run.totals[adapter.name] = Counter({UNPLANNED: 1})
         return
     if tampered := planned.record.get("tampered"):
         progress.note(tampered)
@@ -277,7 +283,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
               on_plan: Callable[[str, Plan], None] | None = None, resume: bool = False,
               shard: Shard | None = None, planner: Host | None = None,
               pool: WorkerPool | None = None, drop_bad_lines: bool = False) -> dict[str, Counter]:
-    """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter.
+    """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter (an adapter
+    that could not be planned counts one `UNPLANNED`).
 
     `adapter_specs` are registered names or module:object specs (workers resolve them the same way).
     Results go to `<results_dir>/<run_id>-main.jsonl`, written by this process alone (the workers send it their
@@ -341,7 +348,8 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
         planner.close()
         before = sum(1 for c in run.cases.values() if c.case_id in done)
         resumed = f"resuming {run_id}: {before} of {len(run.cases)} cases already judged" if resume else ""
-        _announce(out, run, len(run.totals), profile, n_jobs, case_timeout, shard, time.monotonic() - started, resumed)
+        adapters = sum(1 for c in run.totals.values() if not c[UNPLANNED])
+        _announce(out, run, adapters, profile, n_jobs, case_timeout, shard, time.monotonic() - started, resumed)
         return False, False
 
     warned = WorkerWarnings(warnings_log(results_dir, run_id))

@@ -174,3 +174,25 @@ def test_the_whole_matrix_starts_its_workers_before_it_lists_the_adapters(tmp_pa
     results = [json.loads(line) for f in (tmp_path / "r").glob("*.jsonl") for line in f.read_text().splitlines()]
     planned = plan(registry.resolve("tests.harness.test_matrix_command:WARNS"), "quick").cases
     assert sorted(r["case"]["seed"] for r in results if r.get("kind") is None) == sorted(c.seed for c in planned)
+
+
+_KILLS_ITS_PLANNER = '''
+import os
+from harness import registry
+_ref = registry.resolve("reference-activation")
+def _rule(device, features):
+    os._exit(3)  # in the planning host, which reads the support rule
+ADAPTER = registry.Adapter(name="kills-its-planner", op="activation", source="kills_its_planner", run=_ref.run,
+                           support=dict(_ref.support), requires=_rule, test_aid=True, description="ends its planner")
+'''
+
+
+def test_an_adapter_that_cannot_be_planned_fails_the_run_and_the_others_are_judged(tmp_path: Path) -> None:
+    """Its planning host dies in its support rule: no case of it is judged, so the run must not exit 0 as though
+    it had passed; the other adapter is planned and judged all the same."""
+    (tmp_path / "kills_its_planner.py").write_text(_KILLS_ITS_PLANNER, encoding="utf-8")
+    p = _harness(["matrix", "--device", "cpu", "--jobs", "1", "--adapter", "kills_its_planner:ADAPTER", "--adapter",
+                  "reference-activation", "--results-dir", str(tmp_path / "r"), "--out", ""], tmp_path)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "1 adapter(s) could not be planned" in p.stderr and "kills-its-planner" in p.stderr, p.stderr[-3000:]
+    assert "reference-activation: 54 pass" in p.stderr + p.stdout, p.stderr[-3000:]
