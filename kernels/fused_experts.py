@@ -89,10 +89,6 @@ class Config:
     #: gated GEMM1: the gate and up columns of a tile as one dot over 2*block_n interleaved weight rows (one
     #: accumulator, one MMA twice as wide), split in the epilogue; otherwise two block_n-wide dots
     joint_gate_up: bool = False
-    #: fp8 operands with the default accumulation: converted to bf16 in registers (exact) and multiplied by bf16
-    #: MMAs, which accumulate in fp32, instead of fp8 MMAs promoted to fp32 one by one (each promotion waits for
-    #: its MMA); ignored with fast accumulation and for other dtypes
-    fp8_upcast: bool = False
 
 
 def _pow2(v: int, lo: int, hi: int) -> int:
@@ -199,11 +195,9 @@ def _fit_k(cfg: Config, k: int) -> Config:
 @triton.jit
 def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_zpg,
                 W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, INT_DOT: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
-                IEEE: tl.constexpr, TF32: tl.constexpr, BLOCK_N: tl.constexpr, FP8_DOT: tl.constexpr):
+                IEEE: tl.constexpr, TF32: tl.constexpr, BLOCK_N: tl.constexpr, FP8_FAST: tl.constexpr):
     """acc + a . w for one K block of one weight tile (BLOCK_N weight rows): integer weights offset by their zero
-    point, K-block scales (G128) applied per block, exact int32 dots for int8. FP8_DOT (fp8 operands): 0 fp8
-    MMAs promoted to fp32 one by one, 1 the tensor core's reduced-precision sum over the K block (fast
-    accumulation), 2 bf16 MMAs over the operands converted exactly (Config.fp8_upcast)."""
+    point, K-block scales (G128) applied per block, exact int32 dots for int8."""
     if W_CODES != 0:
         if HAS_ZP:
             z = tl.load(zp_ptrs + grp * stride_zpg).to(tl.int32)
@@ -242,10 +236,8 @@ def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_z
             sw = tl.load(ws_ptrs + grp * stride_wsg)
             if INT_DOT:
                 part = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32)
-            elif FP8_DOT == 1:  # the tensor core's reduced-precision sum over the whole K block, promoted per block
+            elif FP8_FAST:  # the tensor core's reduced-precision sum over the whole K block, promoted per block
                 part = tl.dot(a, w)
-            elif FP8_DOT == 2:
-                part = tl.dot(a.to(tl.bfloat16), w.to(tl.bfloat16))
             else:
                 part = tl.dot(a, w, max_num_imprecise_acc=0)
             acc += part * (sa[:, None] * sw[None, :])
@@ -255,10 +247,8 @@ def _accumulate(acc, a, w, rows, grp, sa, ws_ptrs, stride_wsg, zp_ptrs, stride_z
             acc = tl.dot(a, w, acc, input_precision="ieee")
         elif TF32:  # fp32 operands read as TF32 by the tensor cores (fused_experts(fp32_precision="tf32"))
             acc = tl.dot(a, w, acc, input_precision="tf32")
-        elif FP8_DOT == 1:  # the K block's reduced-precision sum, added to the fp32 accumulator (promoted per block)
+        elif FP8_FAST:  # the K block's reduced-precision sum, added to the fp32 accumulator (promoted per block)
             acc += tl.dot(a, w)
-        elif FP8_DOT == 2:
-            acc = tl.dot(a.to(tl.bfloat16), w.to(tl.bfloat16), acc)
         else:
             acc = tl.dot(a, w, acc, max_num_imprecise_acc=0)
     return acc
@@ -283,7 +273,7 @@ def _expert_tile(
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     A_SCALE: tl.constexpr, W_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     GROUP_K: tl.constexpr, WS_ROW_DIV: tl.constexpr, INT_DOT: tl.constexpr,
-    W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr, FP8_DOT: tl.constexpr,
+    W_CODES: tl.constexpr, HAS_ZP: tl.constexpr, PER_SLOT: tl.constexpr, FP8_FAST: tl.constexpr,
     JOINT: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N output tile of expert e: rows from `row_start` (standard: an offset into
@@ -384,14 +374,14 @@ def _expert_tile(
         if SCALE_IN_LOOP and A_SCALE:
             sa = tl.load(as_ptrs + grp * stride_asg, mask=row_ok, other=0.0)
         acc_g = _accumulate(acc_g, a, wg, g_rows, grp, sa, wsg_ptrs, stride_wsg, zpg_ptrs, stride_zpg,
-                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, TILE_N, FP8_DOT)
+                            W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, TILE_N, FP8_FAST)
         if GATED and not JOINT:
             if EVEN_K:
                 wu = tl.load(wu_ptrs)
             else:
                 wu = tl.load(wu_ptrs, mask=w_ok[:, None], other=0.0)
             acc_u = _accumulate(acc_u, a, wu, u_rows, grp, sa, wsu_ptrs, stride_wsg, zpu_ptrs, stride_zpg,
-                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, TILE_N, FP8_DOT)
+                                W_CODES, HAS_ZP, INT_DOT, SCALE_IN_LOOP, IEEE, TF32, TILE_N, FP8_FAST)
         a_ptrs += BLOCK_K * stride_ak
         wg_ptrs += w_step * stride_wk
         wu_ptrs += w_step * stride_wk
@@ -464,7 +454,7 @@ def _moe_gemm_kernel(
     A_SCALE: tl.constexpr = False, W_SCALE: tl.constexpr = False, SCALE_IN_LOOP: tl.constexpr = False,
     GROUP_K: tl.constexpr = 128, WS_ROW_DIV: tl.constexpr = 1, INT_DOT: tl.constexpr = False,
     W_CODES: tl.constexpr = 0, HAS_ZP: tl.constexpr = False, PER_SLOT: tl.constexpr = False,
-    SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False, FP8_DOT: tl.constexpr = 0,
+    SLOT_MAP: tl.constexpr = False, SPLIT_TAIL: tl.constexpr = False, FP8_FAST: tl.constexpr = False,
     JOINT: tl.constexpr = False,
 ):
     """C[row, n] = epilogue(A[row] . W[e, n]^T) for the rows of one expert block.
@@ -529,7 +519,7 @@ def _moe_gemm_kernel(
                          stride_asm, stride_asg, stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn,
                          stride_zpg, alpha, beta, limit, ACT, GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED,
                          IEEE, TF32, EVEN_K, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K,
-                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_DOT,
+                         WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST,
                  JOINT)
             return
     _expert_tile(a_ptr, w_ptr, bias_ptr, c_ptr, rw_ptr, sorted_ids_ptr, as_ptr, ws_ptr, zp_ptr, e, row_start, count,
@@ -537,7 +527,7 @@ def _moe_gemm_kernel(
                  stride_wn, stride_wk, stride_be, stride_bn, stride_ce, stride_cm, stride_cn, stride_asm, stride_asg,
                  stride_wse, stride_wsn, stride_wsg, stride_zpe, stride_zpn, stride_zpg, alpha, beta, limit, ACT,
                  GATED, INTERLEAVED, HAS_BIAS, WEIGHT_MODE, BATCHED, IEEE, TF32, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
-                 A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_DOT,
+                 A_SCALE, W_SCALE, SCALE_IN_LOOP, GROUP_K, WS_ROW_DIV, INT_DOT, W_CODES, HAS_ZP, PER_SLOT, FP8_FAST,
                  JOINT)
 
 
@@ -697,7 +687,7 @@ def launch_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: 
         EVEN_K=k_dim % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         PER_SLOT=bool(st and st.per_slot), SLOT_MAP=bool(st and st.mapped),
-        SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot), FP8_DOT=1 if fp8_fast else 2 if cfg.fp8_upcast else 0,
+        SPLIT_TAIL=cfg.split_tail and not (st and st.per_slot), FP8_FAST=fp8_fast,
         JOINT=cfg.joint_gate_up and act in GATED,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(q.constexprs(cfg.block_k) if q else {}),
     )

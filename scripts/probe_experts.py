@@ -10,9 +10,8 @@ JSON lines to --out, a summary to stdout.
     python scripts/probe_experts.py --out probe.jsonl [--shape deepseek-v3] [--quant fp8_w8a8:G128] [--m 1024 4096]
         [--tiles 64,128,128,8,3,j/64,128,128,4,3 ...] [--sweep] [--against-vllm W]
 
-A tile is block_m,block_n,block_k,warps,stages[,j][,u] (j: GEMM1 computes gate and up in one joint dot; u: fp8
-operands multiplied as bf16, Config.fp8_upcast, in both GEMMs); after "/" the GEMM2 tile block_n,block_k,warps,stages
-(default: the sweep list's first tile of that block_m).
+A tile is block_m,block_n,block_k,warps,stages[,j] (j: GEMM1 computes gate and up in one joint dot); after "/"
+the GEMM2 tile block_n,block_k,warps,stages (default: the sweep list's first tile of that block_m).
 """
 
 from __future__ import annotations
@@ -40,22 +39,22 @@ GEMM2 = [(128, 128, 128, 8, 3), (128, 128, 128, 4, 3), (128, 256, 128, 8, 3), (1
          (64, 128, 128, 4, 3), (64, 128, 128, 4, 4), (64, 256, 128, 8, 3), (64, 64, 128, 4, 4)]
 
 
-def cfg(t: tuple, group_m: int = 8, split: bool = True, upcast: bool = False) -> Config:
+def cfg(t: tuple, group_m: int = 8, split: bool = True) -> Config:
     bm, bn, bk, w, st, *joint = t
     return Config(bm, bn, bk, group_m=group_m, num_warps=w, num_stages=st, split_tail=split and bm == 128,
-                  joint_gate_up=bool(joint and joint[0]), fp8_upcast=upcast)
+                  joint_gate_up=bool(joint and joint[0]))
 
 
 def parse_tiles(spec: str) -> tuple[Config, Config]:
-    """'bm,bn,bk,w,s[,j][,u][/bn2,bk2,w2,s2]' -> (GEMM1, GEMM2) configs."""
+    """'bm,bn,bk,w,s[,j][/bn2,bk2,w2,s2]' -> (GEMM1, GEMM2) configs."""
     one, _, two = spec.partition("/")
     f = one.split(",")
     flags = f[5:]
-    if len(f) < 5 or not set(flags) <= {"j", "u"} or len(set(flags)) != len(flags):
-        raise SystemExit(f"--tiles: expected bm,bn,bk,warps,stages[,j][,u][/bn,bk,warps,stages], got {spec!r}")
+    if len(f) < 5 or flags not in ([], ["j"]):
+        raise SystemExit(f"--tiles: expected bm,bn,bk,warps,stages[,j][/bn,bk,warps,stages], got {spec!r}")
     t1 = (*map(int, f[:5]), "j" in flags)
     t2 = (t1[0], *map(int, two.split(","))) if two else next(t for t in GEMM2 if t[0] == t1[0])
-    return cfg(t1, upcast="u" in flags), cfg(t2, upcast="u" in flags)
+    return cfg(t1), cfg(t2)
 
 
 def breakdown(fn) -> list[tuple[str, float]]:
