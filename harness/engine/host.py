@@ -114,16 +114,17 @@ def _watch_judge(judge: int) -> None:
 
 
 def _host_start(plan: sandbox.Launch, conn: Any, device: str, threads: int, env: dict[str, str], path: list[str],
-                cwd: str, judge: int) -> None:
+                cwd: str, judge: int, preload: bool = False) -> None:
     """A new host process: its output to its log, its namespaces where it is sandboxed, then the host's loop."""
     inside = sandbox.enter(plan, judge, env)  # sandboxed: returns in the namespace's host process only
-    _host_main(conn, device, threads, env, path, cwd, None if inside else judge)
+    _host_main(conn, device, threads, env, path, cwd, None if inside else judge, preload)
 
 
 def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: list[str], cwd: str,
-               judge: int | None) -> None:
+               judge: int | None, preload: bool = False) -> None:
     """The host's loop: answer the judge's requests until it says stop or goes away. judge: the pid to watch (None:
-    a sandboxed host cannot see it; the process outside its namespace watches it)."""
+    a sandboxed host cannot see it; the process outside its namespace watches it). preload: import the adapters
+    (`Served.preload`) before the first request."""
     with contextlib.suppress(OSError):
         os.setsid()  # a group of its own: what it starts is found and ended with it
     _die_with_parent()
@@ -151,6 +152,8 @@ def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: 
 
     served = hosted.Served(device)
     served.conn = conn  # an arena's file descriptor comes through it (`do_arena`)
+    if preload:
+        served.preload()
     while True:
         try:
             msg = conn.recv()
@@ -226,8 +229,10 @@ class Host:
     """The judge's handle on one host process: start it, ask it, kill it. `ask` returns the decoded JSON reply;
     a host that dies, or runs past `deadline` or its memory limit, raises `HostDied` (and is killed)."""
 
-    def __init__(self, device: str, *, threads: int | None = None):
+    def __init__(self, device: str, *, threads: int | None = None, preload: bool = False):
         self.device = device
+        #: import the adapters as soon as it starts, before it is asked for one (a sweep worker's host started ahead)
+        self.preload = preload
         self.threads = threads if threads is not None else max(1, torch.get_num_threads())
         self.proc: Any = None
         self.conn: Any = None
@@ -256,7 +261,7 @@ class Host:
         self._inner = None
         self.proc = ctx.Process(target=_host_start, name="moe-harness-kernel-host",
                                 args=(self.plan, theirs, self.device, self.threads, env, list(sys.path), os.getcwd(),
-                                      os.getpid()))
+                                      os.getpid(), self.preload))
         config = mp.current_process()._config  # type: ignore[attr-defined]
         daemon = config.get("daemon")
         config["daemon"] = False  # a sweep worker is daemonic; its host dies with it anyway (PR_SET_PDEATHSIG)

@@ -518,6 +518,11 @@ def _deadly(origin: str, failure: str, what: str) -> bool:
     return True
 
 
+def builtins_loaded() -> bool:
+    """Whether this process has imported the built-in adapters and the entry points' (`load_builtin_and_plugins`)."""
+    return _loaded
+
+
 def load_builtin_and_plugins() -> None:
     """Import the built-in adapters and every adapter published under the entry-point group. A provider or entry
     point that fails to load is reported (a warning, and `LOAD_FAILURES`), never fatal to the others."""

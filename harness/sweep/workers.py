@@ -109,8 +109,9 @@ def _serve(conn: Connection, device: str, results_dir: str, run_id: str, threads
 
     torch.set_num_threads(max(1, threads))
     # the first kernel host starts now, while this worker starts and waits for its first case (a host's first
-    # start in a process also starts the fork server it comes from: seconds); it loads the first chunk's adapter
-    spare = Host(device)
+    # start in a process also starts the fork server it comes from: seconds), imports the adapters meanwhile
+    # (`Served.preload`), and loads the first chunk's adapter
+    spare = Host(device, preload=True)
     spare.start()
     dev = detect(device)
     unverifiable: set[str] | None = None
@@ -152,7 +153,7 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         if spare is None and dev.is_cuda:
             # on a GPU the next adapter's host (its CUDA context) starts while this one's cases are judged; on the
             # CPU the cores are busy judging, and a host started ahead only added work (7% on a 2-core sweep test)
-            spare = Host(dev.device)
+            spare = Host(dev.device, preload=True)
             spare.start()
         for index, case_dict in items:
             if adapter.host is not None:  # a host replaced after a death starts before the case's clock does

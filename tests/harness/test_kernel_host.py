@@ -248,6 +248,19 @@ def test_empty_inputs_reach_a_kernel_host_as_tensors_of_its_own(monkeypatch: pyt
     assert r.verdict == "pass", r.reason
 
 
+def test_a_host_started_ahead_imports_the_adapters_before_its_first_request() -> None:
+    """A sweep worker's host started ahead (`preload`) has imported the adapters by the time it answers at all; a
+    plain host imports them only when a request names an adapter."""
+    plain, ahead = host_mod.Host("cpu"), host_mod.Host("cpu", preload=True)
+    try:
+        assert plain.ask(("ping",))["adapters_loaded"] is False
+        assert ahead.ask(("ping",))["adapters_loaded"] is True
+        assert ahead.ask(("describe", "reference-activation"))["ok"]["name"] == "reference-activation"
+    finally:
+        plain.close()
+        ahead.close()
+
+
 def test_a_host_started_under_another_triton_interpret_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
     """A host keeps the environment it started with: after a test switched TRITON_INTERPRET (a CPU command run in
     this process), the same adapter gets a host started under the current setting."""
@@ -382,11 +395,12 @@ def _fake_worker(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
     from harness.sweep import workers
 
     class FakeHost:
-        def __init__(self, device: str) -> None:
+        def __init__(self, device: str, *, preload: bool = False) -> None:
             self.n = len([e for e in events if e.startswith("start")]) + 1
+            self.preload = preload
 
         def start(self) -> None:
-            events.append(f"start host{self.n}")
+            events.append(f"start host{self.n}" + (" preloading" if self.preload else ""))
 
         def close(self) -> None:
             events.append(f"close host{self.n}")
@@ -427,8 +441,8 @@ def _case(name: str) -> dict[str, Any]:
 def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatch: pytest.MonkeyPatch,
                                                                       gpu: bool) -> None:
     """On a GPU each adapter a worker opens takes the host started ahead, and a new one starts at once, before the
-    adapter's cases are judged: the next adapter's host start overlaps this one's cases (one spare at a time). On
-    the CPU only the first host is started ahead."""
+    adapter's cases are judged: the next adapter's host start overlaps this one's cases (one spare at a time), and it
+    imports the adapters as it starts (`preload`). On the CPU only the first host is started ahead."""
     from harness.sweep import workers
 
     events: list[str] = []
@@ -439,8 +453,8 @@ def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatc
     workers._judge_chunks(_Conn([("a", [(0, _case("a"))]), ("a", [(1, _case("a"))]), ("b", [(2, _case("b"))]),
                                  None]), dev, None, first)
     if gpu:
-        assert events == ["start host1", "open a in host1", "start host2", "judge a", "judge a", "close a",
-                          "open b in host2", "start host3", "judge b", "close host3"], events
+        assert events == ["start host1", "open a in host1", "start host2 preloading", "judge a", "judge a", "close a",
+                          "open b in host2", "start host3 preloading", "judge b", "close host3"], events
     else:
         assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "open b", "judge b"], \
             events
