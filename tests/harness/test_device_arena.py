@@ -61,7 +61,8 @@ def test_the_device_arenas_verdict_is_the_shared_memorys(on_the_gpu: None, monke
     monkeypatch.setattr(runner, "DeviceArena", _Refused)
     shared = _judged("reference-activation")[0]
     assert device.verdict == shared.verdict == "pass"
-    assert [c["name"] for c in device.checks] == [c["name"] for c in shared.checks]
+    # the same checks; the two extra runs go in an order drawn for each judging
+    assert sorted(c["name"] for c in device.checks) == sorted(c["name"] for c in shared.checks)
 
 
 @gpu

@@ -34,7 +34,8 @@ WARNS = registry.Adapter(name="warns", op="activation", source="tests.harness.te
 
 
 def _harness(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    # the repository too where the package is not installed (the GPU machines' copy)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(cwd), str(ROOT)]))}
     for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT"):
         env.pop(key, None)
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
