@@ -49,6 +49,7 @@ from reference.quant import (
     resolve_eps,
     scale_from_amax,
 )
+from reference.scales import ScaleLayout
 
 QUANT_TYPES = ("none", "fp8_w8a8", "int8_w8a8", "w8a16", "w8a16_zp", "w4a16", "w4a16_zp", "mxfp8", "mxfp4_a16",
                "mxfp4_a8", "nvfp4")
@@ -165,18 +166,33 @@ def quantize_weights(found: dict[str, torch.Tensor], sch: Scheme, device: str) -
     machine a judge has one CPU thread while its large cases' weights are built on the GPU."""
     for name in ("w13", "w2"):
         w = found[name].float()
-        qs = [quantize(w[e], sch.weight) for e in range(w.shape[0])]
-        if not qs:  # no local experts: empty tensors with the shapes one expert would have
+        if not w.shape[0]:  # no local experts: empty tensors with the shapes one expert would have
             one = quantize(torch.zeros(w.shape[1:], device=w.device), sch.weight)
             found[name] = _code_view(one.codes, sch.weight)[None][:0].to(device)
             found[f"{name}_scale"] = one.scales[None][:0].to(device)
             continue
-        found[name] = _code_view(torch.stack([q.codes for q in qs]), sch.weight).to(device)
-        found[f"{name}_scale"] = torch.stack([q.scales for q in qs]).to(device)
+        q = _quantized_per_expert(w, sch.weight)
+        found[name] = _code_view(q.codes, sch.weight).to(device)
+        found[f"{name}_scale"] = q.scales.to(device)
         if sch.weight.zero_point:
-            found[f"{name}_zp"] = torch.stack([q.zero_points for q in qs]).to(device)
+            found[f"{name}_zp"] = q.zero_points.to(device)
         if sch.weight.dtype == QuantDtype.NVFP4:
-            found[f"{name}_global_scale"] = torch.stack([q.global_scale for q in qs]).to(device)
+            found[f"{name}_global_scale"] = q.global_scale.to(device)
+
+
+def _quantized_per_expert(w: torch.Tensor, recipe: QuantRecipe) -> QuantizedTensor:
+    """Each expert's weight w[e] quantized on its own, stacked along a leading E. A row's scale or an MX group's
+    never spans two experts (the oracle takes E as a batch dimension), so those quantize all experts in one call:
+    the same codes and scales in a fifth to a tenth of the time of a call per expert on the quick matrix's shapes.
+    The rest go expert by expert: a tensor unit and NVFP4's global scale cover the whole tensor, other layouts
+    take a 2-D weight, and the oracle's 128-wide groups and blocks ran 2-3x slower batched than one by one."""
+    batched = recipe.unit == QuantUnit.ROW or recipe.dtype in (QuantDtype.MXFP8, QuantDtype.MXFP4)
+    if batched and recipe.layout == ScaleLayout.ROW_MAJOR:
+        return quantize(w, recipe)
+    qs = [quantize(w[e], recipe) for e in range(w.shape[0])]
+    stacked = {f: None if getattr(qs[0], f) is None else torch.stack([getattr(q, f) for q in qs])
+               for f in ("codes", "scales", "global_scale", "zero_points")}
+    return QuantizedTensor(recipe=recipe, shape=tuple(w.shape), **stacked)
 
 
 def calibrate_act_global_scales(case: Case, found: dict[str, torch.Tensor], sch: Scheme) -> None:
