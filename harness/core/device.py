@@ -53,14 +53,23 @@ def generation_of(capability: tuple[int, int] | None, *, interpret: bool = False
     return f"sm{major}{minor}"
 
 
+#: device files a GPU that torch.cuda can use opens (NVIDIA's driver; ROCm; CUDA under WSL2): with none of them,
+#: torch.cuda.is_available() is False and asking torch (an import of seconds) can be skipped
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
 def prepare_interpreter(device: str) -> None:
     """Choose Triton's interpreter (TRITON_INTERPRET=1) before any kernel module imports triton, when no GPU will be
-    used: `device` is cpu, or no CUDA device is available. An explicit TRITON_INTERPRET is left as it is."""
+    used: `device` is cpu, or no CUDA device is available. An explicit TRITON_INTERPRET is left as it is. torch is
+    imported only when a GPU may be there to ask about."""
     if os.environ.get("TRITON_INTERPRET") is not None:
+        return
+    if device == "cpu" or not any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        os.environ["TRITON_INTERPRET"] = "1"
         return
     import torch  # here, not at import: commands that never judge (replay's parent, bisect, render) skip it
 
-    if device == "cpu" or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
 

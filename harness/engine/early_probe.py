@@ -21,9 +21,9 @@ from typing import Any
 
 __all__ = ["EarlyProbe", "start"]
 
-#: the child: this process's module path, then `python -m harness.registry --early DEVICE SPECS`
+#: the child: this process's module path, then this module as `__main__` with DEVICE SPECS (`_child`)
 _BOOT = ("import json, runpy, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
-         "runpy.run_module('harness.registry', run_name='__main__', alter_sys=True)")
+         "runpy.run_module('harness.engine.early_probe', run_name='__main__', alter_sys=True)")
 
 
 class EarlyProbe:
@@ -56,9 +56,34 @@ def start(device: str, specs: Sequence[str]) -> EarlyProbe | None:
     # this process's module path exactly (the probe's cache key holds it, and PYTHONPATH as the environment has it)
     err = tempfile.TemporaryFile()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), "--early", device,
-                                 json.dumps(list(specs))], stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), device, json.dumps(list(specs))],
+                                stdout=subprocess.PIPE, stderr=err)
     except OSError:
         err.close()
         return None
     return EarlyProbe(proc, err)
+
+
+def _child(device: str, specs: list[str]) -> int:
+    """The probe child: it chooses the interpreter as the command will and names the probe it makes by its cache
+    key, so that the process that imports the adapters uses its result only for the same probe; "probe-clear" when
+    this machine's last probe of it found nothing and nothing changed since. Up to there it imports no torch (where
+    the interpreter's choice needs none: `prepare_interpreter`), so a remembered all-clear costs a fraction of a
+    second instead of a torch import beside the command's own."""
+    from harness.core import probe_cache
+    from harness.core.device import prepare_interpreter
+
+    prepare_interpreter(device)
+    origins = probe_cache.origins(specs)  # a fresh process: no adapter registered yet
+    key = probe_cache.key(origins)
+    print(f"probe-key {key}", flush=True)
+    if probe_cache.is_clear(key):
+        print("probe-clear", flush=True)
+        return 0
+    from harness.registry.__main__ import probe_origins_here
+
+    return probe_origins_here(origins)
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1], json.loads(sys.argv[2])))

@@ -29,10 +29,10 @@ from harness.core.known import KnownFinding
 from harness.core.known import validate as validate_known
 from harness.core.layouts import FLAGS
 from harness.core.paths import public_path
+from harness.core.probe_cache import BUILTIN_PROVIDERS, ENTRY_POINT_GROUP
 from harness.core.text import one_line
 from harness.registry import provenance, sealed, sourcefiles
 
-ENTRY_POINT_GROUP = "moe_harness.adapters"
 PROPERTIES = ("deterministic", "batch_invariant")
 
 RunFn = Callable[[Case, dict[str, torch.Tensor], dict[str, torch.Tensor]], "dict[str, torch.Tensor] | None"]
@@ -450,9 +450,6 @@ def _as_adapters(obj: Any, origin: str, *, any_callable: bool = True) -> list[Ad
     raise ValueError(f"{origin} is not an Adapter (or a list of them, or a callable returning one)")
 
 
-#: modules that register the built-in adapters on import, loaded by name like entry points (the registry sits below
-#: them: it knows where they are, not what they import)
-BUILTIN_PROVIDERS = ("harness.ops.reference", "kernels.adapters")
 #: adapter name -> the entry point it came from
 _FROM_ENTRY_POINTS: dict[str, str] = {}
 #: provider or entry point -> why it could not be loaded
@@ -559,11 +556,10 @@ def load_builtin_and_plugins() -> None:
 
 def probe_origins(specs: Iterable[str]) -> list[tuple[str, str]]:
     """What the import probe imports for `specs`: the built-in providers, the entry points, and the modules of the
-    `module:object` specs not registered yet."""
-    origins = [("module", m) for m in BUILTIN_PROVIDERS]
-    origins += [("entry-point", ep.name) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
-    origins += [("module", s.partition(":")[0]) for s in specs if ":" in s and s not in _REGISTRY]
-    return origins
+    `module:object` specs not registered yet (`probe_cache.origins`)."""
+    from harness.core import probe_cache
+
+    return probe_cache.origins(specs, _REGISTRY)
 
 
 def probe_imports(specs: Iterable[str], early: Mapping[str, Any] | None = None) -> None:
@@ -572,10 +568,10 @@ def probe_imports(specs: Iterable[str], early: Mapping[str, Any] | None = None) 
     `DEADLY` and never imported here, so an exit from C code at import cannot end this process with no report.
     For a process that imports every adapter it runs (the matrix parent); a no-op once adapters are loaded, and
     when this machine's last probe of the same origins found nothing and none of the files it imported changed
-    since (`harness.registry.probe_cache`). early: a probe child's output for these specs, started before this
+    since (`harness.core.probe_cache`). early: a probe child's output for these specs, started before this
     process by the command (`harness.engine.early_probe`): the probe's first child when it probed these very
     origins under this environment (`probe.early_child`)."""
-    from harness.registry import probe_cache
+    from harness.core import probe_cache
     from harness.registry.probe import ProbeNotStarted, early_child, probe
 
     if _loaded:

@@ -8,29 +8,13 @@ import sys
 
 
 def _main(argv: list[str]) -> int:
-    """argv: [ORIGINS_JSON], or ["--early", DEVICE, SPECS_JSON]: a child a command starts before it imports torch
-    itself (`harness.engine.early_probe`). It chooses the interpreter as that command will, and names the probe it
-    makes by its cache key, so that the process that imports the adapters uses its result only for the same probe;
-    "probe-clear" when this machine's last probe of it found nothing and nothing changed since."""
-    from harness import registry
-
-    if argv[0] == "--early":
-        from harness.core.device import prepare_interpreter
-        from harness.registry import probe_cache
-
-        prepare_interpreter(argv[1])
-        origins = registry.probe_origins(json.loads(argv[2]))
-        key = probe_cache.key(origins)
-        print(f"probe-key {key}", flush=True)
-        if probe_cache.is_clear(key):
-            print("probe-clear", flush=True)
-            return 0
-    else:
-        origins = json.loads(argv[0])
-    return _probe(origins)
+    """argv: [ORIGINS_JSON] (`harness.registry.probe`'s children; `harness.engine.early_probe` runs the one a
+    command starts before its own imports, through `probe_origins_here`)."""
+    return probe_origins_here(json.loads(argv[0]))
 
 
-def _probe(origins: list) -> int:
+def probe_origins_here(origins: list) -> int:
+    """Import each origin in this process, a line before and after each (the probe child's part)."""
     from importlib import import_module, metadata
 
     from harness import registry

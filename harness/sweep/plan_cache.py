@@ -8,7 +8,7 @@ found it (version, or why it is missing), the profile, the generation, the size 
 versions. An entry holds the unsharded plan (a shard is cut from it as from a fresh one) and an HMAC of its key and body
 under this machine's manifest key (`harness.core.keyfile`), which kernel hosts cannot read: an entry that is not signed
 by it, or does not match its key, is ignored and the plan made again. Entries are written by the judge's process only,
-in the user's cache folder next to the import probe's (`harness.registry.probe_cache`); `MOE_HARNESS_PLAN_CACHE=off`
+in the user's cache folder next to the import probe's (`harness.core.probe_cache`); `MOE_HARNESS_PLAN_CACHE=off`
 turns them off.
 """
 

@@ -1,4 +1,4 @@
-"""The import probe's remembered all-clears (harness.registry.probe_cache): a listing skips the probe child only
+"""The import probe's remembered all-clears (harness.core.probe_cache): a listing skips the probe child only
 while every file the remembered probe imported is as it was; a changed adapter module is probed again."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness import registry
+from harness.core import probe_cache
 from harness.registry import probe as probing
-from harness.registry import probe_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,3 +164,42 @@ def test_an_early_probe_child_is_blamed_like_any_and_the_rest_probed(module: Pat
     assert runs == [origins[2:]] if origins[2:] else runs == []
     why = registry.DEADLY[f"{kind} {target}"]
     assert ("hung" in why) if how == "hung" else ("exit status 7" in why), why
+
+
+def test_an_early_probe_child_finds_a_remembered_all_clear_without_importing_torch(
+        module: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine that remembers the probe's all-clear, the early child says so from its key alone: no torch
+    import (seconds, beside the command's own) for a listing that will skip the probe."""
+    import json
+    import subprocess
+
+    from harness.engine import early_probe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the child chooses for --device cpu
+    specs = [f"{module.stem}:ADAPTER"]
+    key = probe_cache.key(probe_cache.origins(specs))
+    probe_cache.record(key, [str(module)])
+    watch = "import atexit, sys; atexit.register(lambda: print('torch-imported', 'torch' in sys.modules)); "
+    done = subprocess.run([sys.executable, "-c", watch + early_probe._BOOT, json.dumps(sys.path), "cpu",
+                           json.dumps(specs)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split("\n")[:3] == [f"probe-key {key}", "probe-clear", "torch-imported False"], \
+        done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("gpu_files", [False, True], ids=["no-gpu-device-files", "gpu-device-files"])
+def test_the_interpreter_is_chosen_without_torch_where_no_gpu_can_be(gpu_files: bool) -> None:
+    """`prepare_interpreter`: with none of the device files a GPU needs, no GPU can be there, and torch (an import
+    of seconds) is not asked; with one, torch is asked."""
+    import subprocess
+
+    files = (os.devnull,) if gpu_files else (os.path.join(os.devnull, "none"),)
+    code = (f"import os, sys; from harness.core import device; device.GPU_DEVICE_FILES = {files!r}; "
+            "os.environ.pop('TRITON_INTERPRET', None); device.prepare_interpreter('auto'); "
+            "print(os.environ.get('TRITON_INTERPRET'), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    interpret, asked = done.stdout.split()
+    assert asked == str(gpu_files), done.stdout + done.stderr
+    import torch
+
+    assert interpret == ("None" if gpu_files and torch.cuda.is_available() else "1"), done.stdout

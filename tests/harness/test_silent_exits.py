@@ -52,8 +52,8 @@ def test_a_probe_child_that_does_not_start_is_named_as_such(monkeypatch: pytest.
 def test_adapters_are_imported_unprobed_with_a_warning_when_the_probe_child_does_not_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from harness import registry
+    from harness.core import probe_cache
     from harness.registry import probe as probing
-    from harness.registry import probe_cache
 
     def not_started(origins, timeout=0.0, start_timeout=0.0, files=None, first=None):  # type: ignore[no-untyped-def]
         raise probing.ProbeNotStarted("the import probe child process ended before its first import (exit status 3)",

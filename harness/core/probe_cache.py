@@ -20,12 +20,16 @@ import json
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 
 from harness.core import entries
 
+#: modules that register the built-in adapters on import, loaded by name like entry points (the registry sits below
+#: them: it knows where they are, not what they import), and the entry-point group of installed packages' adapters
+BUILTIN_PROVIDERS = ("harness.ops.reference", "kernels.adapters")
+ENTRY_POINT_GROUP = "moe_harness.adapters"
 #: `off` turns the remembered probes off
 ENV = "MOE_HARNESS_PROBE_CACHE"
 #: the entries kept (the newest)
@@ -33,6 +37,16 @@ KEEP = 64
 #: environment variables that change what an adapter module's import loads or does
 _KEYED_ENV = ("PYTHONPATH", "MOE_THIRD_PARTY", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
               "LD_PRELOAD")
+
+
+def origins(specs: Iterable[str], registered: Container[str] = ()) -> list[tuple[str, str]]:
+    """What the import probe imports for `specs`: the built-in providers, the entry points, and the modules of the
+    `module:object` specs not among `registered` (nothing here imports torch: a probe child started before its
+    command's imports asks whether this machine remembers an all-clear without importing them)."""
+    found = [("module", m) for m in BUILTIN_PROVIDERS]
+    found += [("entry-point", ep.name) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    found += [("module", s.partition(":")[0]) for s in specs if ":" in s and s not in registered]
+    return found
 
 
 def folder() -> Path | None:
