@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands import positive
-from harness.core.device import cuda_absent
+from harness.core.device import LISTING_DEVICE, cuda_absent
 from harness.core.sweep_args import PROFILES
 
 #: hidden test mode: JSON {"interp": {VAR: value|null}, "gpu": {...}}: both sides run on the interpreter, each host
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.engine.host import Host
 
     sides = make_sides(overlays)
-    planner = Host("cpu")  # lists and plans the adapters: this process never imports an adapter module
+    planner = Host(LISTING_DEVICE)  # lists and plans the adapters: this process never imports an adapter module
     try:
         work, skipped = _plan(args, sides, planner)
     except (ValueError, RuntimeError) as e:  # an adapter name that names nothing; the listing host died

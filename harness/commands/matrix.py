@@ -13,7 +13,7 @@ from typing import Any
 
 from harness import __version__
 from harness.commands import SkippedFiles, positive
-from harness.core.device import prepare_interpreter
+from harness.core.device import LISTING_DEVICE, prepare_interpreter
 from harness.core.sweep_args import PROFILES
 
 # -- command line -------------------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
     fork_server.start_early()  # its torch import beside this process's (prepare_interpreter), not after it
     from harness.engine import early_probe
 
-    early = early_probe.start(args.device, list(args.adapter or []))  # the import probe, beside them too
+    early = early_probe.start(list(args.adapter or []))  # the import probe, beside them too
     prepare_interpreter(args.device)
     from harness.engine import sandbox
     from harness.engine.host import Host, HostDied
@@ -142,7 +142,7 @@ def _sweep_and_render(args: argparse.Namespace, shard: Any, out: str) -> int:
 
     # listed in a host (which probes the imports first: one that ends the process from C code is named), so that
     # this process, which renders the verdicts, never imports an adapter module; the sweep plans in the same host
-    planner = Host("cpu")
+    planner = Host(LISTING_DEVICE)
     # the run id and device, once chosen (what an interrupt's message needs), and what each part of the start took
     begun: dict[str, Any] = {"startup": {"preparing": time.monotonic() - started}}
     t0 = time.monotonic()

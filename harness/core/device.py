@@ -53,6 +53,9 @@ def generation_of(capability: tuple[int, int] | None, *, interpret: bool = False
     return f"sm{major}{minor}"
 
 
+#: the device of the hosts that list and plan the adapters: a CPU host, whatever the run's device (it imports the
+#: adapter modules with the interpreter chosen, as probe children do, and runs no kernel)
+LISTING_DEVICE = "cpu"
 #: device files a GPU that torch.cuda can use opens (NVIDIA's driver; ROCm; CUDA under WSL2): with none of them,
 #: torch.cuda.is_available() is False and asking torch (an import of seconds) can be skipped
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")

@@ -50,13 +50,18 @@ class EarlyProbe:
         self.err.close()
 
 
-def start(device: str, specs: Sequence[str]) -> EarlyProbe | None:
-    """Start the probe child for `specs` (as the matrix lists them) on `device` (it chooses the interpreter as the
-    command will); None where it cannot start (the listing then probes as before)."""
+def start(specs: Sequence[str]) -> EarlyProbe | None:
+    """Start the probe child for `specs` (as the matrix lists them); None where it cannot start (the listing then
+    probes as before). It probes as the listing host will, a host on `LISTING_DEVICE` whatever the run's device: on
+    a GPU machine a child that chose the interpreter as the command does (off) made a probe of another key, which
+    the listing could never use (a cold H200 listing took 7.3 s with it)."""
+    from harness.core.device import LISTING_DEVICE
+
     # this process's module path exactly (the probe's cache key holds it, and PYTHONPATH as the environment has it)
     err = tempfile.TemporaryFile()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), device, json.dumps(list(specs))],
+        proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), LISTING_DEVICE,
+                                 json.dumps(list(specs))],
                                 stdout=subprocess.PIPE, stderr=err)
     except OSError:
         err.close()
@@ -65,7 +70,7 @@ def start(device: str, specs: Sequence[str]) -> EarlyProbe | None:
 
 
 def _child(device: str, specs: list[str]) -> int:
-    """The probe child: it chooses the interpreter as the command will and names the probe it makes by its cache
+    """The probe child: it chooses the interpreter as a host on `device` does and names the probe it makes by its cache
     key, so that the process that imports the adapters uses its result only for the same probe; "probe-clear" when
     this machine's last probe of it found nothing and nothing changed since. Up to there it imports no torch (where
     the interpreter's choice needs none: `prepare_interpreter`), so a remembered all-clear costs a fraction of a

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.case import Case
-from harness.core.device import DeviceInfo
+from harness.core.device import LISTING_DEVICE, DeviceInfo
 from harness.core.known import KnownFinding
 from harness.engine.host import Host, HostDied, close_hosts
 from harness.registry import Adapter, Library, SupportRuleError
@@ -316,7 +316,7 @@ def expand(specs: list[str], *, probe: bool = False, host: Host | None = None,
     used where it probed what the host would. host: a CPU host to do it in, left running (its adapters stay
     imported, for planning); default a new one, closed."""
     own = host is None
-    host = host or Host("cpu")
+    host = host or Host(LISTING_DEVICE)
     try:
         reply = _ask(host, ("expand", list(specs), probe, early), "listing adapters")
     finally:

@@ -26,7 +26,7 @@ import torch
 from harness import ops, registry
 from harness.core import files
 from harness.core.case import Case
-from harness.core.device import DeviceInfo, git_state, threads_for
+from harness.core.device import LISTING_DEVICE, DeviceInfo, git_state, threads_for
 from harness.core.result import Result
 from harness.engine import remote, sandbox
 from harness.engine.host import Host
@@ -332,7 +332,7 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     run.progress = Progress(0, {}, out, workers=n_jobs)
     if out is not None:
         print(sandbox.describe(), file=out, flush=True)
-    planner = planner or Host("cpu")
+    planner = planner or Host(LISTING_DEVICE)
     started = time.monotonic()
     planning = Planning(adapter_specs, planner, device, profile, shard,
                         lambda adapter, spec: _planned(adapter, spec, profile, device)).start()

@@ -128,7 +128,7 @@ def test_an_early_probe_child_of_the_same_origins_is_the_listings_probe(
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the child chooses for --device cpu
     specs = [f"{module.stem}:ADAPTER"]
-    started = early_probe.start("cpu", specs)
+    started = early_probe.start(specs)
     assert started is not None
     early = started.output()
     assert "probe-end" in early["lines"] and early["code"] is not None, early  # None: past its time limit
@@ -203,3 +203,28 @@ def test_the_interpreter_is_chosen_without_torch_where_no_gpu_can_be(gpu_files: 
     import torch
 
     assert interpret == ("None" if gpu_files and torch.cuda.is_available() else "1"), done.stdout
+
+
+def test_the_early_probe_child_probes_as_the_listing_host_does_whatever_the_runs_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listing runs in a host on LISTING_DEVICE (a CPU host, with the interpreter chosen) even when the run's
+    kernels go to a GPU: the early child must choose as that host does, or on a GPU machine it makes a probe of
+    another key that the listing never uses (and a full probe beside a warm run's start)."""
+    from harness.core.device import LISTING_DEVICE
+    from harness.engine import early_probe, remote
+
+    started: list[list[str]] = []
+
+    class Recorded:
+        def __init__(self, argv: list[str], **kwargs: object) -> None:
+            started.append(argv)
+
+    monkeypatch.setattr(early_probe.subprocess, "Popen", Recorded)
+    assert early_probe.start(["reference-activation"]) is not None
+    assert started[0][4:] == [LISTING_DEVICE, '["reference-activation"]'], started
+    made: list[str] = []
+    monkeypatch.setattr(remote, "Host", lambda device: made.append(device) or SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(remote, "_ask", lambda host, msg, what: {"usage_error": "stop here"})
+    with pytest.raises(ValueError, match="stop here"):
+        remote.expand([])
+    assert made == [LISTING_DEVICE]
