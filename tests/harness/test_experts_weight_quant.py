@@ -1,5 +1,5 @@
-"""The experts op quantizes all experts' weights in one oracle call where no scale unit spans two experts: the same
-codes and scales as quantizing each expert on its own, for every scheme and shape."""
+"""The experts op quantizes several experts' weights per oracle call where no scale unit spans two experts: the same
+codes and scales as quantizing each expert on its own, for every scheme, shape and number of experts per call."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from reference.quant import quantize
 
 SCHEMES = [(qt, qf) for qt, formats in xq.FORMATS_OF.items() if qt != "none" for qf in formats]
 #: (E, N, K): N a multiple of the 128-row blocks or not, odd N, K a multiple of 128 or ragged
-SHAPES = [(3, 64, 256), (3, 130, 256), (2, 37, 96), (4, 128, 200)]
+SHAPES = [(3, 64, 256), (3, 130, 256), (2, 37, 96), (5, 128, 200)]
+#: elements per call: one expert per call, two or three (five experts: a shorter last call), all at once
+BUDGETS = [1, 2 * 128 * 200, 1 << 30]
 
 
 def _recipe(qt: str, qf: str):  # type: ignore[no-untyped-def]
@@ -29,7 +31,10 @@ def _one_by_one(w: torch.Tensor, recipe):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(("qt", "qf"), SCHEMES, ids=[f"{qt}-{qf}" for qt, qf in SCHEMES])
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_all_experts_at_once_quantize_as_each_expert_alone(qt: str, qf: str, shape: tuple[int, int, int]) -> None:
+@pytest.mark.parametrize("budget", BUDGETS, ids=["one", "some", "all"])
+def test_experts_quantized_together_are_as_each_expert_alone(qt: str, qf: str, shape: tuple[int, int, int],
+                                                               budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(xq, "BATCH_ELEMENTS", budget)
     recipe = _recipe(qt, qf)
     g = torch.Generator().manual_seed(sum(shape))
     # each expert of its own magnitude, with one outlier: a unit spanning two experts would change their scales
