@@ -192,18 +192,15 @@ def _quantized_per_expert(w: torch.Tensor, recipe: QuantRecipe) -> QuantizedTens
     experts per call, up to `BATCH_ELEMENTS`: the same codes and scales as one call per expert, in a fifth of the
     time on the quick matrix's small shapes. A tensor unit and NVFP4's global scale cover the whole tensor, and
     other scale layouts take a 2-D weight: those go one expert per call."""
-    batched = recipe.unit != QuantUnit.TENSOR and recipe.dtype != QuantDtype.NVFP4 \
-        and recipe.layout == ScaleLayout.ROW_MAJOR
-    if batched:
+    if recipe.unit != QuantUnit.TENSOR and recipe.dtype != QuantDtype.NVFP4 and recipe.layout == ScaleLayout.ROW_MAJOR:
         step = max(1, BATCH_ELEMENTS // max(1, w[0].numel()))
-        qs = [quantize(w[i:i + step], recipe) for i in range(0, w.shape[0], step)]
-        joined = {f: None if getattr(qs[0], f) is None else torch.cat([getattr(q, f) for q in qs])
-                  for f in ("codes", "scales", "zero_points")}
-        return QuantizedTensor(recipe=recipe, shape=tuple(w.shape), **joined)
-    qs = [quantize(w[e], recipe) for e in range(w.shape[0])]
-    stacked = {f: None if getattr(qs[0], f) is None else torch.stack([getattr(q, f) for q in qs])
-               for f in ("codes", "scales", "global_scale", "zero_points")}
-    return QuantizedTensor(recipe=recipe, shape=tuple(w.shape), **stacked)
+        parts, join = [w[i:i + step] for i in range(0, w.shape[0], step)], torch.cat  # each part keeps its E
+    else:
+        parts, join = list(w), torch.stack
+    qs = [quantize(p, recipe) for p in parts]
+    joined = {f: None if getattr(qs[0], f) is None else join([getattr(q, f) for q in qs])
+              for f in ("codes", "scales", "global_scale", "zero_points")}
+    return QuantizedTensor(recipe=recipe, shape=tuple(w.shape), **joined)
 
 
 def calibrate_act_global_scales(case: Case, found: dict[str, torch.Tensor], sch: Scheme) -> None:

@@ -29,10 +29,11 @@ from typing import Any
 
 import pytest
 
+from harness.core.probe_cache import ENTRY_POINT_GROUP  # torch-free: the plugin loads before any test imports torch
+
 pytest.register_assert_rewrite("harness.plugin.generic")
 
 GENERIC = Path(__file__).resolve().parent / "generic.py"
-ENTRY_POINT_GROUP = "moe_harness.adapters"  # harness.registry.ENTRY_POINT_GROUP (a test keeps them equal)
 _ADAPTER_ARGS = ("moe_adapter_name", "moe_shard", "moe_known_adapter")
 #: the generic test of known findings: collected only for adapters that declare one
 KNOWN_TEST = "test_known_findings_reproduce"
