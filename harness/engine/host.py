@@ -35,12 +35,13 @@ import time
 import traceback
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from harness.core.device import usable_cpus
 from harness.engine import compile_once_env, fork_server, namespaces, sandbox
-from harness.engine.arena import Arena
+
+if TYPE_CHECKING:
+    from harness.engine.arena import Arena
 
 #: largest reply a judge reads from a host (a reply is JSON: descriptions, never tensors)
 MAX_REPLY = 16 * 1024 * 1024
@@ -147,6 +148,8 @@ def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: 
         from harness.engine.interpreter import quiet_numerics
 
         quiet_numerics()
+    import torch
+
     torch.set_num_threads(max(1, threads))
     from harness.engine import hosted
 
@@ -225,6 +228,18 @@ def memory_limit_mb() -> float | None:
     return value if value > 0 else None
 
 
+def _judge_threads() -> int:
+    """The CPU threads of this process's torch, without importing torch where it is not imported yet (a pytest
+    controller that lists the adapters: an import of seconds for one number): then what torch would choose."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return max(1, torch.get_num_threads())
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cpus())
+    except ValueError:
+        return usable_cpus()
+
+
 class Host:
     """The judge's handle on one host process: start it, ask it, kill it. `ask` returns the decoded JSON reply;
     a host that dies, or runs past `deadline` or its memory limit, raises `HostDied` (and is killed)."""
@@ -233,7 +248,7 @@ class Host:
         self.device = device
         #: import the adapters as soon as it starts, before it is asked for one (a sweep worker's host started ahead)
         self.preload = preload
-        self.threads = threads if threads is not None else max(1, torch.get_num_threads())
+        self.threads = threads if threads is not None else _judge_threads()
         self.proc: Any = None
         self.conn: Any = None
         self.arena: Arena | None = None

@@ -310,6 +310,8 @@ def pytest_configure(config: pytest.Config) -> None:
     compile_once_env.install()
     if hasattr(config, "workerinput"):
         _share_cores(xdist_workers(config))
+    if is_xdist_controller(config):
+        return  # it runs no test: no torch import, no CUDA context of its own (seconds in every child pytest)
     device = worker_device(config)
     if device.startswith("cuda:"):
         import torch
@@ -409,9 +411,22 @@ def _check_options(config: pytest.Config) -> None:
         selected_adapters(config)  # xdist workers take the controller's word for it
 
 
+def is_xdist_controller(config: pytest.Config) -> bool:
+    """Whether this session hands its tests to xdist workers and runs none itself."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
 def _check_device(config: pytest.Config) -> None:
     """`--moe-device cuda[:N]` names a GPU this machine has (`auto` falls back to the CPU by itself)."""
     requested = config.getoption("moe_device")
+    from harness.plugin.gpus import parse_gpus
+
+    try:
+        pinned = parse_gpus(config.getoption("moe_gpus"))
+    except ValueError as e:
+        raise pytest.UsageError(f"{e} (--moe-gpus or MOE_HARNESS_GPUS)") from None
+    if requested in ("auto", "cpu") and pinned is None:  # nothing to check against the GPUs: no torch import
+        return
     device = worker_device(config)  # a malformed value or --moe-gpus is a usage error there
     if not device.startswith("cuda"):
         return

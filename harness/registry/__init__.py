@@ -17,11 +17,8 @@ import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from harness.core import isolation
 from harness.core import limits as limit_table
 from harness.core.case import OPS, Case
 from harness.core.device import GENERATIONS, DeviceInfo
@@ -35,7 +32,12 @@ from harness.registry import provenance, sealed, sourcefiles
 
 PROPERTIES = ("deterministic", "batch_invariant")
 
-RunFn = Callable[[Case, dict[str, torch.Tensor], dict[str, torch.Tensor]], "dict[str, torch.Tensor] | None"]
+if TYPE_CHECKING:  # torch is not imported for the listing's sake (a pytest controller never judges)
+    import torch
+
+    RunFn = Callable[[Case, dict[str, torch.Tensor], dict[str, torch.Tensor]], "dict[str, torch.Tensor] | None"]
+else:
+    RunFn = Callable[..., Any]
 RequiresFn = Callable[..., "str | None"]
 
 
@@ -162,6 +164,8 @@ def import_library(library: Library) -> str:
     adapter module's, that change is not charged to the cases: the library's import is not its kernel."""
     if library in _LIBRARY_IMPORTS:
         return _LIBRARY_IMPORTS[library]
+    from harness.core import isolation  # torch's state: imported where adapters are, never by a listing's caller
+
     before = isolation.take()
     try:
         with isolation.Containment(), (library.prepare() if library.prepare else contextlib.nullcontext()):
@@ -189,6 +193,8 @@ def library_module(library: Library, name: str) -> Any:
         raise RuntimeError(broken)
     if name in sys.modules:
         return sys.modules[name]
+    from harness.core import isolation
+
     before = isolation.take()
     try:
         with library.prepare() if library.prepare else contextlib.nullcontext():
@@ -479,6 +485,8 @@ def _watched_import(origin: str) -> Iterator[list[Adapter]]:
     """Import an adapter module under watch: an exit it attempts is refused (the process survives, the caller gets
     an ImportError), what it changes in the judge's state is undone and charged to the adapters it defines (the
     caller appends them to the yielded list)."""
+    from harness.core import isolation
+
     before = isolation.take()
     defined: list[Adapter] = []
     names_before = set(_REGISTRY)

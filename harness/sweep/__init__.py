@@ -357,6 +357,7 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
     torch.set_num_threads(threads_for(n_jobs + 1))  # the planning's oracle runs share the CPUs with the workers
     try:
         pool = pool or worker_pool(device, results_dir, run_id, n_jobs, case_timeout)
+        pool.several_families = len(set(adapter_specs)) != 1
         pool.run(chunks, run.progress, run.cases, run.account, run.mark, feed=feed)
     finally:
         torch.set_num_threads(threads)

@@ -135,6 +135,7 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
             break
         spec, items, *rest = msg
         kin = rest[0] if rest else None
+        others = rest[1] if len(rest) > 1 else True  # whether a case of another family may still come to it
         if spec not in resolved and (kin is None or kin != family):
             for other in list(resolved):  # one kernel host at a time (the adapters of one family share it)
                 remote.close_adapter(other, dev.device)
@@ -150,9 +151,10 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
-        if spare is None and dev.is_cuda:
+        if spare is None and dev.is_cuda and others:
             # on a GPU the next adapter's host (its CUDA context) starts while this one's cases are judged; on the
-            # CPU the cores are busy judging, and a host started ahead only added work (7% on a 2-core sweep test)
+            # CPU the cores are busy judging, and a host started ahead only added work (7% on a 2-core sweep test);
+            # a sweep of one family has no next adapter for it (16 workers' spare hosts, each importing the adapters)
             spare = Host(dev.device, preload=True)
             spare.start()
         for index, case_dict in items:
@@ -247,6 +249,8 @@ class WorkerPool:
         self.slots: list[_Slot] = []
         self.start_failures = 0  # workers that died before reporting ready, in a row
         self.feeding = self.more_chunks = False  # run's feed may still be called; may still add chunks
+        #: whether the sweep's adapters may need more than one kernel host (set by the sweep: more than one adapter)
+        self.several_families = True
         # every worker holds the read end; when this process dies the write end closes and the workers exit
         self.lifeline, self._lifeline_w = self.ctx.Pipe(duplex=False)
 
@@ -332,6 +336,15 @@ class WorkerPool:
         owner.chunk.items = [it for it in owner.chunk.items if it[0] not in gone]
         return _Chunk(owner.chunk.spec, moved, family=owner.chunk.family)
 
+    def _other_family_may_come(self, chunk: _Chunk) -> bool:
+        """Whether a case that needs another kernel host than `chunk`'s (another family's, or another adapter's
+        outside any family) may still be handed out: queued, in a worker's chunk (halves are taken), or unplanned."""
+        if self.feeding and self.several_families:
+            return True
+        own = chunk.family or chunk.spec
+        waiting = [*self.chunks, *(s.chunk for s in self.slots if s.chunk is not None)]
+        return any((c.family or c.spec) != own for c in waiting if c.items)
+
     def _queued(self) -> int:
         """Cases in the queue or in the workers' chunks."""
         return sum(len(c.items) for c in self.chunks) + sum(len(s.chunk.items) for s in self.slots if s.chunk)
@@ -375,7 +388,8 @@ class WorkerPool:
                 slot.chunk, slot.judged = chunk, chunk.spec
             index, case = slot.chunk.items[0]
             slot.sent = index
-            slot.conn.send((slot.chunk.spec, [(index, case.to_dict())], slot.chunk.family))
+            slot.conn.send((slot.chunk.spec, [(index, case.to_dict())], slot.chunk.family,
+                            self._other_family_may_come(slot.chunk)))
 
     def drain(self, slot: _Slot) -> None:
         try:

@@ -460,6 +460,52 @@ def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatc
             events
 
 
+def test_a_sweep_worker_starts_no_host_ahead_when_no_other_family_may_come(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent says with each case whether a case needing another kernel host may still come; when none may (a
+    sweep of one adapter), the GPU worker starts no spare host beside the one it judges in."""
+    from harness.sweep import workers
+
+    events: list[str] = []
+    first = _fake_worker(monkeypatch, events)("cpu")
+    first.start()
+    dev = dataclasses.replace(detect("cpu"), device="cuda:0")
+    workers._judge_chunks(_Conn([("a", [(0, _case("a"))], None, False), ("a", [(1, _case("a"))], None, False),
+                                 ("b", [(2, _case("b"))], None, True), None]), dev, None, first)
+    assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "open b",
+                      "start host2 preloading", "judge b", "close host2"], events
+
+
+def test_the_pool_tells_a_worker_whether_another_family_may_come() -> None:
+    """Another family may come while more adapters are being planned, or while a chunk of another family (or of
+    another adapter of none) is queued or in a worker's hands; not in a sweep of one adapter, nor once only chunks
+    of the worker's own family are left."""
+    from harness.sweep import workers
+    from harness.sweep.schedule import ChunkQueue
+
+    def chunk(spec: str, family: str | None) -> workers._Chunk:
+        return workers._Chunk(spec, [(0, Case(op="activation", adapter=spec, features={}, shapes={}, seed=0))],
+                              family=family)
+
+    pool = workers.WorkerPool(detect("cpu"), "unused", "run", 2, 10.0)
+    mine = chunk("a", "ours")
+    pool.feeding = True
+    assert pool._other_family_may_come(mine)  # adapters still being planned
+    pool.several_families = False
+    pool.chunks = ChunkQueue([chunk("a", "ours")])
+    assert not pool._other_family_may_come(mine)  # one adapter: its later chunks are its own
+    pool.feeding = False
+    pool.chunks = ChunkQueue([chunk("b", "ours")])
+    assert not pool._other_family_may_come(mine)  # same family: the same host
+    pool.chunks = ChunkQueue([chunk("c", "vllm")])
+    assert pool._other_family_may_come(mine)
+    pool.chunks = ChunkQueue()
+    pool.slots = [workers._Slot(0, "cpu", chunk=chunk("d", None))]
+    assert pool._other_family_may_come(mine)  # its half may be taken
+    assert not pool._other_family_may_come(chunk("d", None))
+    pool.slots[0].chunk.items.clear()
+    assert not pool._other_family_may_come(mine)
+
+
 def test_adapters_of_one_family_share_a_sweep_workers_kernel_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """The next adapter of the open adapters' family (one library, or this repository's own) is opened with its
     family and the open ones stay (`remote.open_adapter` loads it into their host:
