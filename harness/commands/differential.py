@@ -218,10 +218,10 @@ def _pool_run(args: argparse.Namespace, sides: Sequence[Any], work: Sequence[tup
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from harness.core.device import usable_cpus
+    from harness.core.device import sweep_jobs, usable_cpus
     from harness.sweep.differential import init_worker, judge_chunk, unjudged_record
 
-    jobs = args.jobs or min(usable_cpus(), 16)
+    jobs = args.jobs or sweep_jobs(min(usable_cpus(), 16))
     if jobs == 1:
         return _serial_run(args, sides, work, report)
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
@@ -408,7 +408,7 @@ def add_parser(sub: Any) -> None:
                    help="output folder (default results/<generation>/differential/<run-id>/)")
     d.add_argument("--jobs", type=positive(int), default=None,
                    help="worker processes, each with an interpreter host and a GPU host (default: the CPU count, "
-                   "at most 16)")
+                   "at most 16 and at most MOE_HARNESS_JOBS where it is set)")
     d.add_argument("--case-timeout", type=positive(float), default=300.0,
                    help="seconds one side of a case may run before it is an error (default 300)")
     d.add_argument("--max-cases", type=positive(int), default=None,

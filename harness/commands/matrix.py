@@ -333,7 +333,8 @@ def add_parser(sub: Any) -> None:
                         "(a cell that mixes runs says so)")
     m.add_argument("--verbose", action="store_true", help="list the files of result folders that hold no verdicts")
     m.add_argument("--jobs", type=positive(int), default=None,
-                   help="worker processes (default: the CPU count; on CUDA six per GPU, at most the CPU count)")
+                   help="worker processes (default: the CPU count; on CUDA at most 16 per GPU; at most "
+                   "MOE_HARNESS_JOBS where it is set, as the pytest plugin does for the sweeps its tests start)")
     m.add_argument("--case-timeout", type=positive(float), default=300.0,
                    help="seconds one case may run before its worker is killed and the case marked (default 300)")
     m.set_defaults(func=run)

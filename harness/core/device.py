@@ -177,6 +177,25 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+#: the most workers a sweep (matrix, differential) takes when --jobs is not given; the pytest plugin sets it in each
+#: xdist worker, so that a sweep one of its tests starts takes that worker's share of the machine, not all of it
+JOBS_ENV = "MOE_HARNESS_JOBS"
+
+
+def sweep_jobs(wanted: int) -> int:
+    """`wanted` sweep workers, at most MOE_HARNESS_JOBS where it is set (ValueError naming it if it is no count)."""
+    text = os.environ.get(JOBS_ENV, "").strip()
+    if not text:
+        return max(1, wanted)
+    try:
+        cap = int(text)
+    except ValueError:
+        raise ValueError(f"{JOBS_ENV} must be a number of workers >= 1, got {text!r}") from None
+    if cap < 1:
+        raise ValueError(f"{JOBS_ENV} must be a number of workers >= 1, got {text!r}")
+    return max(1, min(wanted, cap))
+
+
 def threads_for(processes: int) -> int:
     """Torch threads for each of `processes` busy processes: their share of the usable CPUs, never more than an
     OMP_NUM_THREADS the user or a parent process set (a pytest-xdist worker's share of the machine)."""

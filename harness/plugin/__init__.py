@@ -373,16 +373,24 @@ def _expect_time(config: pytest.Config) -> None:
         config.pluginmanager.register(expected, "moe-harness-expected-time")
 
 
+#: the fewest workers a sweep started by a test in an xdist worker may take by default (`_share_cores`)
+CHILD_SWEEP_JOBS = 4
+
+
 def _share_cores(workers: int) -> None:
     """Each xdist worker (and the kernel hosts it starts, which take its thread count) gets its share of the CPUs:
     torch's default of one thread per CPU in every worker oversubscribes the machine and slows the small ops the
     judging is made of. The share is also left in OMP_NUM_THREADS for the processes a test starts (a child pytest
-    or sweep takes it as its whole machine). An OMP_NUM_THREADS the user set is kept."""
+    or sweep takes it as its whole machine). An OMP_NUM_THREADS the user set is kept. A sweep a test starts (a
+    README command, a matrix of a fixture adapter) takes at most CHILD_SWEEP_JOBS workers or the worker's share of the
+    CPUs, whichever is more: on a 16-core GPU machine each of 16 workers' child matrices had taken 16 sweep workers,
+    each with a kernel host and a CUDA context, for a few dozen cases."""
+    from harness.core.device import JOBS_ENV, threads_for, usable_cpus
+
+    os.environ.setdefault(JOBS_ENV, str(max(CHILD_SWEEP_JOBS, usable_cpus() // max(1, workers))))
     if os.environ.get("OMP_NUM_THREADS"):
         return
     import torch
-
-    from harness.core.device import threads_for
 
     share = threads_for(workers)
     os.environ["OMP_NUM_THREADS"] = str(share)

@@ -1,14 +1,14 @@
 """The sweep's worker processes and the parent that feeds and watches them (fault isolation).
 
 Cases run in worker processes (never forked from a process that may hold a CUDA context: a fork server, else spawn; a
-pool sized to the CPU count, or six per GPU, at most one per CPU); each worker judges and sends every verdict to the
-parent, which writes them all. A worker never imports an adapter module: the kernel runs in the worker's kernel host
-(harness.engine.host). The parent hands out chunks of one adapter's cases, watches every worker, and when a case hangs
-past the per-case timeout (the worker is killed) or the worker dies (os._exit, a signal, a CUDA context lost to an
-illegal memory access), writes an `error` verdict for that case with the reason, starts a fresh worker and carries on
-with the rest. Ctrl-C or SIGTERM (to the parent, or to the workers with it) stops the sweep instead
-(`SweepInterrupted`): the cases that were running get no verdict, since the user stopped them, not their kernels.
-"""
+pool sized to the CPU count, or 16 per GPU, at most one per CPU and at most MOE_HARNESS_JOBS); each worker judges and
+sends every verdict to the parent, which writes them all. A worker never imports an adapter module: the kernel runs in
+the worker's kernel host (harness.engine.host). The parent hands out chunks of one adapter's cases, watches every
+worker, and when a case hangs past the per-case timeout (the worker is killed) or the worker dies (os._exit, a signal, a
+CUDA context lost to an illegal memory access), writes an `error` verdict for that case with the reason, starts a fresh
+worker and carries on with the rest. Ctrl-C or SIGTERM (to the parent, or to the workers with it) stops the sweep
+instead (`SweepInterrupted`): the cases that were running get no verdict, since the user stopped them, not their
+kernels."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from harness.core import stopping
 from harness.core.case import Case
-from harness.core.device import DeviceInfo, detect, threads_for, usable_cpus
+from harness.core.device import DeviceInfo, detect, sweep_jobs, threads_for, usable_cpus
 from harness.core.exits import INTERRUPT_SIGNALS
 from harness.core.result import Result, strict_json
 from harness.engine import fork_server, remote, runner
@@ -220,8 +220,8 @@ def default_jobs(device: DeviceInfo) -> int:
 
         # the judging (inputs, oracle, comparisons) is CPU-heavy and kernels are short: a worker per CPU, up to 16
         # per GPU (each holds two CUDA contexts, its own and its kernel host's)
-        return max(1, min(usable_cpus(), 16 * max(1, torch.cuda.device_count())))
-    return usable_cpus()
+        return sweep_jobs(min(usable_cpus(), 16 * max(1, torch.cuda.device_count())))
+    return sweep_jobs(usable_cpus())
 
 
 class WorkerPool:

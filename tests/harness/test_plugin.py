@@ -190,20 +190,44 @@ def test_asking_for_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_xdist_workers_share_the_cpus_instead_of_each_taking_all(tmp_path: Path) -> None:
-    """torch's default (a thread per CPU) in every worker oversubscribes the machine; each worker takes its share."""
+    """torch's default (a thread per CPU) in every worker oversubscribes the machine; each worker takes its share.
+    A sweep one of its tests starts takes at most that share or CHILD_SWEEP_JOBS workers, whichever is more."""
     (tmp_path / "test_threads_probe.py").write_text(
         "import os, torch\n"
+        "from harness.core.device import detect\n"
+        "from harness.sweep.workers import default_jobs\n"
         "def test_threads():\n"
-        "    share = max(1, len(os.sched_getaffinity(0)) // int(os.environ['PYTEST_XDIST_WORKER_COUNT']))\n"
-        "    assert torch.get_num_threads() == share, (torch.get_num_threads(), share)\n")
+        "    cpus = len(os.sched_getaffinity(0))\n"
+        "    share = max(1, cpus // int(os.environ['PYTEST_XDIST_WORKER_COUNT']))\n"
+        "    assert torch.get_num_threads() == share, (torch.get_num_threads(), share)\n"
+        f"    jobs = max({plugin.CHILD_SWEEP_JOBS}, share)\n"
+        "    assert os.environ['MOE_HARNESS_JOBS'] == str(jobs)\n"
+        "    assert default_jobs(detect('cpu')) == min(cpus, jobs)\n")
     plugin_arg = plugin.load_args()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin_arg, "-n", "2",
            str(tmp_path / "test_threads_probe.py"), "--moe-adapter", f"{__name__}:NOTHING_VERIFIABLE",
            "--moe-results-dir", str(tmp_path / "results"), "-k", "threads", "--rootdir", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MOE_HARNESS_JOBS")}
     p = subprocess.run(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT), **NO_GPU), capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+
+
+def test_a_sweeps_default_workers_stop_at_moe_harness_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.core.device import JOBS_ENV, sweep_jobs
+
+    monkeypatch.delenv(JOBS_ENV, raising=False)
+    assert sweep_jobs(16) == 16
+    monkeypatch.setenv(JOBS_ENV, "4")
+    assert (sweep_jobs(16), sweep_jobs(2)) == (4, 2)
+    from harness.sweep.workers import default_jobs
+
+    monkeypatch.setenv(JOBS_ENV, "1")
+    assert default_jobs(detect("cpu")) == 1
+    for bad in ("four", "0"):
+        monkeypatch.setenv(JOBS_ENV, bad)
+        with pytest.raises(ValueError, match=JOBS_ENV):
+            sweep_jobs(16)
 
 
 def test_tests_are_handed_out_longest_first_by_their_measured_durations(tmp_path: Path) -> None:
