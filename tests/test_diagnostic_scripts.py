@@ -1,0 +1,81 @@
+"""The diagnostics of a suite's time: scripts/pytest_timeline.py (each test's start and end per worker) and
+scripts/proc_cpu.py (CPU by kind of process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+proc_cpu = _script("proc_cpu")
+pytest_timeline = _script("pytest_timeline")
+
+
+def test_the_timeline_plugin_records_each_tests_start_and_end_per_worker(tmp_path: Path) -> None:
+    (tmp_path / "test_probe.py").write_text(
+        "import time\n\ndef test_a():\n    time.sleep(0.2)\n\ndef test_b():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    env.update(PYTHONPATH=str(ROOT / "scripts"), MOE_TIMELINE_DIR=str(tmp_path / "tl"))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:moe_harness",
+                        "-p", "pytest_timeline", "test_probe.py", "--rootdir", str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    done, running = pytest_timeline.spans(tmp_path / "tl")
+    assert sorted((w, i) for _, _, w, i in done) == [("main", "test_probe.py::test_a"),
+                                                     ("main", "test_probe.py::test_b")]
+    a = next(d for d in done if d[3].endswith("test_a"))
+    assert a[1] - a[0] >= 0.2 and running == []
+
+
+def test_the_timeline_counts_busy_workers_and_names_unfinished_tests(tmp_path: Path) -> None:
+    lines = {"gw0": [(0, "s", "t1"), (10, "f", "t1"), (10, "s", "t2")], "gw1": [(0, "s", "t3"), (20, "f", "t3")],
+             "gw2": [(5, "s", "t4"), (15, "f", "t4")]}
+    for worker, events in lines.items():
+        (tmp_path / f"{worker}.jsonl").write_text(
+            "".join(json.dumps({"t": 1000.0 + t, "e": e, "id": i}) + "\n" for t, e, i in events))
+    done, running = pytest_timeline.spans(tmp_path)
+    assert pytest_timeline.busy(done) == [2.5, 1.5]  # t1 + t3 + half of t4, then t3 + half of t4
+    assert running == [(1010.0, "gw0", "t2")]
+
+
+def test_processes_are_told_apart_by_command_line_and_parent() -> None:
+    fork = "python -c from multiprocessing.forkserver import main; main(3, 4, ['torch'])"
+    records = [
+        {"pid": 1, "ppid": 0, "cmd": "python -m pytest -n 2 tests", "cpu": 6.0},
+        {"pid": 2, "ppid": 1, "cmd": "python -u -c import sys;exec(eval(sys.stdin.readline()))", "cpu": 9.0},
+        {"pid": 3, "ppid": 2, "cmd": fork, "cpu": 5.0},
+        {"pid": 4, "ppid": 3, "cmd": fork, "cpu": 0.5},
+        {"pid": 5, "ppid": 3, "cmd": fork, "cpu": 1.5},
+        {"pid": 6, "ppid": 1, "cmd": "python -c from multiprocessing.resource_tracker import main;main(9)", "cpu": 0.1},
+        {"pid": 7, "ppid": 2, "cmd": "python3 -m harness matrix --adapter x", "cpu": 3.0},
+    ]
+    assert proc_cpu.summary(records) == [
+        ("xdist worker", 1, 9.0), ("pytest (a session's main process)", 1, 6.0), ("fork server", 1, 5.0),
+        ("python -m harness", 1, 3.0), ("forked from a fork server", 2, 2.0), ("resource tracker", 1, 0.1)]
+
+
+def test_the_sampler_sees_a_busy_child(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 2.5: pass"])
+    try:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "proc_cpu.py"), "sample", str(out), "1.5"], check=True,
+                       timeout=60)
+    finally:
+        busy.wait(timeout=30)
+    seen = [r for r in json.loads(out.read_text()) if r["pid"] == busy.pid]
+    assert seen and seen[0]["cpu"] > 0.3, seen
