@@ -6,7 +6,9 @@ of the namespace, and after each run the judge kills every one but the host. In 
 checkout (or, installed, the judge's packages) and the results folders are read-only, but for the caches and
 scratch folders kernels write (Triton's cache, the temporary folder, /dev/shm: the shared arena, the judge's own
 mount). The folder of the judge's manifest key (`harness.core.keyfile`) is covered with an empty file system: a
-kernel that read the key could sign the results it forges. The mechanics are in `harness.engine.namespaces`.
+kernel that read the key could sign the results it forges. So is the folder of the socket of the fork server the host
+was forked from: that server's children run outside the host's namespaces. The mechanics are in
+`harness.engine.namespaces`.
 
 Every host's stdout and stderr go to a log of its own (`Host.log`, in the temporary folder), never the judge's
 console; a host's death names the log's last lines.
@@ -298,8 +300,20 @@ def enter(plan: Launch, judge: int, env: dict[str, str]) -> bool:
     for folder in plan.hidden:  # made now (as the judge makes it), so that a key made later is hidden too
         with contextlib.suppress(OSError):
             os.makedirs(folder, mode=0o700, exist_ok=True)
+    hidden = [*plan.hidden, *fork_server_folders()]
     namespaces.unshare(user=plan.how == "user")
     namespaces.bind(plan.readonly, [w for w in plan.writable if os.path.exists(w)])
-    namespaces.hide([f for f in plan.hidden if os.path.isdir(f)], plan.hidden_files)
+    namespaces.hide([f for f in hidden if os.path.isdir(f)], plan.hidden_files)
     namespaces.split(judge)
     return True
+
+
+def fork_server_folders() -> list[str]:
+    """The folder of the socket of the fork server this host was forked from. A host inherits the server's address;
+    a kernel that connected to it could have the server fork a process outside every namespace of the host (the
+    judge's PID and mount namespaces, the results folders writable): covered, the socket cannot be reached here."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    address = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_address", None)
+    if not isinstance(address, str) or not address.startswith("/"):
+        return []  # none, or in the abstract namespace (not a path)
+    return [os.path.dirname(os.path.realpath(address))]

@@ -149,6 +149,24 @@ def test_a_kernel_cannot_write_into_the_results_or_the_checkout(targets) -> None
     _untouched(results, mark)
 
 
+def test_a_kernel_cannot_have_the_fork_server_start_a_process_outside_its_host(  # type: ignore[no-untyped-def]
+        targets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host is forked from a fork server and inherits its address: the server's children run in the judge's
+    namespaces, where the results folder is writable. Its socket's folder is covered in the host's mount namespace."""
+    _require_sandbox()
+    results, _, mark = targets
+    report = tmp_path / "report"
+    monkeypatch.setenv("HOSTILE_REPORT", str(report))
+    spec = f"{FIXTURE}:THROUGH_FORK_SERVER"
+    try:
+        r = runner.judge(CASE, remote.open_adapter(spec, "cpu"), detect("cpu"))
+    finally:
+        remote.close_adapter(spec, "cpu")
+    assert r.verdict == "pass", r.reason
+    assert report.read_text().startswith("refused: FileNotFoundError"), report.read_text()
+    _untouched(results, mark)
+
+
 def test_a_kernels_output_goes_to_its_hosts_log_not_the_judges_console(tmp_path: Path) -> None:
     token = uuid.uuid4().hex
     script = ("from harness.core.device import detect\n"
