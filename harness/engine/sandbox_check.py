@@ -2,8 +2,9 @@
 
 Prints the line the pytest header and the sweep print (`sandbox.describe()`), then starts a host on the device and
 reports, from outside it, what the judge relies on: its pid namespace (not the judge's), the checkout read-only in
-its mount namespace, /dev/shm the judge's own mount (the arena), its start time, and the verdict of one case judged
-through it (on a GPU: a CUDA context made inside the namespaces). Exit status 0 when all hold as described.
+its mount namespace, /dev/shm the judge's own mount (the arena), the fork server's socket out of its reach, its start
+time, and the verdict of one case judged through it (on a GPU: a CUDA context made inside the namespaces). Exit
+status 0 when all hold as described.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def _seen_from_outside(host: Host) -> list[tuple[str, bool]]:
         checks.append((f"{folder} read-only inside", "ro" in inside.get(folder, ("", []))[1]))
     checks.append(("/dev/shm the judge's mount", inside.get("/dev/shm", ("?", []))[0]
                    == outside.get("/dev/shm", ("!", []))[0]))
+    for folder in sandbox.fork_server_folders():  # this process's server, the one the host was forked from
+        checks.append(("the fork server's socket folder covered inside", folder in inside and folder not in outside))
     return checks
 
 

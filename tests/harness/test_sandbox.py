@@ -162,6 +162,15 @@ def test_a_kernel_cannot_have_the_fork_server_start_a_process_outside_its_host( 
     _untouched(results, mark)
 
 
+def test_the_sandbox_check_proves_the_fork_servers_socket_is_out_of_reach() -> None:
+    """`python -m harness.engine.sandbox_check` (what a user runs on a new machine, a GPU's included) says so too."""
+    _require_sandbox()
+    done = subprocess.run([sys.executable, "-m", "harness.engine.sandbox_check"], cwd=ROOT, env=_judge_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "the fork server's socket folder covered inside: yes" in done.stdout, \
+        done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_a_kernels_output_goes_to_its_hosts_log_not_the_judges_console(tmp_path: Path) -> None:
     token = uuid.uuid4().hex
     script = ("from harness.core.device import detect\n"
