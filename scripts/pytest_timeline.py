@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import IO
 
@@ -28,8 +29,6 @@ def _write(event: str, nodeid: str) -> None:
         os.makedirs(folder, exist_ok=True)
         name = os.environ.get("PYTEST_XDIST_WORKER", "main")
         _out = open(os.path.join(folder, f"{name}.jsonl"), "a", buffering=1, encoding="utf-8")
-    import time
-
     _out.write(json.dumps({"t": time.time(), "e": event, "id": nodeid}) + "\n")
 
 

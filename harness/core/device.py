@@ -187,10 +187,7 @@ def sweep_jobs(wanted: int) -> int:
     text = os.environ.get(JOBS_ENV, "").strip()
     if not text:
         return max(1, wanted)
-    try:
-        cap = int(text)
-    except ValueError:
-        raise ValueError(f"{JOBS_ENV} must be a number of workers >= 1, got {text!r}") from None
+    cap = int(text) if text.isdigit() else 0
     if cap < 1:
         raise ValueError(f"{JOBS_ENV} must be a number of workers >= 1, got {text!r}")
     return max(1, min(wanted, cap))

@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from harness.core.device import usable_cpus
+from harness.core.device import threads_for
 from harness.engine import compile_once_env, fork_server, namespaces, sandbox
 
 if TYPE_CHECKING:
@@ -232,12 +232,7 @@ def _judge_threads() -> int:
     """The CPU threads of this process's torch, without importing torch where it is not imported yet (a pytest
     controller that lists the adapters: an import of seconds for one number): then what torch would choose."""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        return max(1, torch.get_num_threads())
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cpus())
-    except ValueError:
-        return usable_cpus()
+    return max(1, torch.get_num_threads()) if torch is not None else threads_for(1)
 
 
 class Host:
