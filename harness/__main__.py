@@ -1,6 +1,8 @@
 import sys
 
-from harness.core import stopping
+from harness.core import bytecode, stopping
+
+bytecode.keep_for_run()  # before the imports this run's processes would compile again
 
 stopping.own_tree()  # before any process starts: every one this run starts carries its mark
 stopping.interrupt_on_signals()  # SIGTERM and SIGHUP stop the run as Ctrl-C does, through its cleanup

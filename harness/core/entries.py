@@ -11,12 +11,29 @@ import contextlib
 import os
 from pathlib import Path
 
+#: the caches only judges write, read-only to kernel hosts (harness.engine.sandbox): what a judge reads back from them
+#: decides what it runs or skips (bytecode, remembered probes and plans)
+JUDGE_ONLY = ("pycache", "probes", "plans")
+
+
+def _root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-harness"
+
 
 def folder(name: str, switch: str) -> Path | None:
     """The cache folder `name` (None where the environment variable `switch` is `off`)."""
     if os.environ.get(switch, "").lower() == "off":
         return None
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-harness" / name
+    return _root() / name
+
+
+def judge_only_folders() -> list[str]:
+    """The folders of JUDGE_ONLY, made now when missing (a kernel host must not be the first to make one)."""
+    made = [_root() / name for name in JUDGE_ONLY]
+    for path in made:
+        with contextlib.suppress(OSError):
+            path.mkdir(parents=True, exist_ok=True)
+    return [str(p) for p in made]
 
 
 def keep(where: Path, name: str, text: str, most: int) -> None:

@@ -157,6 +157,30 @@ def judge_paths() -> list[str]:
     return [str(root / name) for name in ("harness", "reference", "kernels") if (root / name).is_dir()]
 
 
+def code_paths(env: Mapping[str, str]) -> list[str]:
+    """Where the judge's processes load code from besides the judge's own files: the Python environment (its
+    prefixes and site-packages), every folder on the module path, the bytecode kept apart from the sources
+    (`harness.core.bytecode`), and the caches only judges write (`harness.core.entries.JUDGE_ONLY`). A kernel
+    that wrote there would have what it wrote run or believed by a judge process started later in the run (a fork
+    server, a child session, a module imported late), outside its host. Skipped: the root folder, the home folder
+    and the folders that hold it (a module path entry that is one keeps the home folder writable, as kernels' caches
+    need)."""
+    import site
+    import sysconfig
+
+    from harness.core import bytecode, entries
+
+    home = os.path.realpath(env.get("HOME") or str(Path.home()))
+    if kept := bytecode.prefix(env):
+        with contextlib.suppress(OSError):
+            os.makedirs(kept, exist_ok=True)  # by the judge: a kernel must not be the first to make it
+    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, site.getusersitepackages(), kept,
+             *entries.judge_only_folders(),
+             *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")), *sys.path]
+    real = (os.path.realpath(p) for p in found if isinstance(p, str))
+    return [p for p in dict.fromkeys(real) if p != "/" and not _inside(home, p) and os.path.isdir(p)]
+
+
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
@@ -187,7 +211,7 @@ def launch(env: Mapping[str, str], log: str) -> Launch:
             raise SandboxUnavailable(f"{ENV}=on: kernel hosts cannot be sandboxed here: {found.reason}")
         return Launch(log)
     listed = [p for p in env.get(READONLY_ENV, "").split(os.pathsep) if p]
-    readonly = [os.path.realpath(p) for p in [*judge_paths(), *listed]]
+    readonly = [os.path.realpath(p) for p in [*judge_paths(), *listed, *code_paths(env)]]
     writable = [w for w in writable_paths(env) if any(_inside(w, r) and w != r for r in readonly)]
     readonly = [r for r in dict.fromkeys(readonly) if os.path.isdir(r) and r not in writable_paths(env)]
     hidden, hidden_files = key_hiding(env, [*readonly, *writable_paths(env)])

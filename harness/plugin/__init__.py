@@ -263,6 +263,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     from harness.plugin import progress
 
     progress.say_starting(early_config)  # before the seconds of imports, listing and collecting
+    if owns_process(early_config):  # before the imports its workers and child processes would compile again
+        from harness.core import bytecode
+
+        bytecode.keep_for_run()
     # The interpreter must be chosen before a conftest or test module imports triton.
     _prepare(early_config)
 
@@ -311,6 +315,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         _share_cores(xdist_workers(config))
     if is_xdist_controller(config):
+        if not os.environ.get("OMP_NUM_THREADS"):  # workers start with their share: numpy's and torch's thread
+            from harness.core.device import threads_for  # pools spin every CPU as they load (2 CPU-s a GPU worker)
+
+            os.environ["OMP_NUM_THREADS"] = str(threads_for(xdist_workers(config)))
         return  # it runs no test: no torch import, no CUDA context of its own (seconds in every child pytest)
     device = worker_device(config)
     if device.startswith("cuda:"):

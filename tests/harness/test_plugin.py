@@ -191,7 +191,8 @@ def test_asking_for_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_xdist_workers_share_the_cpus_instead_of_each_taking_all(tmp_path: Path) -> None:
     """torch's default (a thread per CPU) in every worker oversubscribes the machine; each worker takes its share.
-    A sweep one of its tests starts takes at most that share or CHILD_SWEEP_JOBS workers, whichever is more."""
+    The worker starts with it (numpy and torch spin a thread per CPU as they load). A sweep one of its tests starts
+    takes at most that share or CHILD_SWEEP_JOBS workers, whichever is more."""
     (tmp_path / "test_threads_probe.py").write_text(
         "import os, torch\n"
         "from harness.core.device import detect\n"
@@ -200,6 +201,8 @@ def test_xdist_workers_share_the_cpus_instead_of_each_taking_all(tmp_path: Path)
         "    cpus = len(os.sched_getaffinity(0))\n"
         "    share = max(1, cpus // int(os.environ['PYTEST_XDIST_WORKER_COUNT']))\n"
         "    assert torch.get_num_threads() == share, (torch.get_num_threads(), share)\n"
+        "    started = open('/proc/self/environ').read().split('\\0')  # what the worker was started with\n"
+        "    assert f'OMP_NUM_THREADS={share}' in started, [v for v in started if 'OMP' in v]\n"
         f"    jobs = max({plugin.CHILD_SWEEP_JOBS}, share)\n"
         "    assert os.environ['MOE_HARNESS_JOBS'] == str(jobs)\n"
         "    assert default_jobs(detect('cpu')) == min(cpus, jobs)\n")

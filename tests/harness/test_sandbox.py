@@ -162,6 +162,18 @@ def test_a_kernel_cannot_have_the_fork_server_start_a_process_outside_its_host( 
     _untouched(results, mark)
 
 
+def test_a_kernel_cannot_plant_code_the_judges_later_processes_would_run(  # type: ignore[no-untyped-def]
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module written into site-packages or the Python prefix, or bytecode and remembered answers written into the
+    caches only judges write, would be run or believed by a judge process started later in the run, outside the
+    host: all are read-only inside it."""
+    _require_sandbox()
+    report = tmp_path / "report"
+    monkeypatch.setenv("HOSTILE_REPORT", str(report))
+    found = _spy("PLANT_CODE", report).splitlines()
+    assert len(found) >= 3 and all(line.endswith("refused (OSError)") for line in found), found
+
+
 def test_the_sandbox_check_proves_the_fork_servers_socket_is_out_of_reach() -> None:
     """`python -m harness.engine.sandbox_check` (what a user runs on a new machine, a GPU's included) says so too."""
     _require_sandbox()
