@@ -263,18 +263,37 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     from harness.plugin import progress
 
     progress.say_starting(early_config)  # before the seconds of imports, listing and collecting
-    if owns_process(early_config):  # before the imports its workers and child processes would compile again
-        from harness.core import bytecode
-
-        bytecode.keep_for_run()
+    _keep_bytecode(early_config)
     # The interpreter must be chosen before a conftest or test module imports triton.
     _prepare(early_config)
 
 
-def _prepare(config: pytest.Config) -> None:
-    from harness.core.device import prepare_interpreter
+def _keep_bytecode(config: pytest.Config) -> None:
+    """Before the imports the session's workers and child processes would compile again (harness.core.bytecode)."""
+    if owns_process(config):
+        from harness.core import bytecode
 
+        bytecode.keep_for_run()
+
+
+def _prepare(config: pytest.Config) -> None:
+    """Triton's interpreter or not, decided before anything imports triton; by each xdist worker alone where the
+    GPU is a question for torch (the controller, which runs no test, would import it for nothing)."""
+    from harness.core.device import GPU_DEVICE_FILES, prepare_interpreter
+
+    if _hands_tests_to_xdist(config) and any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        return
     prepare_interpreter(_option(config, "moe_device"))
+
+
+def _hands_tests_to_xdist(config: pytest.Config) -> bool:
+    """A session run from the command line that hands its tests to xdist workers; also in the early hook, where a
+    worker has no workerinput yet and the controller's options (it is told apart by its command line: execnet's)."""
+    if hasattr(config, "workerinput"):
+        return False
+    early = config.known_args_namespace
+    xdist = getattr(early, "numprocesses", None) not in (None, 0) or getattr(early, "dist", "no") != "no"
+    return xdist and owns_process(config)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -283,7 +302,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if owns_process(config):
         _own_process(config)
-    _prepare(config)  # again, for a plugin loaded by a conftest (after the early hook)
+    _keep_bytecode(config)  # again, for a plugin loaded by a conftest (after the early hook)
+    _prepare(config)
     from harness.engine.interpreter import QUIET_NUMERICS
 
     config.addinivalue_line("filterwarnings", QUIET_NUMERICS)  # kernel hosts filter the same (harness.engine.host)
