@@ -1,14 +1,14 @@
 """Kernel hosts sealed by the operating system: a PID and a mount namespace of their own (Linux).
 
-A process a kernel starts in a new session escapes the kill of its host's session; in the host's PID
-namespace it cannot outlive the host: when the host ends, the kernel (the operating system's) kills every process
-of the namespace, and after each run the judge kills every one but the host. In the host's mount namespace the
-checkout (or, installed, the judge's packages) and the results folders are read-only, but for the caches and
-scratch folders kernels write (Triton's cache, the temporary folder, /dev/shm: the shared arena, the judge's own
-mount). The folder of the judge's manifest key (`harness.core.keyfile`) is covered with an empty file system: a
-kernel that read the key could sign the results it forges. So is the folder of the socket of the fork server the host
-was forked from: that server's children run outside the host's namespaces. The mechanics are in
-`harness.engine.namespaces`.
+A process a kernel starts in a new session escapes the kill of its host's session; in the host's PID namespace it
+cannot outlive the host: when the host ends, the kernel (the operating system's) kills every process of the
+namespace, and after each run the judge kills every one but the host. In the host's mount namespace the checkout
+(or, installed, the judge's packages), the results folders and where the judge's processes load code from
+(`code_paths`) are read-only, but for the caches and scratch folders kernels write (Triton's cache, the temporary
+folder, /dev/shm: the shared arena, the judge's own mount). The folder of the judge's manifest key
+(`harness.core.keyfile`) is covered with an empty file system: a kernel that read the key could sign the results it
+forges. So is the folder of the socket of the fork server the host was forked from: that server's children run
+outside the host's namespaces. The mechanics are in `harness.engine.namespaces`.
 
 Every host's stdout and stderr go to a log of its own (`Host.log`, in the temporary folder), never the judge's
 console; a host's death names the log's last lines.
