@@ -100,7 +100,7 @@ def _pytest(tmp_path: Path, attacks: list[str], *args: str) -> subprocess.Comple
     env = {**os.environ, "HOSTILE_RESULTS": str(tmp_path / "r"), "PYTHONPATH": str(ROOT)}
     chosen = [f"{FIXTURE}:ATTACKS"] if attacks == ATTACKS else [f"{FIXTURE}:ATTACKS#hostile-{a}" for a in attacks]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin.load_args(),
-           "-m", "moe_generic", "--moe-profile", "ci",
+           "harness/plugin/generic.py", "--moe-profile", "ci",  # not the whole tree: each session collected it
            "--moe-results-dir", str(tmp_path / "r"), "--moe-adapter", f"{FIXTURE}:HONEST",
            *(word for spec in chosen for word in ("--moe-adapter", spec)), "-k", "declared", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
