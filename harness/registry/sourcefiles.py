@@ -19,6 +19,7 @@ import builtins
 import functools
 import hashlib
 import importlib.util
+import linecache
 import os
 import re
 import sys
@@ -155,7 +156,7 @@ def build(found: Found, name: str, prelude: str, parts: dict[str, tuple[str, ...
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moe-harness" / "taken"
     cache.mkdir(parents=True, exist_ok=True)
     file = cache / f"{module_name}.py"
-    if not file.exists():
+    if not file.is_file() or file.read_text() != code:  # for tracebacks and readers; what runs is `code` itself
         tmp = file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(code)
         tmp.replace(file)
@@ -165,8 +166,11 @@ def build(found: Found, name: str, prelude: str, parts: dict[str, tuple[str, ...
     if stand_ins:
         module.__dict__["__builtins__"] = {**vars(builtins), "__import__": _importer(stand_ins)}
     sys.modules[module_name] = module
+    # The cache folder is writable to kernels: the module runs from `code`, never from the file or bytecode cached
+    # beside it, and the source Triton's jit reads (inspect, through linecache) is `code` too.
+    linecache.cache[str(file)] = (len(code), None, code.splitlines(True), str(file))
     try:
-        spec.loader.exec_module(module)
+        exec(compile(code, str(file), "exec"), module.__dict__)
     except BaseException:
         sys.modules.pop(module_name, None)
         raise

@@ -4,6 +4,8 @@ content hash recorded, functions taken unchanged, the library's own imports answ
 
 from __future__ import annotations
 
+import linecache
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,25 @@ def test_build_answers_the_library_imports_with_stand_ins(folder: Path) -> None:
                                                                                   "overridden")},
                               {"fakepkg.config": Config})
     assert again is m  # one module per content
+
+
+def test_a_changed_file_of_a_taken_module_is_not_what_runs(folder: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The taken modules' cache folder is writable to kernels: a file (or its cached bytecode) another process
+    rewrote must not be the code that runs, nor the source that inspect (Triton's jit) reads."""
+    import inspect
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    found = sourcefiles.locate("fakepkg", "fakepkg", ("sub/mod.py",))
+    assert found is not None
+    parts = {"sub/mod.py": ("helper",)}
+    first = sourcefiles.build(found, "planted", "", parts)
+    file = Path(first.__file__)
+    planted = file.read_text().replace("return x + 1", "return x - 1")
+    file.write_text(planted)
+    del sys.modules[first.__name__]
+    linecache.clearcache()
+    again = sourcefiles.build(found, "planted", "", parts)
+    assert again.helper(1) == 2
+    assert "return x + 1" in inspect.getsource(again.helper)
+    assert file.read_text() != planted  # the file is written again as well
