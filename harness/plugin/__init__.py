@@ -335,8 +335,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         _share_cores(xdist_workers(config))
     if is_xdist_controller(config):
-        if not os.environ.get("OMP_NUM_THREADS"):  # workers start with their share: numpy's and torch's thread
-            from harness.core.device import threads_for  # pools spin every CPU as they load (2 CPU-s a GPU worker)
+        # workers start with their share: numpy's and torch's thread pools spin every CPU as they load (2 CPU-s
+        # of a worker's start on a GPU machine)
+        if not os.environ.get("OMP_NUM_THREADS"):
+            from harness.core.device import threads_for
 
             os.environ["OMP_NUM_THREADS"] = str(threads_for(xdist_workers(config)))
         return  # it runs no test: no torch import, no CUDA context of its own (seconds in every child pytest)
