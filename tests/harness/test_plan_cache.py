@@ -147,3 +147,26 @@ def test_the_rules_of_whole_cells_asked_at_once_answer_as_one_at_a_time(monkeypa
         monkeypatch.undo()
         remote.close_adapter(spec, "cpu")
     assert True in singly and False in singly
+
+
+def test_an_adapters_declared_and_undeclared_cells_ask_its_host_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each generic test lists the cells it draws from: asked one at a time, the experts' 3,360 cells were as many
+    round trips to the kernel host, in every test of every adapter. Asked at once, the cells are the same."""
+    from harness.core.device import detect
+    from harness.engine import remote
+    from harness.engine import strategies as hs
+
+    spec, device = "tests.harness.test_plan_cache:CELL_RULED", detect("cpu")
+    real = remote._ask
+    for listed in (hs.declared_cells, hs.undeclared_cells):
+        adapter = remote.open_adapter(spec, "cpu")
+        asked: list[str] = []
+        monkeypatch.setattr(remote, "_ask", lambda host, msg, what, asked=asked: asked.append(msg[0]) or
+                            real(host, msg, what))
+        try:
+            cells = listed(adapter, device)
+        finally:
+            monkeypatch.undo()
+            remote.close_adapter(spec, "cpu")
+        assert cells and cells == listed(CELL_RULED, device), listed.__name__
+        assert len(asked) <= 1, (listed.__name__, asked)
