@@ -61,14 +61,17 @@ LISTING_DEVICE = "cpu"
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 
-def prepare_interpreter(device: str) -> None:
+def prepare_interpreter(device: str, ask_torch: bool = True) -> None:
     """Choose Triton's interpreter (TRITON_INTERPRET=1) before any kernel module imports triton, when no GPU will be
     used: `device` is cpu, or no CUDA device is available. An explicit TRITON_INTERPRET is left as it is. torch is
-    imported only when a GPU may be there to ask about."""
+    imported only when a GPU may be there to ask about; `ask_torch=False` leaves that case undecided (for the
+    processes that import torch anyway, such as an xdist controller's workers)."""
     if os.environ.get("TRITON_INTERPRET") is not None:
         return
     if device == "cpu" or not any(os.path.exists(f) for f in GPU_DEVICE_FILES):
         os.environ["TRITON_INTERPRET"] = "1"
+        return
+    if not ask_torch:
         return
     import torch  # here, not at import: commands that never judge (replay's parent, bisect, render) skip it
 

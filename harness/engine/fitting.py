@@ -218,15 +218,23 @@ def _key(fields: Mapping[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True, default=str)
 
 
-def _ask_rules_at_once(adapter: Adapter, device: DeviceInfo | None, cell: Mapping[str, str],
-                       cases: Sequence[Mapping[str, Any]]) -> None:
-    """An adapter in a kernel host answers its shape rule for a cell's cases in one request, not one each: planning
-    asked hundreds (`RemoteAdapter.prefetch_rules`). A request that fails leaves them to be asked one at a time."""
+def ask_rules_at_once(adapter: Adapter, device: DeviceInfo | None, cells: Sequence[Mapping[str, str]],
+                      shapes: Sequence[Mapping[str, int]] | None = None) -> None:
+    """An adapter in a kernel host answers its support rule for `cells` (each with its `shapes`, where given) in one
+    request, not one round trip each (`RemoteAdapter.prefetch_rules`); `device` as the asking will name it. Nothing
+    for an adapter in this process; a request that fails leaves them to be asked one at a time."""
     prefetch = getattr(adapter, "prefetch_rules", None)
-    if prefetch is None or not cases or not adapter.declares(cell, device)[0]:
+    if prefetch is None or not cells:
         return
     with contextlib.suppress(Exception):
-        prefetch(device, [cell] * len(cases), [c["shapes"] for c in cases])
+        prefetch(device, cells, shapes)
+
+
+def _ask_rules_at_once(adapter: Adapter, device: DeviceInfo | None, cell: Mapping[str, str],
+                       cases: Sequence[Mapping[str, Any]]) -> None:
+    """The shape rule for a cell's cases at once: planning asked hundreds."""
+    if cases and adapter.declares(cell, device)[0]:
+        ask_rules_at_once(adapter, device, [cell] * len(cases), [c["shapes"] for c in cases])
 
 
 def fitted_all(adapter: Adapter, cell: Mapping[str, str], cases: Sequence[Mapping[str, Any]],

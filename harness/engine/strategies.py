@@ -7,7 +7,6 @@ every declared value, one case per value class and family (`value_class_cases`),
 
 from __future__ import annotations
 
-import contextlib
 import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +27,7 @@ from harness.registry import Adapter
 def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
     spec = ops.get(adapter.op)
     cells = adapter.declared_cells({a.name: a.values for a in spec.axes})
-    _ask_rules_at_once(adapter, device, cells)
+    _ask_cell_rules(adapter, device, cells)
     return [c for c in cells if adapter.declares(c, device)[0]
             and (spec.inapplicable is None or spec.inapplicable(c) is None)]
 
@@ -36,24 +35,19 @@ def declared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[d
 def undeclared_cells(adapter: Adapter, device: DeviceInfo | None = None) -> list[dict[str, str]]:
     spec = ops.get(adapter.op)
     cells = spec.all_cells()
-    _ask_rules_at_once(adapter, device, [c for c in cells if all(v in adapter.support.get(a, ()) for a, v in
-                                                                 c.items())])
+    _ask_cell_rules(adapter, device, [c for c in cells if all(v in adapter.support.get(a, ()) for a, v in
+                                                              c.items())])
     return [c for c in cells if not adapter.declares(c, device)[0]]
 
 
-def _ask_rules_at_once(adapter: Adapter, device: DeviceInfo | None, cells: Sequence[Mapping[str, str]]) -> None:
-    """An adapter in a kernel host answers its support rule for `cells` in one request (`declares` then finds the
-    answers), not one round trip to the host each: every generic test of the experts asked 3,360. A request that
-    fails leaves them to be asked one at a time, as `declares` would have."""
-    prefetch = getattr(adapter, "prefetch_rules", None)
-    if prefetch is None or not cells:
-        return
+def _ask_cell_rules(adapter: Adapter, device: DeviceInfo | None, cells: Sequence[Mapping[str, str]]) -> None:
+    """The support rule for whole `cells` at once, for `declares` to find: every generic test of the experts asked
+    3,360, one round trip to the kernel host each."""
     if device is not None:
         device = adapter.device_for(device)  # as `declares` asks
         if device.generation not in adapter.generations:
             return  # `declares` asks no rule there
-    with contextlib.suppress(Exception):
-        prefetch(device, cells)
+    fitting.ask_rules_at_once(adapter, device, cells)
 
 
 #: how many candidate cases one drawn example may take, the first that the adapter's declarations accept (its

@@ -279,11 +279,9 @@ def _keep_bytecode(config: pytest.Config) -> None:
 def _prepare(config: pytest.Config) -> None:
     """Triton's interpreter or not, decided before anything imports triton; by each xdist worker alone where the
     GPU is a question for torch (the controller, which runs no test, would import it for nothing)."""
-    from harness.core.device import GPU_DEVICE_FILES, prepare_interpreter
+    from harness.core.device import prepare_interpreter
 
-    if _hands_tests_to_xdist(config) and any(os.path.exists(f) for f in GPU_DEVICE_FILES):
-        return
-    prepare_interpreter(_option(config, "moe_device"))
+    prepare_interpreter(_option(config, "moe_device"), ask_torch=not _hands_tests_to_xdist(config))
 
 
 def _hands_tests_to_xdist(config: pytest.Config) -> bool:
