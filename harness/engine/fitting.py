@@ -232,8 +232,9 @@ def ask_rules_at_once(adapter: Adapter, device: DeviceInfo | None, cells: Sequen
 
 def _ask_rules_at_once(adapter: Adapter, device: DeviceInfo | None, cell: Mapping[str, str],
                        cases: Sequence[Mapping[str, Any]]) -> None:
-    """The shape rule for a cell's cases at once: planning asked hundreds."""
-    if cases and adapter.declares(cell, device)[0]:
+    """The shape rule for a cell's cases at once: planning asked hundreds. Only for a hosted adapter: asking
+    `declares` here would raise an in-process adapter's rule error outside the judging that records it."""
+    if cases and hasattr(adapter, "prefetch_rules") and adapter.declares(cell, device)[0]:
         ask_rules_at_once(adapter, device, [cell] * len(cases), [c["shapes"] for c in cases])
 
 
