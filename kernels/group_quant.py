@@ -90,26 +90,32 @@ def _codes_of(x, s, QMAX: tl.constexpr, POW2: tl.constexpr, OUT_INT8: tl.constex
     return q
 
 
-@triton.jit
+# A group that is not a power of two (drawn group sizes; a token's whole row) is a runtime value: each one was a
+# compile of its own (101 of the GPU suite's 398 variants of this kernel).
+@triton.jit(do_not_specialize=["group"])
 def _tile_quant_kernel(
     x_ptr, q_ptr, s_ptr, s_in_ptr, eps,
-    M, K, G, stride_xm, stride_xk, stride_qm, stride_sm, stride_sg,
-    QMAX: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+    M, K, G, group, stride_xm, stride_xk, stride_qm, stride_sm, stride_sg,
+    QMAX: tl.constexpr, GROUP_P2: tl.constexpr, EXACT: tl.constexpr, BLOCK_M: tl.constexpr,
     GROUPS: tl.constexpr, SCALE_MODE: tl.constexpr, PACKED: tl.constexpr, STORE_SCALE: tl.constexpr,
     OUT_INT8: tl.constexpr, INT8_RTE: tl.constexpr, FAST_DIV: tl.constexpr,
 ):
-    """One [BLOCK_M, GROUPS, GROUP_P2] tile: rows x groups x elements of a group (GROUP valid of GROUP_P2)."""
+    """One [BLOCK_M, GROUPS, GROUP_P2] tile: rows x groups x elements of a group (`group` valid of GROUP_P2;
+    EXACT: group == GROUP_P2)."""
     pid_m = tl.program_id(0)
     pid_g = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     groups = pid_g * GROUPS + tl.arange(0, GROUPS)
     j = tl.arange(0, GROUP_P2)
-    cols = groups[None, :, None].to(tl.int64) * GROUP + j[None, None, :]
+    if EXACT:
+        cols = groups[None, :, None].to(tl.int64) * GROUP_P2 + j[None, None, :]
+    else:
+        cols = groups[None, :, None].to(tl.int64) * group + j[None, None, :]
     rmask = rows < M
     gmask = groups < G
     mask = rmask[:, None, None] & gmask[None, :, None] & (cols < K)
-    if GROUP_P2 != GROUP:
-        mask = mask & (j < GROUP)[None, None, :]
+    if not EXACT:
+        mask = mask & (j < group)[None, None, :]
     xo = _row_offsets(rows, stride_xm)[:, None, None] + cols * stride_xk
     x = tl.load(x_ptr + xo, mask=mask, other=0.0).to(tl.float32)
 
@@ -373,6 +379,6 @@ def _launch_tiles(x: torch.Tensor, out: torch.Tensor, s_out: torch.Tensor, s_in:
         num_warps = 8 if block_m * groups * gp2 >= 4096 else 4
     grid = (triton.cdiv(m, block_m), triton.cdiv(g, groups))
     _tile_quant_kernel[grid](
-        x, out, s_out, s_in, eps, m, k, g, x.stride(0), x.stride(1), out.stride(0), stride_sm, stride_sg,
-        GROUP=group, GROUP_P2=gp2, BLOCK_M=block_m, GROUPS=groups, SCALE_MODE=mode, PACKED=packed,
+        x, out, s_out, s_in, eps, m, k, g, group, x.stride(0), x.stride(1), out.stride(0), stride_sm, stride_sg,
+        GROUP_P2=gp2, EXACT=group == gp2, BLOCK_M=block_m, GROUPS=groups, SCALE_MODE=mode, PACKED=packed,
         STORE_SCALE=store, num_warps=num_warps, **common)

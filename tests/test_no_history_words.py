@@ -19,6 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("results", "scripts", "docs", "harness", "kernels", "reference", "tests", "README.md")
 HISTORY = re.compile(r"session [0-9]|sessions? of|issue #?[0-9]+|#[0-9]{2}\b|h100-s[0-9]|gpu_s[0-9]", re.IGNORECASE)
+#: the same words, searched in lowered text: a case-insensitive search over the results' 400 MB took 13 s
+LOWERED = re.compile(HISTORY.pattern)
 
 
 def tree_files(root: Path = ROOT) -> list[str]:
@@ -41,7 +43,10 @@ def history_words(root: Path, files: list[str]) -> list[str]:
     for rel in files:
         if HISTORY.search(rel):
             found.append(f"{rel}: name")
-        for lineno, line in enumerate(text_of(root / rel).splitlines(), 1):
+        text = text_of(root / rel)
+        if not LOWERED.search(text.lower()):  # one pass over the file; its lines only where something matched
+            continue
+        for lineno, line in enumerate(text.splitlines(), 1):
             if HISTORY.search(line):
                 found.append(f"{rel}:{lineno}: {line.strip()[:160]}")
     return found

@@ -166,6 +166,17 @@ def test_tiling_overrides_do_not_change_results(layout: str, rule: str, block_m:
     assert torch.equal(_bits(scales), _bits(want_scales))
 
 
+@pytest.mark.parametrize(("group", "groups"), [(3, 7), (48, 5), (96, 2), (1000, 3)])
+def test_group_sizes_that_are_not_powers_of_two_match_the_oracle(group: int, groups: int) -> None:
+    # the op's axis declares powers of two only; the launcher takes any size dividing K (a runtime value in the
+    # kernel), and every group past the first starts at a multiple of it
+    x = _x(7, group * groups, seed=group)
+    codes, scales = gq.group_quant(x, group_size=group)
+    want = quantize(x.cpu(), QuantRecipe(group_size=group))
+    assert torch.equal(_bits(codes), want.codes)
+    assert torch.equal(_bits(scales), _bits(want.scales))
+
+
 def test_non_unit_k_stride_and_wide_token_rows() -> None:
     base = _x(6, 2 * 9000, torch.float16)
     x = base[:, ::2]  # stride along K is 2
