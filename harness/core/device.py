@@ -218,6 +218,7 @@ def release_cached_memory(device: str) -> None:
 
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return
-    if torch.cuda.memory_reserved(torch.device(device)) > CACHED_MEMORY_KEPT_MB * 2**20:
-        with torch.cuda.device(torch.device(device)):  # empty_cache empties the current device's cache only
+    dev = torch.device(device)
+    if torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) > CACHED_MEMORY_KEPT_MB * 2**20:
+        with torch.cuda.device(dev):  # empty_cache empties the current device's cache only
             torch.cuda.empty_cache()

@@ -307,11 +307,15 @@ def test_a_large_cases_cached_gpu_memory_is_returned_to_the_device() -> None:
         pytest.skip("needs a GPU: the cache is torch's CUDA allocator's")
     # another GPU than the current one where there are several: the cache of the device named must be emptied
     dev = torch.device("cuda", (torch.cuda.current_device() + 1) % torch.cuda.device_count())
+
+    def cached() -> int:  # reserved but not in use: what the worker's earlier tests still hold is not the cache
+        return torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+
     big = torch.empty(2 * CACHED_MEMORY_KEPT_MB * 2**20, dtype=torch.uint8, device=dev)
     del big
-    assert torch.cuda.memory_reserved(dev) >= 2 * CACHED_MEMORY_KEPT_MB * 2**20
+    assert cached() >= 2 * CACHED_MEMORY_KEPT_MB * 2**20
     release_cached_memory(str(dev))
-    assert torch.cuda.memory_reserved(dev) <= CACHED_MEMORY_KEPT_MB * 2**20
+    assert cached() <= CACHED_MEMORY_KEPT_MB * 2**20
 
 
 def test_the_arena_files_of_judges_that_are_gone_are_removed(tmp_path: Path) -> None:

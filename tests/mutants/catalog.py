@@ -131,8 +131,8 @@ MUTANTS: tuple[Mutant, ...] = (
         P("    rmask = rows < M\n", "    rmask = rows < M - 1\n"),),
         "off-by-one row mask (last row never stored)"),
     Mutant("gq-column-stride-assumed-one", "triton-group-quant", _GQ, (
-        P("x, out, s_out, s_in, eps, m, k, g, x.stride(0), x.stride(1), out.stride(0),",
-          "x, out, s_out, s_in, eps, m, k, g, x.stride(0), 1, out.stride(0),"),),
+        P("x, out, s_out, s_in, eps, m, k, g, group, x.stride(0), x.stride(1), out.stride(0),",
+          "x, out, s_out, s_in, eps, m, k, g, group, x.stride(0), 1, out.stride(0),"),),
         "input columns addressed with unit stride (a column-strided view read wrong)", {"unit": ("group",)}),
     # approximate division declared (division="approximate"): the declaration must not let real bugs through
     Mutant("gq-group-scale-2pct", "triton-group-quant", _GQ, (
