@@ -8,11 +8,17 @@ instead in a folder of its own under the user's cache folder (Python's PYTHONPYC
 source: it writes there itself from then on, and so do the processes it starts. Python checks each file against its
 source's size and time as usual. Kernel hosts cannot write there (`harness.engine.sandbox`: it is code the judge
 runs). A PYTHONPYCACHEPREFIX already set is kept as it is; `MOE_HARNESS_PYCACHE=off` turns this off.
+
+Where that folder does not hold the run's packages yet (a fresh machine, a new torch), the run that chose it starts
+one background process that compiles them there (`harness.core.bytecode_warm`) on the cores that sit idle while the
+run starts: otherwise its first processes (16 xdist workers, a sweep's workers and kernel hosts) each compiled the
+same modules at the same moment.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import MutableMapping
 
@@ -20,6 +26,11 @@ from harness.core import entries
 
 #: `off`: leave PYTHONDONTWRITEBYTECODE as it is
 ENV = "MOE_HARNESS_PYCACHE"
+#: `off`: no background compile of the run's packages
+WARM_ENV = "MOE_HARNESS_PYCACHE_WARM"
+#: the fewest usable CPUs that warm the folder: where a few processes start at once, the first of each module's
+#: importers writes it for the others, and compiling all of torch (13 CPU-seconds) would cost more than it saves
+WARM_MIN_CPUS = 8
 
 
 def keep_for_run(environ: MutableMapping[str, str] = os.environ) -> str | None:
@@ -35,7 +46,27 @@ def keep_for_run(environ: MutableMapping[str, str] = os.environ) -> str | None:
     if environ is os.environ:
         sys.pycache_prefix = str(where)
         sys.dont_write_bytecode = False
+        warm_in_background(str(where))
     return str(where)
+
+
+def warm_in_background(where: str) -> subprocess.Popen | None:
+    """Start compiling the run's packages into `where` in a background process, unless they were compiled there
+    already for this Python and these packages, or another process is at it, or warming is off or the machine
+    small (None then)."""
+    from harness.core import bytecode_warm
+    from harness.core.device import usable_cpus
+
+    if os.environ.get(WARM_ENV, "").lower() == "off" or usable_cpus() < WARM_MIN_CPUS:
+        return None
+    if not (todo := bytecode_warm.packages()) or bytecode_warm.done(where, todo):
+        return None
+    try:
+        return subprocess.Popen([sys.executable, "-m", "harness.core.bytecode_warm", where, *todo],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError:
+        return None
 
 
 def prefix(environ: MutableMapping[str, str] = os.environ) -> str | None:
