@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from harness.core.probe_cache import ENTRY_POINT_GROUP  # torch-free: the plugin loads before any test imports torch
+from harness.plugin import listing
 
 pytest.register_assert_rewrite("harness.plugin.generic")
 
@@ -143,19 +144,26 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     are recorded `not-installed` and their generic tests skip with that reason."""
     if not is_active(config):
         return []
+    from harness.engine import sandbox
+    from harness.engine.interpreter import version_notice
+
+    notice = version_notice()  # None unless Triton's interpreter is in use and its release is not verified
+    # an xdist controller's listing may still be running: said when it ends (pytest_collection)
+    later = _listing_pending(config)
+    return [f"moe-harness: {sandbox.describe()}"] + [notice] * (notice is not None) + (
+        [] if later else _not_installed_lines(config))
+
+
+def _not_installed_lines(config: pytest.Config) -> list[str]:
+    """The selected adapters whose third-party library is missing here, with how to install it."""
     missing: dict[str, list[str]] = {}
     catalog = _catalog(config)
     for name in selected_adapters(config):
         lib = catalog.manifests.get(name, {}).get("library")
         if lib is not None and lib.get("missing") is not None:
             missing.setdefault(f"{lib['distribution']} {lib['written_for']}: {lib['install']}", []).append(name)
-    from harness.engine import sandbox
-    from harness.engine.interpreter import version_notice
-
-    notice = version_notice()  # None unless Triton's interpreter is in use and its release is not verified
-    return [f"moe-harness: {sandbox.describe()}"] + [notice] * (notice is not None) + [
-        f"moe-harness: not installed here, recorded as not-installed: {', '.join(names)} ({how})"
-        for how, names in sorted(missing.items())]
+    return [f"moe-harness: not installed here, recorded as not-installed: {', '.join(names)} ({how})"
+            for how, names in sorted(missing.items())]
 
 
 def is_installed() -> bool:
@@ -190,32 +198,85 @@ ENTRY_POINTS = "@entry-points"
 _CATALOG_INPUT = "moe_harness_catalog"
 
 
+#: the xdist controller's listings in progress, by specs (harness.plugin.listing)
+_LISTINGS: dict[tuple[str, ...], Any] = {}
+
+
+def _specs(config: pytest.Config) -> tuple[str, ...]:
+    return tuple(adapter_specs(config)) or (ENTRY_POINTS,)
+
+
+def _list(specs: tuple[str, ...]) -> Any:
+    from harness.engine import remote
+
+    try:
+        return remote.expand(list(specs))
+    except (ValueError, remote.HostError) as e:
+        raise pytest.UsageError(f"--moe-adapter: {e}") from None
+
+
+def _as_input(specs: tuple[str, ...], catalog: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {"specs_asked": list(specs), **asdict(catalog)}
+
+
 def _catalog(config: pytest.Config) -> Any:
     from harness.engine import remote
 
-    specs = tuple(adapter_specs(config)) or (ENTRY_POINTS,)
-    given = json.loads(getattr(config, "workerinput", {}).get(_CATALOG_INPUT) or "{}")
+    specs = _specs(config)
+    workerinput = getattr(config, "workerinput", {})
+    given = json.loads(workerinput.get(_CATALOG_INPUT) or "{}")
+    if specs not in _CATALOGS and not given and (path := workerinput.get(listing.FILE_INPUT)):
+        given = listing.read(path)  # the controller's listing, made while this worker started
     if specs not in _CATALOGS and given.pop("specs_asked", None) == list(specs):
         _CATALOGS[specs] = remote.Catalog(**given)  # the controller's listing: no kernel host of our own for it
     if specs not in _CATALOGS:
-        try:
-            _CATALOGS[specs] = remote.expand(list(specs))
-        except (ValueError, remote.HostError) as e:
-            raise pytest.UsageError(f"--moe-adapter: {e}") from None
+        pending = _LISTINGS.get(specs)
+        _CATALOGS[specs] = pending.result() if pending is not None else _list(specs)
     return _CATALOGS[specs]
+
+
+def _start_listing(config: pytest.Config) -> None:
+    """In the xdist controller: list the adapters in a thread, while the workers start (harness.plugin.listing)."""
+    specs = _specs(config)
+    if specs not in _CATALOGS and specs not in _LISTINGS:
+        _LISTINGS[specs] = listing.Listing(lambda: _list(specs), lambda catalog: _as_input(specs, catalog))
+
+
+def _listing_pending(config: pytest.Config) -> bool:
+    return _specs(config) not in _CATALOGS and _specs(config) in _LISTINGS
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """On the xdist controller, for each worker it starts: the adapters' listing it made, so that the worker does not
-    start a kernel host to list them again (seconds of importing before its first test, on every worker)."""
+    start a kernel host to list them again (seconds of importing before its first test, on every worker); while that
+    listing is still being made, the file it will be in (a worker on this machine)."""
     config = node.config
     if not is_active(config):
         return
-    from dataclasses import asdict
+    specs = _specs(config)
+    spec = getattr(getattr(node, "gateway", None), "spec", None)
+    local = bool(getattr(spec, "popen", False)) and not getattr(spec, "ssh", None) and not getattr(spec, "socket", None)
+    if local and _listing_pending(config):
+        node.workerinput[listing.FILE_INPUT] = _LISTINGS[specs].path
+        return
+    node.workerinput[_CATALOG_INPUT] = json.dumps(_as_input(specs, _catalog(config)))
 
-    specs = list(adapter_specs(config)) or [ENTRY_POINTS]
-    node.workerinput[_CATALOG_INPUT] = json.dumps({"specs_asked": specs, **asdict(_catalog(config))})
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    """In the xdist controller, its workers started: the listing's end. A listing that failed ends the session now
+    (a usage error, as it would have before the workers started); the adapters not installed here are said."""
+    config = session.config
+    if not is_active(config) or not _listing_pending(config):
+        return
+    _catalog(config)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and reporter.showheader and not reporter.no_header:  # where the header would have said
+        for line in _not_installed_lines(config):
+            reporter.write_line(line)
 
 
 def selected_adapters(config: pytest.Config) -> list[str]:
@@ -444,7 +505,10 @@ def _check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--moe-case-timeout must be >= 0, got {timeout:g}")
     _check_device(config)
     if not hasattr(config, "workerinput") and not getattr(config.option, "help", False):
-        selected_adapters(config)  # xdist workers take the controller's word for it
+        if is_xdist_controller(config):
+            _start_listing(config)  # beside the workers' start; xdist workers take the controller's word for it
+        else:
+            selected_adapters(config)
 
 
 def is_xdist_controller(config: pytest.Config) -> bool:
@@ -504,6 +568,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from harness.plugin import supervise
 
     supervise.tell("closed")
+    for made in _LISTINGS.values():  # the workers have read it (a worker started later is handed the catalog)
+        made.remove()
+    _LISTINGS.clear()
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

@@ -97,6 +97,8 @@ def test_an_xdist_controller_lists_the_adapters_without_importing_torch(tmp_path
     code, out, err = _pytest(tmp_path, "-n", "2", "-p", "tests.harness.fixtures.controller_modules", "--moe-adapter",
                              "reference-activation", CONTROLLER_REPORT=str(report), CONTROLLER_FAKE_GPU="1")
     assert code == 0, out[-2000:] + err[-2000:]
+    code, out, err = _pytest(tmp_path, *xdist, "--moe-adapter", f"{__name__}:NOT_INSTALLED")
+    assert code == 0 and "not installed here" not in out, out[-2000:]
     assert report.read_text() == "torch imported: False"
 
 
@@ -112,6 +114,10 @@ NOTHING_VERIFIABLE = dataclasses.replace(_reference, name="nothing-verifiable", 
 #: its bfloat16 cases only are not-verifiable
 PARTLY_VERIFIABLE = dataclasses.replace(_reference, name="partly-verifiable", support=_SUPPORT,
                                         interp_features=lambda f: {"inline_asm"} if f["dtype"] == "bfloat16" else set())
+#: an adapter of a library that is installed nowhere
+NOT_INSTALLED = dataclasses.replace(_reference, name="library-missing", support=_SUPPORT, library=registry.Library(
+    distribution="moe-harness-absent-library", module="moe_harness_absent_library", written_for="1.0",
+    install="pip install moe-harness-absent-library"))
 
 
 def _pytest(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, str]:
@@ -172,6 +178,8 @@ _BAD_MODULE = "x = (\n"  # a syntax error: the adapter's module does not import
     (["--moe-shards", "0"], "--moe-shards must be >= 1, got 0"),
     (["--moe-device", "cuda:99"], "--moe-device cuda:99: "),
     (["--moe-adapter", "no-such"], "--moe-adapter: unknown adapter 'no-such'"),
+    # under xdist the controller lists beside its workers' start, and still ends the session with one line
+    (["--moe-adapter", "no-such", "-n", "2"], "--moe-adapter: unknown adapter 'no-such'"),
     (["--moe-adapter", "moe_bad_module:ADAPTER"],
      "--moe-adapter: adapter 'moe_bad_module:ADAPTER': cannot import module 'moe_bad_module' (SyntaxError: "),
 ])
@@ -323,3 +331,30 @@ def test_recorded_durations_come_with_each_tests_cpu_seconds(tmp_path: Path) -> 
     cpu = {k.split("::")[-1]: v for k, v in json.loads((tmp_path / "out" / "durations.cpu.json").read_text()).items()}
     assert set(cpu) == {"test_spins", "test_sleeps", "test_child_spins"} and len(wall) == 3, (cpu, wall)
     assert cpu["test_spins"] >= 0.5 and cpu["test_child_spins"] >= 0.5 and cpu["test_sleeps"] < 0.3, cpu
+
+
+def test_xdist_workers_start_while_the_controller_lists_the_adapters(tmp_path: Path,
+                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The listing (a kernel host importing every adapter module) runs beside the workers' start: the adapter
+    module's import waits for a worker to be configured, which a controller that listed first never lets happen.
+    The workers then judge the adapter the listing found."""
+    signals = tmp_path_factory.mktemp("signals")  # not on the module path: kernel hosts cannot write there
+    go, saw = signals / "go", signals / "saw"
+    code, out, err = _pytest(tmp_path, "-n", "2", "-p", "tests.harness.fixtures.worker_started", "--moe-adapter",
+                             "tests.harness.fixtures.slow_listing:ADAPTER", "-k", "slow-listing-activation",
+                             MOE_TEST_GO=str(go), MOE_TEST_SAW=str(saw))
+    assert saw.read_text() == "a worker had started", out[-2000:] + err[-2000:]
+    assert code == 0 and "passed" in out, out[-2000:] + err[-2000:]
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]])
+def test_the_session_names_the_adapters_whose_library_is_not_installed(tmp_path: Path, xdist: list[str]) -> None:
+    """In the header without xdist; under xdist once the controller's listing, made beside the workers' start, ends;
+    with -q in neither."""
+    code, out, err = _pytest(tmp_path, *xdist, "-v", "--moe-adapter", f"{__name__}:NOT_INSTALLED")  # -q -v: a header
+    said = [line for line in out.splitlines() if line.startswith("moe-harness: not installed here")]
+    assert said == ["moe-harness: not installed here, recorded as not-installed: library-missing "
+                    "(moe-harness-absent-library 1.0: pip install moe-harness-absent-library)"], out[-3000:]
+    assert code == 0, out[-2000:] + err[-2000:]
+    code, out, err = _pytest(tmp_path, *xdist, "--moe-adapter", f"{__name__}:NOT_INSTALLED")
+    assert code == 0 and "not installed here" not in out, out[-2000:]
