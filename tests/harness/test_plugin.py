@@ -354,6 +354,11 @@ def test_the_session_names_the_adapters_whose_library_is_not_installed(tmp_path:
     assert said == ["moe-harness: not installed here, recorded as not-installed: library-missing "
                     "(moe-harness-absent-library 1.0: pip install moe-harness-absent-library)"], out[-3000:]
     assert code == 0, out[-2000:] + err[-2000:]
+    from harness.store.results import load_results
+
+    recorded = [(r.adapter, r.verdict, r.case.features["dtype"]) for r in load_results([tmp_path / "results"])]
+    assert sorted(recorded) == [("library-missing", "not-installed", "bfloat16"),
+                                ("library-missing", "not-installed", "float32")], recorded  # one per declared cell
     code, out, err = _pytest(tmp_path, *xdist, "--moe-adapter", f"{__name__}:NOT_INSTALLED")
     assert code == 0 and "not installed here" not in out, out[-2000:]
     code, out, err = _pytest(tmp_path, *xdist, "--moe-adapter", f"{__name__}:NOT_INSTALLED")
