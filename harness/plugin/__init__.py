@@ -228,7 +228,7 @@ def _catalog(config: pytest.Config) -> Any:
     workerinput = getattr(config, "workerinput", {})
     given = json.loads(workerinput.get(_CATALOG_INPUT) or "{}")
     if specs not in _CATALOGS and not given and (path := workerinput.get(listing.FILE_INPUT)):
-        given = listing.read(path)  # the controller's listing, made while this worker started
+        given = listing.read(path, workerinput.get(listing.TOKEN_INPUT, ""))  # made while this worker started
     if specs not in _CATALOGS and given.pop("specs_asked", None) == list(specs):
         _CATALOGS[specs] = remote.Catalog(**given)  # the controller's listing: no kernel host of our own for it
     if specs not in _CATALOGS:
@@ -261,6 +261,7 @@ def pytest_configure_node(node: Any) -> None:
     local = bool(getattr(spec, "popen", False)) and not getattr(spec, "ssh", None) and not getattr(spec, "socket", None)
     if local and _listing_pending(config):
         node.workerinput[listing.FILE_INPUT] = _LISTINGS[specs].path
+        node.workerinput[listing.TOKEN_INPUT] = _LISTINGS[specs].token
         return
     node.workerinput[_CATALOG_INPUT] = json.dumps(_as_input(specs, _catalog(config)))
 

@@ -11,8 +11,10 @@ host that cannot start) ends the session in the controller, with the same one-li
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import threading
@@ -22,19 +24,27 @@ from typing import Any
 
 import pytest
 
-#: the workerinput key of the file the controller writes the listing to
+#: the workerinput keys of the file the controller writes the listing to, and of the token its record carries
 FILE_INPUT = "moe_harness_catalog_file"
+TOKEN_INPUT = "moe_harness_catalog_token"
 #: how long a worker waits for it (the controller's own listing gives up on a host well before)
 WAIT_S = 900.0
 
 
 class Listing:
     """One listing made in a thread of this process. `result()` waits for it: the catalog, or the usage error that
-    listing raised. The file (`path`) holds it for the workers: {"catalog": ...} or {"usage_error": message}."""
+    listing raised. The file (`path`) holds it for the workers: {"catalog": ...} or {"usage_error": message}, with
+    `token`. The listing host imports every adapter module (code the judge does not trust) while the file is still
+    to be written: its folder is read-only to kernel hosts (`sandbox.protect`, before the listing host starts), and
+    a worker takes only a record that carries the token, which it is handed by xdist and no kernel host sees."""
 
     def __init__(self, make: Callable[[], Any], as_json: Callable[[Any], dict[str, Any]]) -> None:
+        from harness.engine import sandbox
+
         self.folder = tempfile.mkdtemp(prefix="moe-harness-listing-")
         self.path = os.path.join(self.folder, "catalog.json")
+        self.token = secrets.token_hex(16)
+        sandbox.protect(self.folder)
         self._value: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(make, as_json), name="moe-harness-listing",
@@ -48,6 +58,7 @@ class Listing:
         except BaseException as e:  # said by result() in the controller, and by the file to the workers
             self._error = e
             record = {"usage_error": str(e)}
+        record["token"] = self.token
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with contextlib.suppress(OSError):
             with open(tmp, "w", encoding="utf-8") as f:
@@ -64,8 +75,9 @@ class Listing:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def read(path: str, wait_s: float = WAIT_S) -> dict[str, Any]:
-    """In a worker: the listing the controller writes to `path`, once it is there (its catalog's fields)."""
+def read(path: str, token: str, wait_s: float = WAIT_S) -> dict[str, Any]:
+    """In a worker: the listing the controller writes to `path`, once it is there (its catalog's fields). A record
+    without the controller's `token` is refused: something else wrote it."""
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):
         if time.monotonic() > deadline:
@@ -73,6 +85,9 @@ def read(path: str, wait_s: float = WAIT_S) -> dict[str, Any]:
         time.sleep(0.02)
     with open(path, encoding="utf-8") as f:
         record = json.load(f)
+    if not isinstance(record, dict) or not hmac.compare_digest(str(record.get("token", "")), token):
+        raise pytest.UsageError(f"the listing of the adapters in {path} was not written by this session's xdist "
+                                "controller (a kernel of the session may have written it): nothing is judged")
     if "usage_error" in record:
         raise pytest.UsageError(record["usage_error"])
     return record["catalog"]

@@ -362,3 +362,21 @@ def test_the_session_names_the_adapters_whose_library_is_not_installed(tmp_path:
                                 ("library-missing", "not-installed", "float32")], recorded  # one per declared cell
     code, out, err = _pytest(tmp_path, *xdist, "--moe-adapter", f"{__name__}:NOT_INSTALLED")
     assert code == 0 and "not installed here" not in out, out[-2000:]
+
+
+def test_a_kernel_host_cannot_forge_the_listing_the_workers_read(tmp_path: Path,
+                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The listing's file is read-only to kernel hosts (the listing host imports every adapter module: untrusted
+    code), and a worker takes only a record that carries its controller's token: a forged empty listing would have
+    the workers test nothing."""
+    forged = tmp_path_factory.mktemp("signals") / "forged"
+    temporary = tmp_path_factory.mktemp("tmp")  # the session's listing folder alone there
+    code, out, err = _pytest(tmp_path, "-n", "2", "--moe-adapter", "tests.harness.fixtures.forging_listing:ADAPTER",
+                             "-k", "forging-listing-activation", "--moe-device", "cpu", MOE_TEST_FORGED=str(forged),
+                             TMPDIR=str(temporary))
+    assert forged.read_text() != "no listing folder found", forged.read_text()
+    from harness.engine import sandbox
+
+    if sandbox.availability().ok:
+        assert forged.read_text().startswith("refused"), forged.read_text()
+    assert code == 0 and " passed" in out, out[-2000:] + err[-2000:]
