@@ -90,8 +90,9 @@ def main(argv: list[str]) -> int:
     os.environ["PYTHONPYCACHEPREFIX"] = argv[0]
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
-    workers = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-    warm(argv[0], argv[1:], workers)
+    from harness.core.device import usable_cpus
+
+    warm(argv[0], argv[1:], min(8, usable_cpus()))
     return 0
 
 

@@ -245,7 +245,8 @@ def _start_listing(config: pytest.Config) -> None:
 
 
 def _listing_pending(config: pytest.Config) -> bool:
-    return _specs(config) not in _CATALOGS and _specs(config) in _LISTINGS
+    specs = _specs(config)
+    return specs not in _CATALOGS and specs in _LISTINGS
 
 
 @pytest.hookimpl(optionalhook=True)
