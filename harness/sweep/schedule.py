@@ -7,9 +7,11 @@ one or two workers). So:
 - chunks go out in plan order (the biggest adapters first), a worker taking a chunk of the adapter whose kernel host
   it has up before any other (a host starts in 1.5 s or more);
 - a worker is sent one case of its chunk at a time, so the rest of a chunk stays the parent's to give away;
-- once no chunk is left, an idle worker takes the back half of the not-yet-sent cases of the chunk with the most
-  measured work left (that adapter's seconds per case, measured as the sweep goes, times its cases), when that half
-  is worth more than a kernel host start.
+- once no chunk is left, an idle worker takes the back half (rounded up: a last case too) of the not-yet-sent
+  cases of the chunk with the most measured work left (that adapter's seconds per case, measured as the sweep goes,
+  times its cases), when that half is worth more than a kernel host start, or, where the idle worker's host serves
+  that chunk's adapter too (one family's host), more than the moving of a case costs. A last unsent case waited for
+  its worker's case in flight before, ending a cold GPU sweep with seconds of one or two compiling workers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ LIGHTEST = (-math.inf, 0.0)
 #: seconds a taken half must be worth (measured) before an idle worker takes it; twice that when the worker does not
 #: hold the adapter's kernel host (about what a host takes to start)
 STEAL_MIN_S = 1.5
+#: seconds a taken half must be worth when the idle worker's kernel host serves its adapter already: moving a case is
+#: a message each way
+STEAL_SAME_HOST_S = 0.2
 
 
 class _Chunk(Protocol):
@@ -82,11 +87,13 @@ class ChunkQueue:
         n = sum(self._judged.values())
         return sum(self._seconds.values()) / n if n else 1.0
 
-    def to_take(self, unsent: Sequence[tuple[int, str, int]], current: str = "") -> tuple[int, int] | None:
-        """For an idle worker whose kernel host is up for `current` when no chunk is left: (owner, n) to take the
-        last n of the `unsent` cases of that owner's chunk, or None. `unsent`: (owner, spec, cases not yet sent)."""
-        best = max(unsent, key=lambda u: self.per_case(u[1]) * u[2], default=None)
-        if best is None or best[2] < 2:
+    def to_take(self, unsent: Sequence[tuple[int, str, int, str]], host: str = "") -> tuple[int, int] | None:
+        """For an idle worker whose kernel host serves `host` (a family, or an adapter's spec) when no chunk is left:
+        (owner, n) to take the last n of the `unsent` cases of that owner's chunk, or None. `unsent`: (owner, spec,
+        cases not yet sent, the host that chunk needs)."""
+        best = max((u for u in unsent if u[2] > 0), key=lambda u: self.per_case(u[1]) * u[2], default=None)
+        if best is None:
             return None
-        n = best[2] // 2
-        return (best[0], n) if self.per_case(best[1]) * n > STEAL_MIN_S * (1 if best[1] == current else 2) else None
+        n = (best[2] + 1) // 2
+        same = bool(host) and best[3] == host
+        return (best[0], n) if self.per_case(best[1]) * n > (STEAL_SAME_HOST_S if same else 2 * STEAL_MIN_S) else None

@@ -211,6 +211,7 @@ class _Slot:
     since: float = 0.0
     recycling: str = ""  # the worker announced it exits (its CUDA context is lost): not a death
     judged: str = ""  # the adapter spec this worker has judged cases of
+    host: str = ""  # what its kernel host serves: the family of that adapter, or its spec
     sent: int | None = None  # index of the case sent to it and not yet judged (its "idle" not yet received)
 
 
@@ -316,7 +317,7 @@ class WorkerPool:
         child.close()
         slot.conn, slot.ready, slot.born, slot.chunk, slot.current = parent, False, time.monotonic(), None, None
         slot.sent = None
-        slot.recycling, slot.judged = "", ""
+        slot.recycling, slot.judged, slot.host = "", "", ""
 
     def _next_chunk(self, slot: _Slot) -> _Chunk | None:
         """This worker's next chunk: the next in line (one of the adapter it judged first), else once none is left
@@ -325,8 +326,9 @@ class WorkerPool:
             return self.chunks.take(slot.judged)
         if self.feeding and self.more_chunks:  # more are coming
             return None
-        unsent = [(s.index, s.chunk.spec, len(self._unsent(s))) for s in self.slots if s.chunk is not None]
-        taken = self.chunks.to_take(unsent, slot.judged)
+        unsent = [(s.index, s.chunk.spec, len(self._unsent(s)), s.chunk.family or s.chunk.spec)
+                  for s in self.slots if s.chunk is not None]
+        taken = self.chunks.to_take(unsent, slot.host)
         if taken is None:
             return None
         owner = self.slots[taken[0]]
@@ -385,7 +387,7 @@ class WorkerPool:
                     self.chunks.appendleft(chunk)
                     self._renew(slot)  # it takes the chunk once it is ready
                     continue
-                slot.chunk, slot.judged = chunk, chunk.spec
+                slot.chunk, slot.judged, slot.host = chunk, chunk.spec, chunk.family or chunk.spec
             index, case = slot.chunk.items[0]
             slot.sent = index
             slot.conn.send((slot.chunk.spec, [(index, case.to_dict())], slot.chunk.family,

@@ -65,20 +65,26 @@ def test_an_idle_worker_takes_half_of_the_unsent_cases_with_the_most_work() -> N
     q = ChunkQueue()
     q.observe("slow", 3.0)
     q.observe("fast", 0.01)
-    # worker 0 has 40 fast cases unsent (0.4 s), worker 1 has 9 slow ones (27 s)
-    assert q.to_take([(0, "fast", 40), (1, "slow", 9)]) == (1, 4)
-    # a half worth less than a kernel host's start stays where it is
-    assert q.to_take([(0, "fast", 40)]) is None
-    assert q.to_take([(1, "slow", 1)]) is None
-    # a worker that holds the adapter's host takes a smaller half
+    # worker 0 has 40 fast cases unsent (0.4 s), worker 1 has 9 slow ones (27 s): the back half, rounded up
+    assert q.to_take([(0, "fast", 40, "fast"), (1, "slow", 9, "slow")]) == (1, 5)
+    # for a worker whose host serves another adapter, a half worth less than a host's start stays where it is
+    assert q.to_take([(0, "fast", 40, "fast")], host="other") is None
+    assert q.to_take([(1, "slow", 1, "slow")], host="other") is None
+    # a worker whose host serves that chunk's adapter (one family's host) takes even its last case ...
     q.observe("mid", STEAL_MIN_S * 0.75)
-    assert q.to_take([(2, "mid", 4)], current="mid") == (2, 2)
-    assert q.to_take([(2, "mid", 4)], current="other") is None
+    assert q.to_take([(2, "mid", 1, "family")], host="family") == (2, 1)
+    assert q.to_take([(2, "mid", 4, "family")], host="family") == (2, 2)
+    assert q.to_take([(2, "mid", 4, "family")], host="other") is None
+    # ... unless it is worth less than moving it
+    assert q.to_take([(0, "fast", 1, "family")], host="family") is None
+    assert q.to_take([(0, "fast", 0, "family"), (1, "slow", 0, "family")], host="family") is None
 
 
-def simulate(queue: ChunkQueue, cost: dict[str, float], workers: int, host_start: float) -> float:
+def simulate(queue: ChunkQueue, cost: dict[str, float], workers: int, host_start: float,
+             family: dict[str, str] | None = None) -> float:
     """Makespan of `workers` judging the queue, one case at a time, taking unsent halves once the chunks are out; a
-    worker pays `host_start` for an adapter other than the one it judged last."""
+    worker pays `host_start` for an adapter its host does not serve (one of another `family`, adapter -> family)."""
+    family = family or {}
     left: dict[int, list] = {w: [] for w in range(workers)}
     spec: dict[int, str] = {w: "" for w in range(workers)}
     events = [(0.0, w) for w in range(workers)]
@@ -88,15 +94,16 @@ def simulate(queue: ChunkQueue, cost: dict[str, float], workers: int, host_start
         if not left[w]:
             chunk = queue.take(spec[w]) if queue else None
             if chunk is None:
-                taken = queue.to_take([(v, spec[v], len(left[v])) for v in left if left[v]], spec[w])
+                taken = queue.to_take([(v, spec[v], len(left[v]), family.get(spec[v], spec[v])) for v in left],
+                                      family.get(spec[w], spec[w]))
                 if taken is not None:
                     v, n = taken
                     chunk, left[v] = Chunk(spec[v], left[v][-n:]), left[v][:-n]
             if chunk is None:
-                if any(len(rest) > 1 for rest in left.values()):
+                if any(left.values()):
                     heapq.heappush(events, (t + 0.5, w))
                 continue
-            if chunk.spec != spec[w]:
+            if family.get(chunk.spec, chunk.spec) != family.get(spec[w], spec[w]):
                 t += host_start
             spec[w], left[w] = chunk.spec, list(chunk.items)
         left[w].pop(0)
@@ -118,3 +125,21 @@ def test_a_slow_chunk_does_not_end_the_run_alone(host_start: float) -> None:
     ideal = sum(plan[s] * cost[s] for s in plan) / workers  # 21.9 s
     # whole chunks: the compiling adapter's one chunk of 50 cases (150 s) ran on one worker
     assert simulate(queue, cost, workers, host_start) <= 1.3 * ideal + host_start * len(plan)
+
+
+def test_a_last_unsent_case_does_not_wait_for_its_workers_case_in_flight() -> None:
+    """Two workers, one chunk of four compiling cases (3 s each): the idle worker takes the back half; once the
+    owner is on its second case, its last unsent one goes to the worker that is idle again (it had waited for the
+    owner: 10.5 s instead of 7.5, with a host start of 1.5 s each)."""
+    queue = ChunkQueue(chunks_of("compiling", 4, 4))
+    assert simulate(queue, {"compiling": 3.0}, workers=2, host_start=1.5) == pytest.approx(7.5)
+
+
+def test_one_familys_host_takes_the_last_cases_of_its_other_adapters() -> None:
+    """Adapters of one family share a worker's kernel host: a worker done with one of them takes the last unsent
+    case of another without the host-start margin."""
+    family = {"a": "lib", "b": "lib"}
+    queue = ChunkQueue(chunks_of("a", 2, 2) + chunks_of("b", 1, 1))
+    # both start a host (5 s); worker 0 judges a's first case (2 s), worker 1 b's one (0.5 s), then a's second one,
+    # which is worth less than a host's start but needs none (else it waited for worker 0: 9 s)
+    assert simulate(queue, {"a": 2.0, "b": 0.5}, workers=2, host_start=5.0, family=family) == pytest.approx(7.5)
