@@ -161,10 +161,11 @@ class Served:
         self.conn: Any = None  # the pipe to the judge (set by the host's loop)
 
     def preload(self) -> None:
-        """Import what resolving any adapter imports first (the built-in adapters and every entry point's: what
-        `registry.resolve` loads), before a request names one: in a sweep worker's host started ahead, this happens
-        while the worker waits for its first cases (about 2.5 s of each worker's first case on an H200 before)."""
-        registry.load_builtin_and_plugins()
+        """Import what resolving any adapter imports first (the built-in adapters; not the entry points: an installed
+        package's import runs in the hosts of its own adapters only, `registry.entry_spec`), before a request names
+        one: in a sweep worker's host started ahead, this happens while the worker waits for its first cases (about
+        2.5 s of each worker's first case on an H200 before)."""
+        registry.load_builtins()
 
     def adapter(self, spec: str) -> Adapter:
         if spec not in self.adapters:
@@ -183,7 +184,7 @@ class Served:
             registry.probe_imports(specs, early)
         try:
             if specs == ["@entry-points"]:  # the adapters installed packages publish (the plugin's default)
-                found = [a.name for a in registry.entry_point_adapters()]
+                found = [registry.entry_spec(a.name) for a in registry.entry_point_adapters()]
             else:
                 found = registry.expand(specs) if specs else [a.name for a in registry.all_adapters()]
             adapters = [self.adapter(s) for s in found]

@@ -407,7 +407,8 @@ class Adapter:
 
 
 _REGISTRY: dict[str, Adapter] = {}
-_loaded = False
+_loaded = False  # the built-in adapters
+_entry_points_loaded = False  # every entry point's
 
 
 def register(adapter: Adapter, *, replace: bool = False) -> Adapter:
@@ -458,6 +459,12 @@ def _as_adapters(obj: Any, origin: str, *, any_callable: bool = True) -> list[Ad
 
 #: adapter name -> the entry point it came from
 _FROM_ENTRY_POINTS: dict[str, str] = {}
+#: the entry points this process has imported (or tried to)
+_ENTRY_POINTS_DONE: set[str] = set()
+#: how a listing names an adapter an installed package publishes, for the kernel hosts that judge it
+#: (`entry_spec`): an entry point's import runs in its own adapters' hosts only, never where another adapter
+#: is judged
+ENTRY_SPEC = "entry-point="
 #: provider or entry point -> why it could not be loaded
 LOAD_FAILURES: dict[str, str] = {}
 #: adapter name -> what importing its module changed in the state the judge watches (undone at once; every case of
@@ -524,13 +531,13 @@ def _deadly(origin: str, failure: str, what: str) -> bool:
 
 
 def builtins_loaded() -> bool:
-    """Whether this process has imported the built-in adapters and the entry points' (`load_builtin_and_plugins`)."""
+    """Whether this process has imported the built-in adapters (`load_builtins`)."""
     return _loaded
 
 
-def load_builtin_and_plugins() -> None:
-    """Import the built-in adapters and every adapter published under the entry-point group. A provider or entry
-    point that fails to load is reported (a warning, and `LOAD_FAILURES`), never fatal to the others."""
+def load_builtins() -> None:
+    """Import the built-in adapters (this project's providers; a third-party library is imported by its adapters'
+    runs, not here). A provider that fails to load is reported (a warning, and `LOAD_FAILURES`)."""
     global _loaded
     if _loaded:
         return
@@ -546,20 +553,67 @@ def load_builtin_and_plugins() -> None:
         except Exception as e:  # triton missing, a broken provider: its adapters are unavailable, the rest works
             LOAD_FAILURES[module_name] = _one_line(e)
             warnings.warn(f"built-in adapters of {module_name} unavailable: {e}", stacklevel=2)
+
+
+def load_builtin_and_plugins() -> None:
+    """Import the built-in adapters and every adapter published under the entry-point group (what a listing of the
+    installed adapters needs; a kernel host that judges one adapter imports its own package only: `resolve`). A
+    provider or entry point that fails to load is reported (a warning, and `LOAD_FAILURES`), never fatal to the
+    others."""
+    global _entry_points_loaded
+    load_builtins()
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if _deadly(f"entry-point {ep.name}", f"entry point {ep.name} ({ep.value})",
-                   f"adapters of entry point {ep.name!r} ({ep.value})"):
-            continue
-        try:
-            with _watched_import(f"entry point {ep.name!r} ({ep.value})") as defined:
-                found = _as_adapters(ep.load(), f"entry point {ep.name!r}")
-                defined += found
-            _add_found(found, f"entry point {ep.name!r} ({ep.value})")
-        except Exception as e:  # one broken kernel package must not hide the others
-            LOAD_FAILURES[f"entry point {ep.name} ({ep.value})"] = f"{type(e).__name__}: {e}"
-            warnings.warn(f"adapters of entry point {ep.name!r} ({ep.value}) unavailable: {e}", stacklevel=2)
-            continue
-        _FROM_ENTRY_POINTS.update((a.name, ep.name) for a in found)
+        _load_entry_point(ep)
+
+
+def _load_entry_point(ep: metadata.EntryPoint) -> list[Adapter]:
+    """The adapters entry point `ep` publishes, imported and registered once per process ([] if it fails to load:
+    reported as in `load_builtin_and_plugins`)."""
+    import warnings
+
+    if ep.name in _ENTRY_POINTS_DONE:
+        return [_REGISTRY[n] for n, e in _FROM_ENTRY_POINTS.items() if e == ep.name and n in _REGISTRY]
+    _ENTRY_POINTS_DONE.add(ep.name)
+    if _deadly(f"entry-point {ep.name}", f"entry point {ep.name} ({ep.value})",
+               f"adapters of entry point {ep.name!r} ({ep.value})"):
+        return []
+    try:
+        with _watched_import(f"entry point {ep.name!r} ({ep.value})") as defined:
+            found = _as_adapters(ep.load(), f"entry point {ep.name!r}")
+            defined += found
+        _add_found(found, f"entry point {ep.name!r} ({ep.value})")
+    except Exception as e:  # one broken kernel package must not hide the others
+        LOAD_FAILURES[f"entry point {ep.name} ({ep.value})"] = f"{type(e).__name__}: {e}"
+        warnings.warn(f"adapters of entry point {ep.name!r} ({ep.value}) unavailable: {e}", stacklevel=3)
+        return []
+    _FROM_ENTRY_POINTS.update((a.name, ep.name) for a in found)
+    return found
+
+
+def entry_spec(name: str) -> str:
+    """How a kernel host loads adapter `name`: `entry-point=EP#name` for one an installed package publishes (the host
+    imports that entry point alone), else `name` itself."""
+    ep = _FROM_ENTRY_POINTS.get(name)
+    return f"{ENTRY_SPEC}{ep}{SELECT}{name}" if ep is not None else name
+
+
+def _from_entry_point(spec: str) -> list[Adapter]:
+    """The adapter an `entry-point=EP#name` spec names, importing entry point EP only."""
+    ep_name, _, wanted = spec[len(ENTRY_SPEC):].partition(SELECT)
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == ep_name]
+    if not found:
+        raise ValueError(f"adapter {spec!r}: no installed package publishes an entry point {ep_name!r} in group "
+                         f"{ENTRY_POINT_GROUP}")
+    published = _load_entry_point(found[0])
+    chosen = [a for a in published if not wanted or a.name == wanted]
+    if not chosen:
+        why = next((v for k, v in LOAD_FAILURES.items() if k.startswith(f"entry point {ep_name} ")), "")
+        raise ValueError(f"adapter {spec!r}: entry point {ep_name!r} " + (f"failed to load ({why})" if why else
+                         f"publishes no adapter named {wanted!r}"))
+    return chosen
 
 
 def probe_origins(specs: Iterable[str]) -> list[tuple[str, str]]:
@@ -582,7 +636,7 @@ def probe_imports(specs: Iterable[str], early: Mapping[str, Any] | None = None) 
     from harness.core import probe_cache
     from harness.registry.probe import ProbeNotStarted, early_child, probe
 
-    if _loaded:
+    if _loaded and _entry_points_loaded:
         return
     origins = probe_origins(specs)
     remembered = probe_cache.key(origins)
@@ -628,10 +682,15 @@ def resolve(spec: str) -> Adapter:
 def resolve_all(spec: str) -> list[Adapter]:
     """Every adapter `spec` names: one for a registered name or `module:object#name`, every one of a list or a
     factory for `module:object`. A spec that names none is an error."""
-    load_builtin_and_plugins()
+    load_builtins()
     if spec in _REGISTRY:
         return [_REGISTRY[spec]]
+    if spec.startswith(ENTRY_SPEC):
+        return _from_entry_point(spec)
     if ":" not in spec:
+        load_builtin_and_plugins()  # a name that is not built in: an installed package's, maybe
+        if spec in _REGISTRY:
+            return [_REGISTRY[spec]]
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise ValueError(f"unknown adapter {spec!r}; registered: {known} (or pass module:object)")
     target, _, wanted = spec.partition(SELECT)
@@ -679,11 +738,14 @@ def expand(specs: Iterable[str]) -> list[str]:
     names: list[str] = []
     for spec in specs:
         if spec == "all":
-            found = [a.name for a in all_adapters()]
+            found = [entry_spec(a.name) for a in all_adapters()]
         elif spec == "external":
-            found = [a.name for a in all_adapters() if a.library is not None]
+            found = [entry_spec(a.name) for a in all_adapters() if a.library is not None]
         elif ":" in spec and SELECT not in spec and spec not in _REGISTRY:
             found = [FROM_SPEC[a.name] for a in resolve_all(spec)]  # a list or a factory: each of its adapters
+        elif ":" not in spec and not spec.startswith(ENTRY_SPEC):
+            resolve_all(spec)  # an installed package's name is listed by its entry point
+            found = [entry_spec(spec)]
         else:
             found = [spec]
         names += [n for n in found if n not in names]
