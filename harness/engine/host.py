@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from harness.core.device import threads_for
-from harness.engine import compile_once_env, fork_server, namespaces, sandbox
+from harness.engine import compile_once_env, family_cache, fork_server, namespaces, sandbox
 
 if TYPE_CHECKING:
     from harness.engine.arena import Arena
@@ -239,8 +239,11 @@ class Host:
     """The judge's handle on one host process: start it, ask it, kill it. `ask` returns the decoded JSON reply;
     a host that dies, or runs past `deadline` or its memory limit, raises `HostDied` (and is killed)."""
 
-    def __init__(self, device: str, *, threads: int | None = None, preload: bool = False):
+    def __init__(self, device: str, *, threads: int | None = None, preload: bool = False,
+                 family: str = family_cache.UNASSIGNED):
         self.device = device
+        #: whose Triton cache folder it compiles into (`family_cache`): the adapters it may judge
+        self.family = family
         #: import the adapters as soon as it starts, before it is asked for one (a sweep worker's host started ahead)
         self.preload = preload
         self.threads = threads if threads is not None else _judge_threads()
@@ -262,6 +265,7 @@ class Host:
             self.log = sandbox.new_log()
             weakref.finalize(self, sandbox.remove_log, self.log)
         env = dict(os.environ)
+        family_cache.assign(env, self.family)
         try:
             self.plan = sandbox.launch(env, self.log)
         except sandbox.SandboxUnavailable as e:

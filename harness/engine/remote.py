@@ -178,6 +178,8 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
 
 #: the top-level packages of this repository's own adapters (our kernels, the references): trusted alike
 OWN_PACKAGES = ("kernels", "reference", "harness")
+#: the family of this repository's own adapters registered by name (`host_family`)
+OWN_FAMILY = "own"
 
 
 def host_family(adapter: Any) -> str | None:
@@ -202,7 +204,7 @@ def family_of(spec: str, module: str | None, library: str | None) -> str | None:
     if library is not None:
         return f"library:{library}"
     if ":" not in spec and (module or "").split(".")[0] in OWN_PACKAGES:
-        return "own"
+        return OWN_FAMILY
     return None
 
 
@@ -226,7 +228,8 @@ def open_adapter(spec: str, device: str, *, host: Host | None = None, spare: Hos
     """The adapter `spec` (a registered name or `module:object[#name]`) in a kernel host of its own on `device`
     (or in `host`, shared with other adapters, to read their declarations: planning runs no kernel). spare: a host
     on `device` started ahead and holding no adapter yet, to load it into instead of starting one (unused when the
-    adapter's host is open already). family: its `host_family`; an open host of that family on `device` takes it
+    adapter's host is open already, or when the spare was started for another family: its Triton cache folder is
+    that family's, `family_cache`). family: its `host_family`; an open host of that family on `device` takes it
     instead of a new one. ValueError when the spec names no adapter, HostError when the host cannot load it."""
     if host is not None:
         return _described(spec, host)
@@ -240,7 +243,9 @@ def open_adapter(spec: str, device: str, *, host: Host | None = None, spare: Hos
                  and _FAMILIES.get(k) == family and a.host is not None and a.host.alive()), None)
     if mate is None:
         _stop_least_recent(device)
-    _OPEN[key] = _described(spec, mate.host if mate is not None else spare if spare is not None else Host(device))
+    kind = family or spec  # its Triton cache folder (`family_cache`): a spare started for another is not its host
+    fresh = spare if spare is not None and spare.family == kind else None
+    _OPEN[key] = _described(spec, mate.host if mate is not None else fresh or Host(device, family=kind))
     _FAMILIES[key] = family
     return _OPEN[key]
 

@@ -111,7 +111,7 @@ def _serve(conn: Connection, device: str, results_dir: str, run_id: str, threads
     # the first kernel host starts now, while this worker starts and waits for its first case (a host's first
     # start in a process also starts the fork server it comes from: seconds), imports the adapters meanwhile
     # (`Served.preload`), and loads the first chunk's adapter
-    spare = Host(device, preload=True)
+    spare = Host(device, preload=True, family=remote.OWN_FAMILY)  # most adapters are this repository's
     spare.start()
     dev = detect(device)
     unverifiable: set[str] | None = None
@@ -151,11 +151,13 @@ def _judge_chunks(conn: Connection, dev: DeviceInfo, unverifiable: set[str] | No
         except Exception as e:
             conn.send(("unloadable", f"{type(e).__name__}: {e}"))
             continue
-        if spare is None and dev.is_cuda and others:
-            # on a GPU the next adapter's host (its CUDA context) starts while this one's cases are judged; on the
-            # CPU the cores are busy judging, and a host started ahead only added work (7% on a 2-core sweep test);
-            # a sweep of one family has no next adapter for it (16 workers' spare hosts, each importing the adapters)
-            spare = Host(dev.device, preload=True)
+        if spare is None and dev.is_cuda and others and kin != remote.OWN_FAMILY:
+            # on a GPU the next host (its CUDA context) starts while this one's cases are judged; on the CPU the
+            # cores are busy judging, and a host started ahead only added work (7% on a 2-core sweep test); a sweep
+            # of one family has no next adapter for it (16 workers' spare hosts, each importing the adapters). A
+            # spare is one of this repository's adapters' (its Triton cache folder is a family's, `family_cache`):
+            # started while the worker judges another family's
+            spare = Host(dev.device, preload=True, family=remote.OWN_FAMILY)
             spare.start()
         for index, case_dict in items:
             if adapter.host is not None:  # a host replaced after a death starts before the case's clock does

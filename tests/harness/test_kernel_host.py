@@ -364,10 +364,13 @@ def test_an_adapter_opens_in_a_spare_host_started_ahead() -> None:
 
     spec = "tests.harness.fixtures.fake_adapters:SLOW_FIRST_RUN"
     remote.close_adapter(spec, "cpu")
-    spare = Host("cpu")
+    other = Host("cpu", family=remote.OWN_FAMILY)  # another family's: its Triton cache folder is not this adapter's
+    spare = Host("cpu", family=spec)  # an adapter of no family: its own
     spare.start()
     unused = Host("cpu")
     try:
+        assert remote.open_adapter(spec, "cpu", spare=other).host is not other
+        remote.close_adapter(spec, "cpu")
         adapter = remote.open_adapter(spec, "cpu", spare=spare)
         assert adapter.host is spare
         assert remote.open_adapter(spec, "cpu", spare=unused) is adapter  # open already: no other host used
@@ -377,6 +380,7 @@ def test_an_adapter_opens_in_a_spare_host_started_ahead() -> None:
         closed = not spare.alive()
         spare.close()  # a failed check must not leave it running (pytest would wait for it at exit)
         unused.close()
+        other.close()
     assert closed
 
 
@@ -399,9 +403,10 @@ def _fake_worker(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
     from harness.sweep import workers
 
     class FakeHost:
-        def __init__(self, device: str, *, preload: bool = False) -> None:
+        def __init__(self, device: str, *, preload: bool = False, family: str = "") -> None:
             self.n = len([e for e in events if e.startswith("start")]) + 1
             self.preload = preload
+            self.family = family
 
         def start(self) -> None:
             events.append(f"start host{self.n}" + (" preloading" if self.preload else ""))
@@ -462,6 +467,26 @@ def test_a_sweep_worker_starts_the_next_adapters_host_while_it_judges(monkeypatc
     else:
         assert events == ["start host1", "open a in host1", "judge a", "judge a", "close a", "open b", "judge b"], \
             events
+
+
+def test_a_sweep_worker_on_this_repositorys_adapters_starts_no_host_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spare host is one of this repository's adapters' (its Triton cache folder is a family's): a worker that
+    judges them in their open host starts none beside it (it would only be of use to them), one that judges another
+    family's does."""
+    from harness.engine import remote
+    from harness.sweep import workers
+
+    events: list[str] = []
+    first = _fake_worker(monkeypatch, events)("cpu", preload=True, family=remote.OWN_FAMILY)
+    first.start()
+    dev = dataclasses.replace(detect("cpu"), device="cuda:0")
+    own = remote.OWN_FAMILY
+    workers._judge_chunks(_Conn([("a", [(0, _case("a"))], own, True), ("b", [(1, _case("b"))], own, True),
+                                 ("c", [(2, _case("c"))], "library:x", True), None]), dev, None, first)
+    assert events == ["start host1 preloading", "open a in host1 (own)", "judge a", "open b (own)", "judge b",
+                      "close a", "close b", "open c (library:x)", "start host2 preloading", "judge c",
+                      "close host2"], events
+    assert first.family == own
 
 
 def test_a_sweep_worker_starts_no_host_ahead_when_no_other_family_may_come(monkeypatch: pytest.MonkeyPatch) -> None:

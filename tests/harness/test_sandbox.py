@@ -149,6 +149,29 @@ def test_a_kernel_cannot_write_into_the_results_or_the_checkout(targets) -> None
     _untouched(results, mark)
 
 
+def test_a_kernel_cannot_write_another_familys_compiled_kernels(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kind of host compiles into its family's folder of the Triton cache (`family_cache`); the root and the
+    other families' folders are read-only to it, so a kernel cannot plant a compiled kernel another adapter loads."""
+    _require_sandbox()
+    from harness.engine import family_cache
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    other = Path(family_cache.assign(dict(os.environ), remote.OWN_FAMILY))
+    report = tmp_path / "report"
+    monkeypatch.setenv("HOSTILE_OTHER", str(other))
+    monkeypatch.setenv("HOSTILE_REPORT", str(report))
+    spec = f"{FIXTURE}:POISON_CACHE"
+    try:
+        r = runner.judge(CASE, remote.open_adapter(spec, "cpu"), detect("cpu"))
+    finally:
+        remote.close_adapter(spec, "cpu")
+    assert r.verdict == "error" and "Read-only file system" in r.reason, (r.verdict, r.reason)
+    own = Path(report.read_text())
+    assert own.parent == tmp_path / "triton" and own != other and (own / "own-variant").read_text() == "compiled"
+    assert not list(other.iterdir())
+
+
 def test_a_kernel_cannot_have_the_fork_server_start_a_process_outside_its_host(  # type: ignore[no-untyped-def]
         targets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A host is forked from a fork server and inherits its address: the server's children run in the judge's
