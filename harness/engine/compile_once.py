@@ -15,6 +15,11 @@ go once the compiled files are in:
 
 `compile_once_env.install()` names this class in the environment (Triton imports it on its first compile), unless
 the user named a cache manager of their own or turned it off (`MOE_HARNESS_COMPILE_ONCE=0`).
+
+A kernel host compiles into its family's folder of the cache (`family_cache`). Before it compiles a variant it does
+not have, it looks in the folder its environment names as trusted (`family_cache.TRUSTED_ENV`: this repository's
+adapters' folder, which only their hosts write): an adapter that runs this repository's kernels under another family
+(a test's, a user's `module:object`) loads the variants those hosts compiled instead of compiling them again.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from triton.runtime.cache import FileCacheManager
 __all__ = ["CompileOnceCacheManager"]
 
 LOCK_NAME = "compile.lock"
+#: the folder of the cache a host reads variants from before it compiles one (`family_cache.assign` sets it)
+TRUSTED_ENV = "MOE_HARNESS_TRITON_TRUSTED"
 #: the longest a process waits for another's compile of the same variant before compiling it itself
 WAIT_S = 120.0
 _POLL_S = 0.02
@@ -59,7 +66,7 @@ class CompileOnceCacheManager(FileCacheManager):
     """Triton's file cache; a miss of a compiled kernel's group takes the variant's lock (see the module)."""
 
     def get_group(self, filename: str) -> dict[str, str] | None:
-        found = super().get_group(filename)
+        found = super().get_group(filename) or self._trusted_group(filename)
         # override and dump managers have no lock path; they never gate a compile
         if found is not None or getattr(self, "lock_path", None) is None:
             return found
@@ -94,6 +101,15 @@ class CompileOnceCacheManager(FileCacheManager):
         with _guard:
             _held[me] = (self._token, fd)
         return None
+
+    def _trusted_group(self, filename: str) -> dict[str, str] | None:
+        """The variant's files in the trusted folder (read there, never written), or None."""
+        trusted = os.environ.get(TRUSTED_ENV, "")
+        if not trusted or getattr(self, "lock_path", None) is None or not getattr(self, "key", ""):
+            return None
+        there = FileCacheManager.__new__(FileCacheManager)
+        there.key, there.cache_dir = self.key, os.path.join(trusted, self.key)
+        return there.get_group(filename) if os.path.isdir(there.cache_dir) else None
 
     def put_group(self, filename: str, group: dict[str, str]) -> Any:
         try:

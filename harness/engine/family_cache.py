@@ -19,6 +19,12 @@ from pathlib import Path
 ROOT_ENV = "MOE_HARNESS_TRITON_CACHE_ROOT"
 #: the family of the hosts that judge no kernel (the listing, the planning)
 UNASSIGNED = "unassigned"
+#: the family of this repository's own adapters (`remote.host_family`): the other families' hosts read its folder
+#: (read-only) before they compile a variant, so that this repository's kernels run under another adapter (a test's,
+#: a user's `module:object`) are not compiled again
+OWN = "own"
+#: `compile_once.TRUSTED_ENV`, named here without importing Triton
+TRUSTED_ENV = "MOE_HARNESS_TRITON_TRUSTED"
 
 
 def root(env: Mapping[str, str]) -> str:
@@ -34,8 +40,12 @@ def folder(env: Mapping[str, str], family: str) -> str:
 
 def assign(env: MutableMapping[str, str], family: str) -> str:
     """Point `env` (a host's, before it starts) at `family`'s folder, made now by the judge; returns the folder."""
-    base, path = root(env), folder(env, family)
+    base, path, own = root(env), folder(env, family), folder(env, OWN)
     os.makedirs(path, mode=0o700, exist_ok=True)
     env[ROOT_ENV] = base
     env["TRITON_CACHE_DIR"] = path
+    if family != OWN:
+        env[TRUSTED_ENV] = own
+    else:
+        env.pop(TRUSTED_ENV, None)
     return path

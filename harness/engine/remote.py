@@ -22,6 +22,7 @@ from typing import Any
 from harness.core.case import Case
 from harness.core.device import LISTING_DEVICE, DeviceInfo
 from harness.core.known import KnownFinding
+from harness.engine import family_cache
 from harness.engine.host import Host, HostDied, close_hosts
 from harness.registry import Adapter, Library, SupportRuleError
 
@@ -179,7 +180,7 @@ def from_manifest(m: Mapping[str, Any], spec: str, host: Host) -> RemoteAdapter:
 #: the top-level packages of this repository's own adapters (our kernels, the references): trusted alike
 OWN_PACKAGES = ("kernels", "reference", "harness")
 #: the family of this repository's own adapters registered by name (`host_family`)
-OWN_FAMILY = "own"
+OWN_FAMILY = family_cache.OWN
 
 
 def host_family(adapter: Any) -> str | None:

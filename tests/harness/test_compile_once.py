@@ -176,3 +176,24 @@ def test_processes_compiling_one_new_variant_at_once_compile_it_once(tmp_path: P
         assert p.returncode == 0, err[-2000:]
         stats.append(json.loads(out.strip().splitlines()[-1]))
     assert sum(s["compiled"] for s in stats) == 1, stats
+
+
+def test_a_variant_in_the_trusted_folder_is_loaded_from_there_not_compiled(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host of another family (its own folder empty) finds a variant this repository's adapters' hosts compiled in
+    their folder (`family_cache`) and takes no lock, compiles nothing, writes nothing there."""
+    from harness.engine import family_cache
+
+    trusted = tmp_path / "cache" / "family-own"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(trusted))
+    group = _compile(compile_once.CompileOnceCacheManager(KEY))  # compiled by one of its hosts
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache" / "family-other"))
+    assert compile_once.TRUSTED_ENV == family_cache.TRUSTED_ENV
+    monkeypatch.delenv(compile_once.TRUSTED_ENV, raising=False)
+    assert compile_once.CompileOnceCacheManager(KEY).get_group(GROUP) is None  # not trusted: compiled again
+    compile_once._release(threading.get_ident())
+    monkeypatch.setenv(compile_once.TRUSTED_ENV, str(trusted))
+    before = sorted(p.name for p in (trusted / KEY).iterdir())
+    assert compile_once.CompileOnceCacheManager(KEY).get_group(GROUP) == group
+    assert sorted(p.name for p in (trusted / KEY).iterdir()) == before  # no lock file made there
+    assert compile_once.STATS["compiled"] == 1 and compile_once.STATS["waited"] == 0  # the untrusted miss only

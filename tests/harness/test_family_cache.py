@@ -20,7 +20,17 @@ def test_families_get_folders_of_their_own_under_the_machines_cache(tmp_path: Pa
     assert family_cache.folder(host_env, "library:vllm") == lib
 
 
-def test_without_a_cache_folder_named_it_is_tritons_default() -> None:
-    env = {"HOME": "/home/someone"}
-    assert family_cache.root(env) == "/home/someone/.triton/cache"
-    assert family_cache.root({**env, "TRITON_HOME": "/elsewhere"}) == "/elsewhere/.triton/cache"
+def test_without_a_cache_folder_named_it_is_tritons_default(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path / "home")}
+    assert family_cache.root(env) == str(tmp_path / "home" / ".triton" / "cache")
+    elsewhere = str(tmp_path / "elsewhere")
+    assert family_cache.root({**env, "TRITON_HOME": elsewhere}) == str(Path(elsewhere) / ".triton" / "cache")
+
+
+def test_every_other_family_reads_this_repositorys_folder_before_it_compiles(tmp_path: Path) -> None:
+    env = {"TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    other, own = dict(env), dict(env)
+    family_cache.assign(other, "library:vllm")
+    family_cache.assign(own, family_cache.OWN)
+    assert other[family_cache.TRUSTED_ENV] == own["TRITON_CACHE_DIR"] == family_cache.folder(env, family_cache.OWN)
+    assert family_cache.TRUSTED_ENV not in own

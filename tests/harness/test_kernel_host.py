@@ -308,14 +308,14 @@ def test_a_large_cases_cached_gpu_memory_is_returned_to_the_device() -> None:
     # another GPU than the current one where there are several: the cache of the device named must be emptied
     dev = torch.device("cuda", (torch.cuda.current_device() + 1) % torch.cuda.device_count())
 
-    def cached() -> int:  # reserved but not in use: what the worker's earlier tests still hold is not the cache
-        return torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-
+    # what the worker's earlier tests left reserved is not this test's: blocks of segments they still use in part
+    # stay reserved whatever empties the cache (4.4 GB once, on a worker of the GPU suite)
+    before = torch.cuda.memory_reserved(dev)
     big = torch.empty(2 * CACHED_MEMORY_KEPT_MB * 2**20, dtype=torch.uint8, device=dev)
     del big
-    assert cached() >= 2 * CACHED_MEMORY_KEPT_MB * 2**20
+    assert torch.cuda.memory_reserved(dev) >= before + 2 * CACHED_MEMORY_KEPT_MB * 2**20
     release_cached_memory(str(dev))
-    assert cached() <= CACHED_MEMORY_KEPT_MB * 2**20
+    assert torch.cuda.memory_reserved(dev) <= before + CACHED_MEMORY_KEPT_MB * 2**20
 
 
 def test_the_arena_files_of_judges_that_are_gone_are_removed(tmp_path: Path) -> None:
