@@ -140,13 +140,18 @@ def test_every_process_of_the_namespace_dies_with_its_host(targets, monkeypatch:
 def test_a_kernel_cannot_write_into_the_results_or_the_checkout(targets) -> None:  # type: ignore[no-untyped-def]
     _require_sandbox()
     results, _, mark = targets
-    spec = f"{FIXTURE}:WRITE"
+    _write_refused("WRITE")
+    _untouched(results, mark)
+
+
+def _write_refused(kernel: str) -> None:
+    """Judge the fixture `kernel` in a kernel host of its own: its write is refused (an error verdict naming it)."""
+    spec = f"{FIXTURE}:{kernel}"
     try:
         r = runner.judge(CASE, remote.open_adapter(spec, "cpu"), detect("cpu"))
     finally:
         remote.close_adapter(spec, "cpu")
     assert r.verdict == "error" and "Read-only file system" in r.reason, (r.verdict, r.reason)
-    _untouched(results, mark)
 
 
 def test_a_kernel_cannot_write_another_familys_compiled_kernels(tmp_path: Path,
@@ -161,12 +166,7 @@ def test_a_kernel_cannot_write_another_familys_compiled_kernels(tmp_path: Path,
     report = tmp_path / "report"
     monkeypatch.setenv("HOSTILE_OTHER", str(other))
     monkeypatch.setenv("HOSTILE_REPORT", str(report))
-    spec = f"{FIXTURE}:POISON_CACHE"
-    try:
-        r = runner.judge(CASE, remote.open_adapter(spec, "cpu"), detect("cpu"))
-    finally:
-        remote.close_adapter(spec, "cpu")
-    assert r.verdict == "error" and "Read-only file system" in r.reason, (r.verdict, r.reason)
+    _write_refused("POISON_CACHE")
     own = Path(report.read_text())
     assert own.parent == tmp_path / "triton" and own != other and (own / "own-variant").read_text() == "compiled"
     assert not list(other.iterdir())
