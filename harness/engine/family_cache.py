@@ -38,10 +38,14 @@ def folder(env: Mapping[str, str], family: str) -> str:
     return os.path.join(root(env), "family-" + hashlib.sha256(family.encode()).hexdigest()[:16])
 
 
-def assign(env: MutableMapping[str, str], family: str) -> str:
-    """Point `env` (a host's, before it starts) at `family`'s folder, made now by the judge; returns the folder."""
+def assign(env: MutableMapping[str, str], family: str) -> str | None:
+    """Point `env` (a host's, before it starts) at `family`'s folder, made now by the judge; returns the folder, or
+    None (`env` unchanged) where it cannot be made: Triton then fails or not on its own, as without this."""
     base, path, own = root(env), folder(env, family), folder(env, OWN)
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError:
+        return None
     env[ROOT_ENV] = base
     env["TRITON_CACHE_DIR"] = path
     if family != OWN:

@@ -34,3 +34,10 @@ def test_every_other_family_reads_this_repositorys_folder_before_it_compiles(tmp
     family_cache.assign(own, family_cache.OWN)
     assert other[family_cache.TRUSTED_ENV] == own["TRITON_CACHE_DIR"] == family_cache.folder(env, family_cache.OWN)
     assert family_cache.TRUSTED_ENV not in own
+
+
+def test_a_cache_folder_that_cannot_be_made_leaves_the_environment_as_it_was(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    env = {"TRITON_CACHE_DIR": str(blocked / "cache")}
+    assert family_cache.assign(env, "own") is None and env == {"TRITON_CACHE_DIR": str(blocked / "cache")}
