@@ -212,7 +212,8 @@ def launch(env: Mapping[str, str], log: str) -> Launch:
             raise SandboxUnavailable(f"{ENV}=on: kernel hosts cannot be sandboxed here: {found.reason}")
         return Launch(log)
     listed = [p for p in env.get(READONLY_ENV, "").split(os.pathsep) if p]
-    shared_cache = [env[family_cache.ROOT_ENV]] if env.get(family_cache.ROOT_ENV) else []  # its family's: writable
+    # the Triton cache's root, all families' folders in it (the host's own is in writable_paths: bound writable)
+    shared_cache = [env[family_cache.ROOT_ENV]] if env.get(family_cache.ROOT_ENV) else []
     readonly = [os.path.realpath(p) for p in [*judge_paths(), *listed, *code_paths(env), *shared_cache]]
     writable = [w for w in writable_paths(env) if any(_inside(w, r) and w != r for r in readonly)]
     readonly = [r for r in dict.fromkeys(readonly) if os.path.isdir(r) and r not in writable_paths(env)]

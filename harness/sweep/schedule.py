@@ -23,9 +23,9 @@ from typing import Protocol
 
 #: the weight of a chunk queued without one (`ChunkQueue.insert_by_weight`)
 LIGHTEST = (-math.inf, 0.0)
-#: seconds a taken half must be worth (measured) before an idle worker takes it; twice that when the worker does not
-#: hold the adapter's kernel host (about what a host takes to start)
-STEAL_MIN_S = 1.5
+#: seconds a taken half must be worth (measured) before an idle worker whose kernel host does not serve its adapter
+#: takes it (about what a host takes to start, with margin)
+STEAL_NEW_HOST_S = 3.0
 #: seconds a taken half must be worth when the idle worker's kernel host serves its adapter already: moving a case is
 #: a message each way
 STEAL_SAME_HOST_S = 0.2
@@ -96,4 +96,4 @@ class ChunkQueue:
             return None
         n = (best[2] + 1) // 2
         same = bool(host) and best[3] == host
-        return (best[0], n) if self.per_case(best[1]) * n > (STEAL_SAME_HOST_S if same else 2 * STEAL_MIN_S) else None
+        return (best[0], n) if self.per_case(best[1]) * n > (STEAL_SAME_HOST_S if same else STEAL_NEW_HOST_S) else None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.sweep.schedule import STEAL_MIN_S, ChunkQueue
+from harness.sweep.schedule import STEAL_NEW_HOST_S, ChunkQueue
 
 
 @dataclass
@@ -71,7 +71,7 @@ def test_an_idle_worker_takes_half_of_the_unsent_cases_with_the_most_work() -> N
     assert q.to_take([(0, "fast", 40, "fast")], host="other") is None
     assert q.to_take([(1, "slow", 1, "slow")], host="other") is None
     # a worker whose host serves that chunk's adapter (one family's host) takes even its last case ...
-    q.observe("mid", STEAL_MIN_S * 0.75)
+    q.observe("mid", STEAL_NEW_HOST_S * 0.375)
     assert q.to_take([(2, "mid", 1, "family")], host="family") == (2, 1)
     assert q.to_take([(2, "mid", 4, "family")], host="family") == (2, 2)
     assert q.to_take([(2, "mid", 4, "family")], host="other") is None
