@@ -79,3 +79,46 @@ def test_the_sampler_sees_a_busy_child(tmp_path: Path) -> None:
         busy.wait(timeout=30)
     seen = [r for r in json.loads(out.read_text()) if r["pid"] == busy.pid]
     assert seen and seen[0]["cpu"] > 0.3, seen
+
+
+compile_census = _script("compile_census")
+COMMITTED_LOG = ROOT / "results/sm90/2026-11-30-a8f8668-schedule-ab-suite/matrix/new2-main-verdicts.log.gz"
+
+
+def test_a_variant_key_follows_tritons_integer_specialization_and_constexprs() -> None:
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["m"])
+    def probe(x_ptr, n, m, scale, B: tl.constexpr):
+        pass
+
+    x = torch.zeros(4, dtype=torch.bfloat16)
+
+    def key(n: int, m: int, b: int) -> dict:
+        return dict(compile_census.variant_key(probe, (x, n, m, 0.5), {"B": b, "num_warps": 4}))
+
+    assert key(32, 32, 8) == {"x_ptr": "bfloat16", "n": "d16", "m": "i", "scale": "f", "B": 8, "num_warps": 4}
+    assert key(1, 1, 8)["n"] == "1" and key(17, 1, 8)["n"] == "i"
+    assert key(1, 1, 8)["m"] == "i"  # do_not_specialize: never a variant of its own
+
+
+def test_the_census_replays_committed_cases_without_running_a_kernel() -> None:
+    import triton.runtime.jit as jit
+
+    run = jit.JITFunction.run
+    records = [r for r in compile_census.judged([str(COMMITTED_LOG)]) if r["case"]["adapter"] == "triton-reduce"][:3]
+    assert len(records) == 3
+    launches, errors = compile_census.census(records)
+    assert not errors and jit.JITFunction.run is run
+    assert {kernel for _, kernel, _ in launches} == {"kernels.reduce._reduce_kernel"}
+    assert {adapter for adapter, _, _ in launches} == {"triton-reduce"}
+
+
+def test_the_axis_report_says_what_each_axis_costs_in_variants() -> None:
+    keys = {(("A", a), ("B", b)) for a in (1, 2) for b in (1, 2, 3)} | {(("A", 3), ("B", 1))}
+    report = {axis: (left, counts) for axis, left, counts in compile_census.axis_report(keys)}
+    assert report["A"] == (3, {1: 3, 2: 3, 3: 1})
+    assert report["B"] == (3, {1: 3, 2: 2, 3: 2})
+    assert compile_census.without(keys, "C") == 7
