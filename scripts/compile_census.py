@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.pop("TRITON_INTERPRET", None)  # the GPU's code paths and tiles, before any kernel module reads it
 
 Key = tuple[tuple[str, Any], ...]
 _TRITON_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "i8", "uint8": "u8",
@@ -68,7 +67,10 @@ def variant_key(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Key:
 
 def census(records: Iterable[dict[str, Any]], adapters: set[str] | None = None) -> tuple[list[tuple[str, str, Key]],
                                                                                          collections.Counter]:
-    """(adapter, kernel, key) of every launch the judged cases make, and the errors of cases that did not run."""
+    """(adapter, kernel, key) of every launch the judged cases make, and the errors of cases that did not run. In a
+    process without Triton's interpreter only (`main` makes sure): the interpreter's kernels are not JIT launches."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("the census needs a process without TRITON_INTERPRET (run scripts/compile_census.py)")
     import triton.runtime.jit as jit
 
     from harness import ops, registry
@@ -195,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--arch", type=int, default=90, help="compile target, sm<ARCH> (default 90)")
     p.add_argument("--save", default="", help="write the variants here as JSON lines")
     args = p.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)  # the GPU's code paths and tiles, before a kernel module is imported
     records = judged(args.logs)
     launches, errors = census(records, set(args.adapter) or None)
     by_kernel: dict[str, set[Key]] = collections.defaultdict(set)

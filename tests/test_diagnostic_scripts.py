@@ -87,33 +87,46 @@ COMMITTED_LOG = ROOT / "results/sm90/2026-11-30-a8f8668-schedule-ab-suite/matrix
 
 def test_a_variant_key_follows_tritons_integer_specialization_and_constexprs() -> None:
     import torch
-    import triton
     import triton.language as tl
+    from triton.runtime.jit import JITFunction
 
-    @triton.jit(do_not_specialize=["m"])
     def probe(x_ptr, n, m, scale, B: tl.constexpr):
         pass
 
+    kernel = JITFunction(probe, do_not_specialize=["m"])  # a JIT kernel whether or not this process interprets
     x = torch.zeros(4, dtype=torch.bfloat16)
 
     def key(n: int, m: int, b: int) -> dict:
-        return dict(compile_census.variant_key(probe, (x, n, m, 0.5), {"B": b, "num_warps": 4}))
+        return dict(compile_census.variant_key(kernel, (x, n, m, 0.5), {"B": b, "num_warps": 4}))
 
     assert key(32, 32, 8) == {"x_ptr": "bfloat16", "n": "d16", "m": "i", "scale": "f", "B": 8, "num_warps": 4}
     assert key(1, 1, 8)["n"] == "1" and key(17, 1, 8)["n"] == "i"
     assert key(1, 1, 8)["m"] == "i"  # do_not_specialize: never a variant of its own
 
 
-def test_the_census_replays_committed_cases_without_running_a_kernel() -> None:
-    import triton.runtime.jit as jit
+def test_the_census_replays_committed_cases_without_running_a_kernel(tmp_path: Path) -> None:
+    saved = tmp_path / "variants.jsonl"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # the script leaves the interpreter off itself
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_census.py"), str(COMMITTED_LOG), "--adapter",
+                        "triton-reduce", "--save", str(saved)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "not run" not in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    variants = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert {v["kernel"] for v in variants} == {"kernels.reduce._reduce_kernel"} and len(variants) > 1
 
-    run = jit.JITFunction.run
-    records = [r for r in compile_census.judged([str(COMMITTED_LOG)]) if r["case"]["adapter"] == "triton-reduce"][:3]
-    assert len(records) == 3
-    launches, errors = compile_census.census(records)
-    assert not errors and jit.JITFunction.run is run
-    assert {kernel for _, kernel, _ in launches} == {"kernels.reduce._reduce_kernel"}
-    assert {adapter for adapter, _, _ in launches} == {"triton-reduce"}
+
+def test_importing_the_census_leaves_the_process_as_it_was(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a test worker on a CPU interprets its kernels
+    _script("compile_census")
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_the_census_refuses_an_interpreting_process(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="without TRITON_INTERPRET"):
+        compile_census.census([])
 
 
 def test_the_axis_report_says_what_each_axis_costs_in_variants() -> None:
