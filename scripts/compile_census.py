@@ -5,7 +5,8 @@
 Replays the judged cases (pass and fail verdicts) of a results or verdict log with every Triton launch intercepted:
 inputs are built on the CPU, the adapter runs as on a GPU (no interpreter: the GPU's tile choices), and each launch
 records its variant key instead of running: the kernel, its constexprs, each tensor's dtype and each integer's
-specialization as Triton makes it (== 1, divisible by 16, neither; `do_not_specialize` honoured). Outputs are left
+specialization as Triton makes it (== 1, divisible by 16, neither; `do_not_specialize` honoured; past
+int32: its own type). Outputs are left
 as allocated, so code that reads a kernel's output to choose the next launch sees garbage: a census of what such
 code launches is approximate. Tensors are assumed 16-byte aligned (the harness's buffers are).
 
@@ -57,7 +58,8 @@ def variant_key(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Key:
         elif isinstance(v, bool) or name in _OPTIONS or name not in names or fn.params[names.index(name)].is_constexpr:
             key.append((name, v))
         elif isinstance(v, int):
-            key.append((name, "i" if name in skip else "1" if v == 1 else "d16" if v % 16 == 0 else "i"))
+            kind = "i" if name in skip else "1" if v == 1 else "d16" if v % 16 == 0 else "i"
+            key.append((name, kind if kind == "1" or -2**31 <= v < 2**31 else kind + ":i64"))  # Triton's i64 args
         elif isinstance(v, float):
             key.append((name, "f"))
         else:
@@ -154,9 +156,9 @@ def compile_variant(kernel: str, key: Key, arch: int) -> dict[str, float]:
             signature[arg], constexprs[arg] = "constexpr", 1 if v == "1" else v
         elif v in _TRITON_TYPES:
             signature[arg], attrs[(i,)] = "*" + _TRITON_TYPES[v], [["tt.divisibility", 16]]
-        elif v in ("d16", "i"):
-            signature[arg] = "i32"
-            if v == "d16":
+        elif v.partition(":")[0] in ("d16", "i"):
+            signature[arg] = "i64" if v.endswith(":i64") else "i32"
+            if v.startswith("d16"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[arg] = "fp32"

@@ -102,6 +102,7 @@ def test_a_variant_key_follows_tritons_integer_specialization_and_constexprs() -
     assert key(32, 32, 8) == {"x_ptr": "bfloat16", "n": "d16", "m": "i", "scale": "f", "B": 8, "num_warps": 4}
     assert key(1, 1, 8)["n"] == "1" and key(17, 1, 8)["n"] == "i"
     assert key(1, 1, 8)["m"] == "i"  # do_not_specialize: never a variant of its own
+    assert key(2**32, 2**31, 8)["n"] == "d16:i64" and key(1, 2**31, 8)["m"] == "i:i64"  # an int64 argument
 
 
 def test_the_census_replays_committed_cases_without_running_a_kernel(tmp_path: Path) -> None:
