@@ -5,10 +5,10 @@
 Replays the judged cases (pass and fail verdicts) of a results or verdict log with every Triton launch intercepted:
 inputs are built on the CPU, the adapter runs as on a GPU (no interpreter: the GPU's tile choices), and each launch
 records its variant key instead of running: the kernel, its constexprs, each tensor's dtype and each integer's
-specialization as Triton makes it (== 1, divisible by 16, neither; `do_not_specialize` honoured; past
-int32: its own type). Outputs are left
-as allocated, so code that reads a kernel's output to choose the next launch sees garbage: a census of what such
-code launches is approximate. Tensors are assumed 16-byte aligned (the harness's buffers are).
+specialization as Triton makes it (== 1, divisible by 16, neither; `do_not_specialize` honoured; past int32, its
+own type). Outputs are left as allocated, so code that reads a kernel's output to choose the next launch sees
+garbage: a census of what such code launches is approximate. Tensors are assumed 16-byte aligned (the harness's
+buffers are).
 
 Prints the distinct variants per kernel and, for every axis that varies, how many variants would remain if that
 axis did not split them (what making it a runtime value would save). `--compile N` compiles N variants of each
