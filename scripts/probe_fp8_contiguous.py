@@ -93,17 +93,17 @@ def expert_rows(xq: torch.Tensor, xs: torch.Tensor, topk_ids: torch.Tensor, expe
 
 
 def inputs(shape: dict, m: int, device: str):
+    """topk ids, W13's fp8 codes and 128x128 scales (the bench's weights, quantized by the harness's recipe), x's fp8
+    codes and 1x128 scales."""
+    from harness.commands.bench.experts import _weights, quantize_weights
+
     g = torch.Generator(device="cpu").manual_seed(m)
-    e, hidden, n, k = shape["E"], shape["K"], shape["N"], shape["k"]
+    e, hidden, k = shape["E"], shape["K"], shape["k"]
     topk_ids = torch.rand(m, e, generator=g).argsort(dim=1)[:, :k].to(device)
-    torch.manual_seed(m)  # made on the device: DeepSeek-V3's W13 has 1.9G elements
-    x = torch.randn(m, hidden, device=device).to(torch.bfloat16)
-    w = torch.randn(e, 2 * n, hidden, device=device) * hidden**-0.5
-    blocks = w.view(e, 2 * n // GROUP, GROUP, hidden // GROUP, GROUP)
-    ws = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-10) / 448.0
-    wq = (blocks / ws[:, :, None, :, None]).view(e, 2 * n, hidden).to(torch.float8_e4m3fn)
-    xq, xs = quantize_activation(x, "fp8_w8a8", "G128")
-    return x, topk_ids, wq, ws.float().contiguous(), xq, xs
+    qw = quantize_weights(_weights(shape, device), "fp8_w8a8", "G128", device)
+    torch.manual_seed(m)
+    xq, xs = quantize_activation(torch.randn(m, hidden, device=device).to(torch.bfloat16), "fp8_w8a8", "G128")
+    return topk_ids, qw["w13"], qw["w13_scale"].float().contiguous(), xq, xs
 
 
 def ours(xq, xs, wq, ws, topk_ids, n2: int, gated: bool):
@@ -131,7 +131,7 @@ def probe(name: str, shape: dict, m: int, device: str, record, smoke: bool) -> N
     from harness.commands.bench import copy_bandwidth, do_bench_graph
     from harness.commands.bench.experts import matmul_rate
 
-    _, topk_ids, wq, ws, xq, xs = inputs(shape, m, device)
+    topk_ids, wq, ws, xq, xs = inputs(shape, m, device)
     n2, hidden, numel = 2 * shape["N"], shape["K"], m * shape["k"]
     flops = 2.0 * numel * n2 * hidden
     # the weights of every expert any slot routes to, x's codes, the bf16 output

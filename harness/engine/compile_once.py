@@ -33,11 +33,11 @@ from typing import Any
 
 from triton.runtime.cache import FileCacheManager
 
+from harness.engine.family_cache import TRUSTED_ENV
+
 __all__ = ["CompileOnceCacheManager"]
 
 LOCK_NAME = "compile.lock"
-#: the folder of the cache a host reads variants from before it compiles one (`family_cache.assign` sets it)
-TRUSTED_ENV = "MOE_HARNESS_TRITON_TRUSTED"
 #: the longest a process waits for another's compile of the same variant before compiling it itself
 WAIT_S = 120.0
 _POLL_S = 0.02

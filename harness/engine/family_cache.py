@@ -23,7 +23,7 @@ UNASSIGNED = "unassigned"
 #: (read-only) before they compile a variant, so that this repository's kernels run under another adapter (a test's,
 #: a user's `module:object`) are not compiled again
 OWN = "own"
-#: `compile_once.TRUSTED_ENV`, named here without importing Triton
+#: the folder of the cache a host reads variants from before it compiles one (`compile_once` reads it)
 TRUSTED_ENV = "MOE_HARNESS_TRITON_TRUSTED"
 
 

@@ -199,6 +199,11 @@ class _Chunk:
     family: str | None = None  # adapters of one family share a worker's kernel host (`remote.host_family`)
     weight: tuple[float, float] = LIGHTEST  # its place in the queue (`ChunkQueue.insert_by_weight`)
 
+    @property
+    def host(self) -> str:
+        """What a kernel host must serve to judge it: its family, or its adapter alone."""
+        return self.family or self.spec
+
 
 @dataclass
 class _Slot:
@@ -328,7 +333,7 @@ class WorkerPool:
             return self.chunks.take(slot.judged)
         if self.feeding and self.more_chunks:  # more are coming
             return None
-        unsent = [(s.index, s.chunk.spec, len(self._unsent(s)), s.chunk.family or s.chunk.spec)
+        unsent = [(s.index, s.chunk.spec, len(self._unsent(s)), s.chunk.host)
                   for s in self.slots if s.chunk is not None]
         taken = self.chunks.to_take(unsent, slot.host)
         if taken is None:
@@ -345,9 +350,9 @@ class WorkerPool:
         outside any family) may still be handed out: queued, in a worker's chunk (halves are taken), or unplanned."""
         if self.feeding and self.several_families:
             return True
-        own = chunk.family or chunk.spec
+        own = chunk.host
         waiting = [*self.chunks, *(s.chunk for s in self.slots if s.chunk is not None)]
-        return any((c.family or c.spec) != own for c in waiting if c.items)
+        return any(c.host != own for c in waiting if c.items)
 
     def _queued(self) -> int:
         """Cases in the queue or in the workers' chunks."""
@@ -389,7 +394,7 @@ class WorkerPool:
                     self.chunks.appendleft(chunk)
                     self._renew(slot)  # it takes the chunk once it is ready
                     continue
-                slot.chunk, slot.judged, slot.host = chunk, chunk.spec, chunk.family or chunk.spec
+                slot.chunk, slot.judged, slot.host = chunk, chunk.spec, chunk.host
             index, case = slot.chunk.items[0]
             slot.sent = index
             slot.conn.send((slot.chunk.spec, [(index, case.to_dict())], slot.chunk.family,
