@@ -106,14 +106,15 @@ def inputs(shape: dict, m: int, device: str):
     return topk_ids, qw["w13"], qw["w13_scale"].float().contiguous(), xq, xs
 
 
-def ours(xq, xs, wq, ws, topk_ids, n2: int, gated: bool):
-    """Our GEMM1 launch (gated: the silu-and-mul tile fused_experts runs; else a plain GEMM over all 2N columns)."""
+def ours(xq, xs, wq, ws, topk_ids, n2: int, gated: bool, fast: bool = True):
+    """Our GEMM1 launch (gated: the silu-and-mul tile fused_experts runs; else a plain GEMM over all 2N columns), with
+    fp8 accumulation promoted per K block (fast) or per MMA (our default)."""
     m, hidden = xq.shape
     k = topk_ids.shape[1]
     e = wq.shape[0]
     numel = m * k
     cfg = choose_config(numel / min(e, numel), n2 // 2 if gated else n2, hidden, torch.bfloat16, gated=gated,
-                        experts=min(e, numel), max_block_k=GROUP, fp8="G128", fp8_fast=True, quantized=True)
+                        experts=min(e, numel), max_block_k=GROUP, fp8="G128", fp8_fast=fast, quantized=True)
     st = sort_tokens(topk_ids, e, cfg.block_m)
     quant = ExpertsQuant("fp8_w8a8", "G128", ws, ws)
     out = torch.empty(numel, n2 // 2 if gated else n2, dtype=torch.bfloat16, device=xq.device)
@@ -123,7 +124,7 @@ def ours(xq, xs, wq, ws, topk_ids, n2: int, gated: bool):
     def run():
         launch_gemm(xq, wq, None, out, rw, cfg, act=1 if gated else 0, interleaved=False, weight_mode=0,
                     n=n2 // 2 if gated else n2, num_pid_m=st.max_blocks, a_row_div=k, sorted_tokens=st,
-                    num_valid=numel, q=q, fp8_fast=True)
+                    num_valid=numel, q=q, fp8_fast=fast)
     return run, out, cfg
 
 
