@@ -36,10 +36,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-#: (block_m, block_n, warps, stages, split, overlap): 16 rows per warp, a warp group per 64 rows
-TILES = [(128, 128, 8, 4, 1, 0), (128, 128, 8, 4, 4, 0), (128, 128, 8, 4, 4, 1), (128, 128, 8, 3, 1, 1),
-         (64, 128, 4, 4, 1, 0), (64, 128, 4, 4, 4, 0), (64, 128, 4, 4, 4, 1), (64, 128, 4, 3, 4, 0),
-         (256, 64, 16, 4, 4, 0), (256, 64, 16, 4, 1, 0)]
+#: (block_m, block_n, warps, stages, split, mode): warp groups of 4 warps side by side along N where `n2` is in the
+#: mode, else stacked along M (16 rows a warp); `overlap` keeps the next MMA in flight while one is promoted, `sum`
+#: adds a block's MMAs in fp32 and scales their sum once
+TILES = [(128, 128, 8, 4, 1, ""), (128, 128, 8, 4, 4, ""), (128, 128, 8, 4, 4, "overlap"),
+         (128, 128, 8, 3, 1, "overlap"), (64, 128, 4, 4, 1, ""), (64, 128, 4, 4, 4, ""), (64, 128, 4, 4, 4, "overlap"),
+         (64, 128, 4, 3, 4, ""), (256, 64, 16, 4, 4, ""), (256, 64, 16, 4, 1, ""),
+         (64, 128, 4, 4, 4, "sum"), (128, 128, 8, 4, 4, "sum"), (64, 256, 8, 3, 1, "n2"), (64, 256, 8, 3, 4, "n2"),
+         (64, 256, 8, 4, 4, "n2"), (64, 256, 8, 3, 4, "n2 sum"), (128, 128, 8, 4, 4, "n2")]
 
 
 @gluon.jit
@@ -59,7 +63,8 @@ def _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, kb, num_k, STAGES: 
 @gluon.jit
 def _gluon_gemm(a_desc, w_desc, c_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, N, K, stride_cm, stride_asm,
                 stride_wse, stride_wsn, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                STAGES: gl.constexpr, SPLIT: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                STAGES: gl.constexpr, SPLIT: gl.constexpr, OVERLAP: gl.constexpr, WARPS_N: gl.constexpr,
+                BLOCK_SUM: gl.constexpr, num_warps: gl.constexpr):
     """C[r, n] = sum over K blocks of (A[r] . W[e, n]) * sa[r, kb] * sw[e, n // 128, kb], one program per tile of
     the expert-contiguous rows r < num_post; each K block's SPLIT MMAs are promoted one by one, with OVERLAP the
     next MMA in flight while the previous one's result is added."""
@@ -71,8 +76,8 @@ def _gluon_gemm(a_desc, w_desc, c_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_
     n0 = (pid % tiles_n) * BLOCK_N
     if m0 < num_post:
         SUB_K: gl.constexpr = BLOCK_K // SPLIT
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BLOCK_N, 32])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps // WARPS_N, WARPS_N],
+                                                      instr_shape=[16, BLOCK_N // WARPS_N, 32])
         e = gl.load(expert_ids_ptr + pid_m)
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
         cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
@@ -119,6 +124,14 @@ def _gluon_gemm(a_desc, w_desc, c_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_
                 last = part
                 sa_last = sa
                 sw_last = sw
+            elif BLOCK_SUM:  # each MMA's result added in fp32 to the block's sum, scaled once per block
+                blk = zero
+                for j in gl.static_range(SPLIT):
+                    part = warpgroup_mma(a_s.slice(j * SUB_K, SUB_K, dim=1),
+                                         w_s.slice(j * SUB_K, SUB_K, dim=1).permute((1, 0)), zero,
+                                         use_acc=False, is_async=True)
+                    blk = blk + warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                acc = _promote(acc, blk, sa, sw)
             else:  # each MMA waited for and promoted; the other warp groups' MMAs fill the tensor cores meanwhile
                 for j in gl.static_range(SPLIT):
                     part = warpgroup_mma(a_s.slice(j * SUB_K, SUB_K, dim=1),
@@ -139,10 +152,10 @@ def _gluon_gemm(a_desc, w_desc, c_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_
 
 
 def gluon_gemm(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, expert_ids: torch.Tensor,
-               num_post: torch.Tensor, c: torch.Tensor, tile: tuple[int, int, int, int, int, int]) -> None:
+               num_post: torch.Tensor, c: torch.Tensor, tile: tuple[int, int, int, int, int, str]) -> None:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    bm, bn, warps, stages, split, overlap = tile
+    bm, bn, warps, stages, split, mode = tile
     e, n, k = w.shape
     a_layout = gl.NVMMASharedLayout.get_default_for([bm, GROUP], gl.float8e4nv)
     w_layout = gl.NVMMASharedLayout.get_default_for([bn, GROUP], gl.float8e4nv)
@@ -152,7 +165,8 @@ def gluon_gemm(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, ws: torch.Ten
     tiles = -(-a.shape[0] // bm) * -(-n // bn)
     _gluon_gemm[(tiles,)](a_desc, w_desc, c, sa, ws, expert_ids, num_post, n, k, c.stride(0), sa.stride(0),
                           ws.stride(0), ws.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=GROUP, STAGES=stages,
-                          SPLIT=split, OVERLAP=bool(overlap), num_warps=warps)
+                          SPLIT=split, OVERLAP="overlap" in mode, WARPS_N=2 if "n2" in mode else 1,
+                          BLOCK_SUM="sum" in mode, num_warps=warps)
 
 
 def probe(name: str, shape: dict, m: int, record) -> None:
@@ -177,7 +191,7 @@ def probe(name: str, shape: dict, m: int, record) -> None:
     for tile in TILES:
         st, a, sa = expert_rows(xq, xs, topk_ids, shape["E"], tile[0])
         c = torch.empty(a.shape[0], n2, dtype=torch.bfloat16, device=device)
-        row = {**base, "kernel": f"gluon split={tile[4]}{' overlap' if tile[5] else ''}", "tile": list(tile)}
+        row = {**base, "kernel": f"gluon split={tile[4]} {tile[5]}".strip(), "tile": list(tile)}
         try:
             def run(a=a, sa=sa, st=st, c=c, tile=tile):
                 gluon_gemm(a, sa, wq, ws, st.expert_ids, st.num_post_padded, c, tile)
