@@ -7,8 +7,9 @@ tensor core and promotes once per block. In Triton each promotion waits for its 
 the next MMA can be issued before the previous one's result is promoted (asynchronous warp-group MMAs, one left in
 flight), over expert-contiguous rows with TMA loads in a ring of stages. SPLIT = 4 promotes every 32-deep MMA (our
 default numerics), SPLIT = 1 every 128-deep block (the fast path's). Beside it, on the same inputs: our GEMM1 as a
-plain GEMM over the same 2N columns with either accumulation. Every probe configuration is checked against our
-plain GEMM's rows before it is timed. CUDA-graph replay, L2 flushed. Gluon kernels do not run in Triton's
+plain GEMM over the same 2N columns with either accumulation. Every probe configuration is checked against the rows
+of our plain GEMM of the same numerics before it is timed (`--plant` passes unit activation scales, which the check
+must reject). CUDA-graph replay, L2 flushed. Gluon kernels do not run in Triton's
 interpreter: this probe needs an sm90 GPU.
 
     python scripts/probe_fp8_gluon.py --out probe.jsonl [--shape deepseek-v3 ...] [--m 1024 4096]
@@ -169,7 +170,7 @@ def gluon_gemm(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, ws: torch.Ten
                           BLOCK_SUM="sum" in mode, num_warps=warps)
 
 
-def probe(name: str, shape: dict, m: int, record) -> None:
+def probe(name: str, shape: dict, m: int, record, plant: bool = False) -> None:
     from harness.commands.bench import copy_bandwidth, do_bench_graph
     from harness.commands.bench.experts import matmul_rate
 
@@ -180,16 +181,18 @@ def probe(name: str, shape: dict, m: int, record) -> None:
     nbytes = int(topk_ids.unique().numel()) * n2 * hidden + m * hidden + numel * n2 * 2
     floor = max(flops / matmul_rate(device, "fp8"), nbytes / copy_bandwidth(device))
     base = {"shape": name, "M": m, "floor_us": floor * 1e6}
-    ref = None
+    refs = {}
     for label, fast in (("ours-plain fast", True), ("ours-plain default", False)):
         run, out, c = ours(xq, xs, wq, ws, topk_ids, n2, gated=False, fast=fast)
         run()
-        ref = out if fast else ref
+        refs[fast] = out  # each Gluon split is checked against our GEMM of the same numerics
         t = do_bench_graph(run)
         record({**base, "kernel": label, "tile": [c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages],
                 "us": t * 1e6, "pct_floor": 100 * floor / t})
     for tile in TILES:
         st, a, sa = expert_rows(xq, xs, topk_ids, shape["E"], tile[0])
+        if plant:  # the check must catch a kernel that ignores the activations' scales
+            sa = torch.ones_like(sa)
         c = torch.empty(a.shape[0], n2, dtype=torch.bfloat16, device=device)
         row = {**base, "kernel": f"gluon split={tile[4]} {tile[5]}".strip(), "tile": list(tile)}
         try:
@@ -200,7 +203,7 @@ def probe(name: str, shape: dict, m: int, record) -> None:
             used = int(st.num_post_padded.item())
             ids = st.sorted_ids[:used].long()
             valid = ids < numel
-            got, want = c[:used][valid].float(), ref[ids[valid]].float()
+            got, want = c[:used][valid].float(), refs[tile[4] == 1][ids[valid]].float()
             err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
             row["max_rel_err"] = err
             if not err < 1e-2:
@@ -221,6 +224,7 @@ def main() -> int:
     p.add_argument("--out", default="")
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--m", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--plant", action="store_true", help="pass unit activation scales: every row must be an error")
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         p.error("this probe runs Hopper (sm90) warp-group MMAs: it needs an sm90 GPU")
@@ -234,7 +238,7 @@ def main() -> int:
             sink.flush()
     for name in args.shape or list(SHAPES):
         for m in args.m:
-            probe(name, SHAPES[name], m, record)
+            probe(name, SHAPES[name], m, record, args.plant)
     return 0
 
 
