@@ -1,4 +1,4 @@
-"""Does an fp8 G128 GEMM1 that promotes every MMA keep pace with one that promotes every K block? (Gluon, sm90 probe)
+"""Does an fp8 G128 GEMM that promotes every MMA keep pace with one that promotes every K block? (Gluon, sm90 probe)
 
 Our default fp8 accumulation adds every tensor-core MMA's result (32 deep) to an fp32 accumulator before the next
 MMA starts (Triton's `max_num_imprecise_acc=0`); the fast path lets the MMAs of a 128-deep K block accumulate in the
@@ -12,7 +12,9 @@ of our plain GEMM of the same numerics before it is timed (`--plant` passes unit
 must reject). CUDA-graph replay, L2 flushed. Gluon kernels do not run in Triton's
 interpreter: this probe needs an sm90 GPU.
 
-    python scripts/probe_fp8_gluon.py --out probe.jsonl [--shape deepseek-v3 ...] [--m 1024 4096]
+    python scripts/probe_fp8_gluon.py --out probe.jsonl [--shape deepseek-v3 ...] [--m 1024 4096] [--gemm 1 2]
+
+`--gemm 2` times the down projection the same way (A: the intermediate's rows, one per slot; B: W2).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
+
+from kernels.quant_gemm import quantize_activation
 
 #: (block_m, block_n, warps, stages, split, mode): warp groups of 4 warps side by side along N where `n2` is in the
 #: mode, else stacked along M (16 rows a warp); `overlap` keeps the next MMA in flight while one is promoted, `sum`
@@ -170,17 +174,32 @@ def gluon_gemm(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, ws: torch.Ten
                           BLOCK_SUM="sum" in mode, num_warps=warps)
 
 
-def probe(name: str, shape: dict, m: int, record, plant: bool = False) -> None:
+def down_inputs(shape: dict, m: int, device: str):
+    """GEMM2's operands in GEMM1's form: a [M*k, 1] routing (one row of A per slot), W2's fp8 codes and 128x128
+    scales (the bench's weights, the harness's quantizer), the intermediate's fp8 codes and 1x128 scales."""
+    from harness.commands.bench.experts import _weights, quantize_weights
+
+    g = torch.Generator(device="cpu").manual_seed(m)
+    e, k = shape["E"], shape["k"]
+    topk_ids = torch.rand(m, e, generator=g).argsort(dim=1)[:, :k].reshape(-1, 1).to(device)
+    qw = quantize_weights(_weights(shape, device), "fp8_w8a8", "G128", device)
+    torch.manual_seed(m)
+    inter = torch.randn(m * k, shape["N"], device=device).to(torch.bfloat16)
+    aq, a_s = quantize_activation(inter, "fp8_w8a8", "G128")
+    return topk_ids, qw["w2"], qw["w2_scale"].float().contiguous(), aq, a_s
+
+
+def probe(name: str, shape: dict, m: int, record, plant: bool = False, gemm: int = 1) -> None:
     from harness.commands.bench import copy_bandwidth, do_bench_graph
     from harness.commands.bench.experts import matmul_rate
 
     device = "cuda"
-    topk_ids, wq, ws, xq, xs = inputs(shape, m, device)
-    n2, hidden, numel = 2 * shape["N"], shape["K"], m * shape["k"]
+    topk_ids, wq, ws, xq, xs = (inputs if gemm == 1 else down_inputs)(shape, m, device)
+    n2, hidden, numel = wq.shape[1], xq.shape[1], topk_ids.numel()  # output columns, reduction, slots
     flops = 2.0 * numel * n2 * hidden
-    nbytes = int(topk_ids.unique().numel()) * n2 * hidden + m * hidden + numel * n2 * 2
+    nbytes = int(topk_ids.unique().numel()) * n2 * hidden + xq.shape[0] * hidden + numel * n2 * 2
     floor = max(flops / matmul_rate(device, "fp8"), nbytes / copy_bandwidth(device))
-    base = {"shape": name, "M": m, "floor_us": floor * 1e6}
+    base = {"shape": name, "M": m, "gemm": gemm, "floor_us": floor * 1e6}
     refs = {}
     for label, fast in (("ours-plain fast", True), ("ours-plain default", False)):
         run, out, c = ours(xq, xs, wq, ws, topk_ids, n2, gated=False, fast=fast)
@@ -225,6 +244,7 @@ def main() -> int:
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--m", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--plant", action="store_true", help="pass unit activation scales: every row must be an error")
+    p.add_argument("--gemm", type=int, nargs="+", default=[1], choices=(1, 2), help="GEMM1 (W13) and/or GEMM2 (W2)")
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         p.error("this probe runs Hopper (sm90) warp-group MMAs: it needs an sm90 GPU")
@@ -236,9 +256,10 @@ def main() -> int:
         if sink:
             sink.write(line + "\n")
             sink.flush()
-    for name in args.shape or list(SHAPES):
-        for m in args.m:
-            probe(name, SHAPES[name], m, record, args.plant)
+    for gemm in args.gemm:
+        for name in args.shape or list(SHAPES):
+            for m in args.m:
+                probe(name, SHAPES[name], m, record, args.plant, gemm)
     return 0
 
 
