@@ -153,27 +153,48 @@ def probe(name: str, shape: dict, m: int, device: str, record, smoke: bool) -> N
         tiles = -(-a.shape[0] // tile[0]) * -(-n2 // tile[1])
         for mode, programs, ws_flag in (("persistent", sms, False), ("persistent-ws", sms, True),
                                         ("one-tile-each", tiles, False)):
-            row = {**base, "kernel": f"contiguous-tma {mode}", "tile": list(tile)}
-            try:
-                def run(a=a, sa=sa, st=st, c=c, tile=tile, programs=programs, ws_flag=ws_flag):
-                    contiguous_gemm(a, sa, wq, ws, st.expert_ids, st.num_post_padded, c, tile, programs, ws_flag)
-                c.zero_()
-                run()
-                used = int(st.num_post_padded.item())
-                ids = st.sorted_ids[:used].long()
-                valid = ids < numel
-                got, want = c[:used][valid].float(), ref[ids[valid]].float()
-                err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-                row["max_rel_err"] = err
-                if not err < 1e-2:
-                    row["error"] = f"disagrees with our GEMM: max error {err:.3g} of the largest output"
-                    record(row)
-                    continue
-                t = 0.0 if smoke else do_bench_graph(run)
-                row.update(us=t * 1e6, pct_floor=100 * floor / t if t else 0.0)
-            except Exception as e:  # a configuration Triton cannot build here is a result, not the end of the probe
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            record(row)
+            def run(a=a, sa=sa, st=st, c=c, tile=tile, programs=programs, ws_flag=ws_flag):
+                contiguous_gemm(a, sa, wq, ws, st.expert_ids, st.num_post_padded, c, tile, programs, ws_flag)
+            record(checked_time({**base, "kernel": f"contiguous-tma {mode}", "tile": list(tile)}, run, c, st, numel,
+                                ref, floor, smoke))
+
+
+def checked_time(row: dict, run, c: torch.Tensor, st, numel: int, ref: torch.Tensor, floor: float,
+                 smoke: bool = False) -> dict:
+    """`row` with a probe configuration's `max_rel_err` against `ref` (our GEMM's rows, which the sorted ids name)
+    and, where it agrees, its time; an `error` where it disagrees or does not build (a result, not the probe's end)."""
+    from harness.commands.bench import do_bench_graph
+
+    try:
+        c.zero_()
+        run()
+        used = int(st.num_post_padded.item())
+        ids = st.sorted_ids[:used].long()
+        valid = ids < numel
+        got, want = c[:used][valid].float(), ref[ids[valid]].float()
+        err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+        row["max_rel_err"] = err
+        if not err < 1e-2:
+            row["error"] = f"disagrees with our GEMM: max error {err:.3g} of the largest output"
+            return row
+        t = 0.0 if smoke else do_bench_graph(run)
+        row.update(us=t * 1e6, pct_floor=100 * floor / t if t else 0.0)
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    return row
+
+
+def recorder(path: str):
+    """A function that prints a result row as a JSON line and appends it to `path` (if given) at once."""
+    sink = open(path, "w") if path else None
+
+    def record(row: dict) -> None:
+        line = json.dumps(row)
+        print(line, flush=True)
+        if sink:
+            sink.write(line + "\n")
+            sink.flush()
+    return record
 
 
 def main() -> int:
@@ -190,14 +211,7 @@ def main() -> int:
     else:
         shapes = {s: SHAPES[s] for s in (args.shape or list(SHAPES))}
         ms, device = args.m, "cuda"
-    sink = open(args.out, "w") if args.out else None
-
-    def record(row: dict) -> None:
-        line = json.dumps(row)
-        print(line, flush=True)
-        if sink:
-            sink.write(line + "\n")
-            sink.flush()
+    record = recorder(args.out)
     for name, s in shapes.items():
         for m in ms:
             probe(name, s, m, device, record, args.smoke)

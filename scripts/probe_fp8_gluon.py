@@ -20,7 +20,6 @@ interpreter: this probe needs an sm90 GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from probe_fp8_contiguous import GROUP, expert_rows, inputs, ours
+from probe_fp8_contiguous import GROUP, checked_time, expert_rows, inputs, ours, recorder
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -213,27 +212,10 @@ def probe(name: str, shape: dict, m: int, record, plant: bool = False, gemm: int
         if plant:  # the check must catch a kernel that ignores the activations' scales
             sa = torch.ones_like(sa)
         c = torch.empty(a.shape[0], n2, dtype=torch.bfloat16, device=device)
+        def run(a=a, sa=sa, st=st, c=c, tile=tile):
+            gluon_gemm(a, sa, wq, ws, st.expert_ids, st.num_post_padded, c, tile)
         row = {**base, "kernel": f"gluon split={tile[4]} {tile[5]}".strip(), "tile": list(tile)}
-        try:
-            def run(a=a, sa=sa, st=st, c=c, tile=tile):
-                gluon_gemm(a, sa, wq, ws, st.expert_ids, st.num_post_padded, c, tile)
-            c.zero_()
-            run()
-            used = int(st.num_post_padded.item())
-            ids = st.sorted_ids[:used].long()
-            valid = ids < numel
-            got, want = c[:used][valid].float(), refs[tile[4] == 1][ids[valid]].float()
-            err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-            row["max_rel_err"] = err
-            if not err < 1e-2:
-                row["error"] = f"disagrees with our GEMM: max error {err:.3g} of the largest output"
-                record(row)
-                continue
-            t = do_bench_graph(run)
-            row.update(us=t * 1e6, pct_floor=100 * floor / t)
-        except Exception as e:  # a configuration that does not build here is a result, not the end of the probe
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-        record(row)
+        record(checked_time(row, run, c, st, numel, refs[tile[4] == 1], floor))
 
 
 def main() -> int:
@@ -248,14 +230,7 @@ def main() -> int:
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         p.error("this probe runs Hopper (sm90) warp-group MMAs: it needs an sm90 GPU")
-    sink = open(args.out, "w") if args.out else None
-
-    def record(row: dict) -> None:
-        line = json.dumps(row)
-        print(line, flush=True)
-        if sink:
-            sink.write(line + "\n")
-            sink.flush()
+    record = recorder(args.out)
     for gemm in args.gemm:
         for name in args.shape or list(SHAPES):
             for m in args.m:
