@@ -788,6 +788,14 @@ def fused_experts(
     launch_gemm(inter, w2, w2_bias, y, rw, c2, act=0, interleaved=False,
                 weight_mode=0 if apply_router_weight_on_input else 2, n=k_dim, num_pid_m=st.max_blocks,
                 sorted_tokens=st, num_valid=numel, q=q2, fp32_precision=fp32_precision, fp8_fast=fp8_fast_accum)
+    return reduce_slots(y, out, ids, expert_map, top_k, reduce)
+
+
+def reduce_slots(y: torch.Tensor, out: torch.Tensor, ids: torch.Tensor, expert_map: torch.Tensor | None,
+                 top_k: int, reduce: str = "fp32") -> torch.Tensor:
+    """out[t] = the sum of y's weighted slots t*k .. t*k+k-1 (`reduce` as in fused_experts); slots of experts the
+    map makes non-local are left out. y [M*k, K], ids the flat topk_ids."""
+    m, k_dim = out.shape
     # interpreter: a few large tiles; GPU: 4 tokens x 256 columns a program (enough programs at M = 1)
     block_t, block = (_pow2(m, 1, 64), _pow2(k_dim, 16, 256)) if interpreting() else (4, _pow2(k_dim, 16, 256))
     _reduce_kernel[(triton.cdiv(m, block_t), triton.cdiv(k_dim, block))](

@@ -7,6 +7,8 @@
 - `torch-grouped-mm-experts`: kernels.torch_grouped_mm over torch._grouped_mm (CUTLASS, bf16, sm90/sm100).
 - `torch-scaled-grouped-mm-experts`: kernels.torch_grouped_mm over torch._scaled_grouped_mm (CUTLASS fp8 rowwise,
   sm90): fp8_w8a8 T/A, standard and batched; K and N multiples of 16 (the `K_multiple`/`N_multiple` limits).
+- `gluon-experts`, `gluon-experts-fp8-fast`: kernels.gluon_experts, both GEMMs in Gluon (sm90 only): fp8_w8a8
+  G128, silu, bf16/fp16; every MMA promoted to fp32 (as triton-experts) or each K block (as the fp8-fast one).
 
 Each declares exactly the cells it implements; any other cell raises `Unsupported` naming the axis and value.
 """
@@ -23,6 +25,7 @@ from harness.engine.interpreter import triton_gemm_features
 from harness.registry import Adapter, Unsupported, register
 from kernels import batched_experts as bk
 from kernels import fused_experts as fk
+from kernels import gluon_experts as ge
 from kernels import naive_batched as nk
 from kernels import quant_gemm as qg
 from kernels import torch_grouped_mm as gk
@@ -290,4 +293,47 @@ SCALED_GROUPED_MM_ADAPTER = register(Adapter(
     description="torch._scaled_grouped_mm (CUTLASS fp8 rowwise grouped GEMM, sm90) for both GEMMs, fp8_w8a8 "
                 "per-token/per-channel (A) and per-tensor/per-expert (T) scales; quantization by the Triton "
                 "recipe, activation, router weight and reduce in fp32 torch",
+), replace=True)
+
+
+#: kernels.gluon_experts: fp8 G128 with silu_and_mul, no bias, map or weight on the input
+GLUON = {"format": ("standard",), "quant_type": ("fp8_w8a8",), "quant_format": ("G128",), "activation": ("silu",),
+         "apply_weight_on_input": ("N",), "expert_map": ("N",), "dtype": ("bfloat16", "float16"), "bias": ("N",)}
+_GLUON_LIMITS = {"block_M": ge.BLOCK_M, "max_E": 512, "K_multiple": ge.ALIGN, "N_multiple": ge.ALIGN}
+
+
+def _gluon_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
+    if ge.missing_api():
+        return ge.missing_api()
+    if device.capability is None or tuple(device.capability) != (9, 0):
+        return "Gluon's warp-group MMAs (wgmma) exist on sm90 (compute capability 9.0) only"
+    return None
+
+
+def _run_gluon_as(name: str, fast: bool):
+    def run(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+        _check(name, GLUON, case.features)
+        k_dim, n = inputs["x"].shape[-1], inputs["w2"].shape[-1]
+        if k_dim % ge.ALIGN or n % ge.ALIGN:
+            raise Unsupported(f"{name} needs K and N multiples of {ge.ALIGN} (TMA rows), got K={k_dim}, N={n}")
+        ge.gluon_fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
+                               _quant(case.features, inputs), out=outputs["out"], fp8_fast_accum=fast)
+    return run
+
+
+GLUON_ADAPTER = register(Adapter(
+    name="gluon-experts", op="experts", source="kernels.gluon_experts", run=_run_gluon_as("gluon-experts", False),
+    support=GLUON, generations=("sm90",), conventions=TRITON_QUANT_CONVENTIONS,
+    properties=frozenset({"deterministic"}), limits=_GLUON_LIMITS, requires=_gluon_requires,
+    description="fp8 G128 fused experts with both GEMMs in Gluon (TMA, asynchronous warp-group MMAs), every MMA "
+                "promoted to fp32; x copied into expert order first",
+), replace=True)
+
+GLUON_FAST_ADAPTER = register(Adapter(
+    name="gluon-experts-fp8-fast", op="experts", source="kernels.gluon_experts",
+    run=_run_gluon_as("gluon-experts-fp8-fast", True), support=GLUON, generations=("sm90",),
+    conventions={**TRITON_QUANT_CONVENTIONS, "matmul_precision": "fp8_mma_promoted"},
+    properties=frozenset({"deterministic"}), limits=_GLUON_LIMITS, requires=_gluon_requires,
+    description="gluon-experts with fp8 fast accumulation: each 128-deep K block summed by the tensor core, then "
+                "promoted",
 ), replace=True)

@@ -1,8 +1,9 @@
 """No function of the project runs past ~80 lines without a reason.
 
 Length is counted from the first statement after the docstring to the end (a long docstring is documentation,
-not length). Triton kernels (`@triton.jit`) are exempt: a kernel body is kept whole where splitting it into device
-functions would cost registers or compile time; any other exception is listed in ALLOWED with its reason.
+not length). Triton kernels (`@triton.jit`, and Gluon's `@gluon.jit`) are exempt: a kernel body is kept whole where
+splitting it into device functions would cost registers or compile time; any other exception is listed in ALLOWED
+with its reason.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def body_length(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 def is_triton_kernel(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     for d in node.decorator_list:
         target = d.func if isinstance(d, ast.Call) else d
-        if ast.unparse(target) in ("triton.jit", "jit"):
+        if ast.unparse(target) in ("triton.jit", "gluon.jit", "jit"):
             return True
     return False
 
@@ -66,5 +67,6 @@ def test_every_allowance_is_still_needed() -> None:
 def test_a_long_function_is_caught(tmp_path: Path, lines: int, caught: bool) -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(lines))
     (tmp_path / "harness").mkdir()
-    (tmp_path / "harness" / "m.py").write_text(f'def f():\n    """Doc."""\n{body}\n\n\n@triton.jit\ndef k():\n{body}\n')
+    (tmp_path / "harness" / "m.py").write_text(f'def f():\n    """Doc."""\n{body}\n\n\n@triton.jit\ndef k():\n{body}\n'
+                                               f'\n\n@gluon.jit\ndef g():\n{body}\n')
     assert bool(long_functions(tmp_path)) is caught

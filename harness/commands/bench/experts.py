@@ -43,6 +43,8 @@ from harness.core.compare import compare_bounded
 M_VALUES = (1, 16, 64, 256, 1024, 4096)
 #: our kernel with fp8 fast accumulation (fused_experts(fp8_fast_accum=True)), timed beside the default for fp8
 FAST = "triton-experts-fp8-fast"
+#: our Gluon pipeline for fp8 G128 on sm90 (kernels.gluon_experts), default and fast accumulation
+GLUON = ("gluon-experts", "gluon-experts-fp8-fast")
 _FEATURES = {"format": "standard", "quant_type": "none", "quant_format": "-", "activation": "silu",
              "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
 def _rate(device: str, fn: Callable[[], Any], n: int = 8192) -> float:
@@ -264,7 +266,20 @@ def _ours(p: _Point) -> Iterator[BenchCase]:
         yield p.case(adapter, run, check, **extra)
 
 
-def _vllm_rows(p: _Point, moe: Any) -> Iterator[BenchCase]:
+def _gluon(p: _Point) -> Iterator[BenchCase]:
+    """Our Gluon pipeline (fp8 G128, sm90), with both accumulations, beside our Triton one."""
+    from kernels.gluon_experts import gluon_fused_experts
+
+    out = torch.empty_like(p.inp["x"])
+    for adapter, fast in zip(GLUON, (False, True)):
+        def run(fast=fast) -> torch.Tensor:
+            return gluon_fused_experts(*p.args, p.quant, out=out, fp8_fast_accum=fast)
+
+        yield p.case(adapter, run, verify_rows(p.inp, run, adapter, scheme=p.scheme),
+                     compare_to=("triton-experts", FAST))
+
+
+def _vllm_rows(p: _Point, moe: Any, gluon: bool = False) -> Iterator[BenchCase]:
     from harness.commands.bench import _vllm
 
     (qt, qf), s = p.scheme, p.s
@@ -282,7 +297,8 @@ def _vllm_rows(p: _Point, moe: Any) -> Iterator[BenchCase]:
                         conventions=vllm_conventions(qt), rerun=run_on if qf == "T" and p.m > 1 else None)
     yield p.case(f"vllm-{moe.version} fused_moe_kernel", lambda: run_on(p.inp), check,
                  columns={"config": source.removesuffix(".json")},
-                 compare_to=("triton-experts", FAST) if qt == "fp8_w8a8" else ("triton-experts",))
+                 compare_to=(("triton-experts", FAST) + (GLUON if gluon and qf == "G128" else ()) if qt == "fp8_w8a8"
+                             else ("triton-experts",)))
 
 
 def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None = None,
@@ -297,6 +313,9 @@ def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None 
     from harness.commands.bench import _deepgemm
 
     deepgemm_ok = cuda and _deepgemm.missing(device) is None
+    from kernels.gluon_experts import unavailable
+
+    gluon_ok = cuda and not unavailable(device)
     moe = None
     if against_vllm:
         from harness.commands.bench import _vllm
@@ -314,6 +333,8 @@ def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None 
             for m in ms:
                 p = _point(name, s, m, scheme, weights, qw, device)
                 yield from _ours(p)
+                if gluon_ok and scheme == ("fp8_w8a8", "G128"):
+                    yield from _gluon(p)
                 if grouped_ok and scheme[0] == "none":
                     def grouped(p=p) -> torch.Tensor:
                         return gk.grouped_mm_experts(*p.args)
@@ -321,10 +342,11 @@ def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None 
                     yield p.case("torch-grouped-mm-experts", grouped,
                                  verify_rows(p.inp, grouped, "torch-grouped-mm-experts"))
                 if moe is not None:
-                    yield from _vllm_rows(p, moe)
+                    yield from _vllm_rows(p, moe, gluon_ok)
                 if deepgemm_ok and scheme == ("fp8_w8a8", "G128"):
                     features = {**_FEATURES, "quant_type": "fp8_w8a8", "quant_format": "G128"}
-                    yield from _deepgemm.rows(p, features, verify_rows, ("triton-experts", FAST))
+                    yield from _deepgemm.rows(p, features, verify_rows,
+                                              ("triton-experts", FAST) + (GLUON if gluon_ok else ()))
             del qw
         del weights
         if cuda:

@@ -1,0 +1,224 @@
+"""Fused experts for fp8 G128 on sm90, both GEMMs written in Gluon (Triton's explicit dialect).
+
+The Triton GEMMs of kernels.fused_experts promote an fp8 MMA's result to the fp32 accumulator and wait for it
+before the next MMA starts; on Hopper that leaves the tensor cores idle during every promotion. Here each GEMM
+issues asynchronous warp-group MMAs on TMA tiles from a ring of stages, and while one warp group promotes, the
+other CTAs on the SM keep the tensor cores busy (results/sm90/bench/2026-11-30-4342101-fp8-gluon-promotion-probe).
+TMA needs the rows of A contiguous, so x's codes are first copied into the sorted-token order.
+
+The pipeline: x quantized per token (1x128 groups) and copied into expert order; GEMM1 with the gate and up halves
+of W13 in two accumulators and silu(gate) * up in fp32 in its epilogue, rounded to x.dtype; that intermediate
+quantized by the same recipe; GEMM2 with the router weight on its fp32 accumulator, each weighted slot stored in
+x.dtype at its slot's row; the slots summed in fp32 (kernels.fused_experts.reduce_slots). Accumulation: SPLIT = 4
+promotes every 32-deep MMA (our default numerics), SPLIT = 1 every 128-deep K block (fast accumulation, vLLM's).
+
+Gluon kernels do not run in Triton's interpreter: this path exists on sm90 GPUs only (`unavailable()` says why not).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kernels.fused_experts import REDUCES, reduce_slots, sort_tokens
+from kernels.quant_gemm import ExpertsQuant
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _NO_GLUON = ""
+except ImportError as e:  # an older Triton: the path is unavailable, the module still imports
+    _NO_GLUON = f"Triton {triton.__version__} has no Gluon Hopper API ({e})"
+
+#: (rows, columns of the output tile, warps, stages): a warp group of 4 warps per 64 rows, 2 CTAs per SM
+BLOCK_M, BLOCK_N, WARPS, STAGES = 64, 128, 4, 4
+GROUP = 128
+#: TMA: every row of a global operand starts 16-byte aligned
+ALIGN = 16
+
+
+def missing_api() -> str:
+    """Why this Triton cannot build these kernels ("" when it can): no Gluon Hopper API."""
+    return _NO_GLUON
+
+
+def unavailable(device: torch.device | str | None = None) -> str:
+    """Why this path cannot run here ("" when it can): Gluon's Hopper API and an sm90 GPU."""
+    if _NO_GLUON:
+        return _NO_GLUON
+    if not torch.cuda.is_available():
+        return "no CUDA device (Gluon kernels do not run in Triton's interpreter)"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"warp-group MMAs (wgmma) need compute capability 9.0, this GPU has {cap[0]}.{cap[1]}"
+    return ""
+
+
+if not _NO_GLUON:
+    @gluon.jit
+    def _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, kb, num_k, STAGES: gl.constexpr,
+                BLOCK_K: gl.constexpr, GATED: gl.constexpr):
+        """TMA loads of K block `kb` (when there is one) into its stage: A's rows and W's (both halves if GATED)."""
+        if kb < num_k:
+            t = kb % STAGES
+            W_PER: gl.constexpr = 2 if GATED else 1
+            nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * W_PER
+            mbarrier.expect(bars.index(t), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [m0, kb * BLOCK_K], bars.index(t), a_bufs.index(t))
+            tma.async_copy_global_to_shared(w_desc, [w_row, kb * BLOCK_K], bars.index(t), w_bufs.index(W_PER * t))
+            if GATED:
+                tma.async_copy_global_to_shared(w_desc, [w_row2, kb * BLOCK_K], bars.index(t),
+                                                w_bufs.index(2 * t + 1))
+
+    @gluon.jit
+    def _mma_promoted(acc, a_s, w_s, zero, sa, sw, SPLIT: gl.constexpr, SUB_K: gl.constexpr):
+        """acc + the K block's product, each of its SPLIT MMAs waited for and added in fp32 with the block's
+        scales (the other CTAs' MMAs run on the tensor cores meanwhile)."""
+        for j in gl.static_range(SPLIT):
+            part = warpgroup_mma(a_s.slice(j * SUB_K, SUB_K, dim=1), w_s.slice(j * SUB_K, SUB_K, dim=1).permute((1, 0)),
+                                 zero, use_acc=False, is_async=True)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            acc = acc + part * (sa[:, None] * sw[None, :])
+        return acc
+
+    @gluon.jit
+    def _experts_gemm(a_desc, w_desc, c_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, rw_ptr,
+                      numel, N, K, W_ROWS, stride_cm, stride_asm, stride_wse, stride_wsn,
+                      GATED: gl.constexpr, SCATTER: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+        """One output tile of a grouped GEMM over expert-ordered rows of A (fp8, 1x128 scales as_) and W (fp8,
+        128x128 scales ws_; W_ROWS rows an expert). GATED (GEMM1): columns n of silu(A.Wg) * A.Wu, Wg the rows n
+        and Wu the rows N + n of the expert, stored at the same row of C. SCATTER (GEMM2): the product times the
+        router weight of the row's slot, stored at that slot's row of C (padding rows dropped)."""
+        num_post = gl.load(num_post_ptr)
+        BN: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N
+        tiles_n = gl.cdiv(N, BN)
+        pid = gl.program_id(0)
+        pid_m = pid // tiles_n
+        m0 = pid_m * BLOCK_M
+        n0 = (pid % tiles_n) * BN
+        if m0 < num_post:
+            SUB_K: gl.constexpr = BLOCK_K // SPLIT
+            mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                          instr_shape=[16, BN, 32])
+            e = gl.load(expert_ids_ptr + pid_m)
+            rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+            cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+            sa_ptrs = as_ptr + rows * stride_asm
+            # unmasked: past N these read other rows' scales of the same tensor, for columns never stored
+            sw_ptrs = ws_ptr + e * stride_wse + (cols // 128) * stride_wsn
+            sw2_ptrs = ws_ptr + e * stride_wse + ((N + cols) // 128) * stride_wsn
+            a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+            W_PER: gl.constexpr = 2 if GATED else 1  # W tiles a stage holds: gate and up, or one
+            w_bufs = gl.allocate_shared_memory(w_desc.dtype, [W_PER * STAGES, BN, BLOCK_K], w_desc.layout)
+            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(bars.index(i), count=1)
+            num_k = gl.cdiv(K, BLOCK_K)
+            w_row = e * W_ROWS + n0
+            w_row2 = w_row + N
+            for i in gl.static_range(STAGES - 1):
+                _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, i, num_k, STAGES, BLOCK_K, GATED)
+            zero = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
+            acc = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
+            acc2 = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
+            for kb in range(num_k):
+                # every warp is done with the previous block's stage: TMA may refill it
+                gl.thread_barrier()
+                _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, kb + STAGES - 1, num_k, STAGES,
+                        BLOCK_K, GATED)
+                s = kb % STAGES
+                mbarrier.wait(bars.index(s), (kb // STAGES) & 1)
+                sa = gl.load(sa_ptrs + kb)
+                sw = gl.load(sw_ptrs + kb)
+                acc = _mma_promoted(acc, a_bufs.index(s), w_bufs.index(W_PER * s), zero, sa, sw, SPLIT, SUB_K)
+                if GATED:
+                    sw2 = gl.load(sw2_ptrs + kb)
+                    acc2 = _mma_promoted(acc2, a_bufs.index(s), w_bufs.index(2 * s + 1), zero, sa, sw2, SPLIT, SUB_K)
+            for i in gl.static_range(STAGES):
+                mbarrier.invalidate(bars.index(i))
+            if GATED:  # silu(gate) * up in fp32, rounded once
+                acc = acc / (1.0 + gl.exp(-acc)) * acc2
+            if SCATTER:
+                slot = gl.load(sorted_ids_ptr + rows)
+                row_ok = slot < numel
+                rw = gl.load(rw_ptr + slot, mask=row_ok, other=0.0).to(gl.float32)
+                acc = acc * rw[:, None]
+                out_rows = slot
+            else:
+                row_ok = rows < num_post
+                out_rows = rows
+            store: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+            val = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), store)
+            srows = gl.convert_layout(out_rows, gl.SliceLayout(1, store))
+            sok = gl.convert_layout(row_ok, gl.SliceLayout(1, store))
+            scols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, store))
+            gl.store(c_ptr + srows[:, None].to(gl.int64) * stride_cm + scols[None, :], val,
+                     mask=sok[:, None] & (scols < N)[None, :])
+
+
+def _gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, c: torch.Tensor,
+          st, rw: torch.Tensor, numel: int, n: int, *, gated: bool, scatter: bool, split: int) -> None:
+    e, w_rows, k_dim = w.shape
+    bn = BLOCK_N // 2 if gated else BLOCK_N
+    w_scale = w_scale.float().contiguous()
+    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, GROUP], gl.float8e4nv)
+    w_layout = gl.NVMMASharedLayout.get_default_for([bn, GROUP], gl.float8e4nv)
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [BLOCK_M, GROUP], a_layout)
+    w2d = w.view(e * w_rows, k_dim)
+    w_desc = TensorDescriptor(w2d, list(w2d.shape), list(w2d.stride()), [bn, GROUP], w_layout)
+    grid = (st.max_blocks * triton.cdiv(n, bn),)
+    _experts_gemm[grid](a_desc, w_desc, c, a_scale, w_scale, st.sorted_ids, st.expert_ids, st.num_post_padded, rw,
+                        numel, n, k_dim, w_rows, c.stride(0), a_scale.stride(0), w_scale.stride(0),
+                        w_scale.stride(1), GATED=gated, SCATTER=scatter, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                        BLOCK_K=GROUP, STAGES=STAGES, SPLIT=split, num_warps=WARPS)
+
+
+def gluon_fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                        topk_ids: torch.Tensor, quant: ExpertsQuant, *, out: torch.Tensor | None = None,
+                        fp8_fast_accum: bool = False, reduce: str = "fp32") -> torch.Tensor:
+    """silu_and_mul fused experts on x [M, K] (bf16 or fp16) with fp8 codes w13 [E, 2N, K], w2 [E, K, N] and
+    their 128x128 scales in `quant` (fp8_w8a8 G128), topk_* [M, k]; x and the intermediate quantized by the
+    scheme's activation recipe (kernels.quant_gemm). K and N multiples of 16 (TMA). Returns out [M, K] in x.dtype.
+    fp8_fast_accum: one promotion per 128-deep K block instead of one per MMA."""
+    if quant.quant_type != "fp8_w8a8" or quant.quant_format != "G128":
+        raise ValueError(f"quant must be fp8_w8a8 G128, got {quant.quant_type} {quant.quant_format}")
+    if reduce not in REDUCES:
+        raise ValueError(f"reduce must be one of {REDUCES}, got {reduce!r}")
+    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"x must be [M, K] and topk_ids/topk_weights [M, k], got {list(x.shape)}, "
+                         f"{list(topk_ids.shape)}, {list(topk_weights.shape)}")
+    m, k_dim = x.shape
+    e, n2, _ = w13.shape
+    n = n2 // 2
+    if w13.shape[2] != k_dim or w2.shape != (e, k_dim, n):
+        raise ValueError(f"w13 must be [E, 2N, K] and w2 [E, K, N] for x [M, {k_dim}], got {list(w13.shape)}, "
+                         f"{list(w2.shape)}")
+    if k_dim % ALIGN or n % ALIGN:
+        raise ValueError(f"K and N must be multiples of {ALIGN} (TMA rows), got K={k_dim}, N={n}")
+    why = unavailable(x.device)
+    if why:
+        raise RuntimeError(f"gluon_fused_experts cannot run here: {why}")
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    top_k = topk_ids.shape[1]
+    numel = m * top_k
+    if numel == 0 or k_dim == 0:
+        return out
+    split = 1 if fp8_fast_accum else 4
+    ids = topk_ids.reshape(-1).contiguous()
+    st = sort_tokens(ids, e, BLOCK_M)
+    xq, xs = quant.quantize_activation(x)
+    rows = st.sorted_ids.long()
+    src = torch.where(rows < numel, rows // top_k, 0)  # padding rows read token 0: finite, and never stored
+    a1 = xq.view(torch.uint8).index_select(0, src).view(xq.dtype)
+    s1 = xs.index_select(0, src)
+    rw = topk_weights.reshape(-1).contiguous()
+    inter = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)  # in expert order, like a1
+    _gemm(a1, s1, w13, quant.w13_scale, inter, st, rw, numel, n, gated=True, scatter=False, split=split)
+    a2, s2 = quant.quantize_activation(inter)
+    y = torch.empty(numel, k_dim, dtype=x.dtype, device=x.device)  # each weighted slot at its slot's row
+    _gemm(a2, s2, w2, quant.w2_scale, y, st, rw, numel, k_dim, gated=False, scatter=True, split=split)
+    return reduce_slots(y, out, ids, None, top_k, reduce)
