@@ -59,26 +59,31 @@ def unavailable(device: torch.device | str | None = None) -> str:
 if not _NO_GLUON:
     @gluon.jit
     def _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, kb, num_k, STAGES: gl.constexpr,
-                BLOCK_K: gl.constexpr, GATED: gl.constexpr):
-        """TMA loads of K block `kb` (when there is one) into its stage: A's rows and W's (both halves if GATED)."""
+                BLOCK_K: gl.constexpr, GATED: gl.constexpr, SPLIT: gl.constexpr):
+        """TMA loads of K block `kb` (when there is one) into its stage, in SPLIT slices along K (a buffer each, so
+        that each MMA reads a whole buffer): A's rows and W's (both halves if GATED)."""
         if kb < num_k:
             t = kb % STAGES
             W_PER: gl.constexpr = 2 if GATED else 1
-            nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * W_PER
+            SUB_K: gl.constexpr = BLOCK_K // SPLIT
+            nbytes: gl.constexpr = SPLIT * (a_desc.block_type.nbytes + w_desc.block_type.nbytes * W_PER)
             mbarrier.expect(bars.index(t), nbytes)
-            tma.async_copy_global_to_shared(a_desc, [m0, kb * BLOCK_K], bars.index(t), a_bufs.index(t))
-            tma.async_copy_global_to_shared(w_desc, [w_row, kb * BLOCK_K], bars.index(t), w_bufs.index(W_PER * t))
-            if GATED:
-                tma.async_copy_global_to_shared(w_desc, [w_row2, kb * BLOCK_K], bars.index(t),
-                                                w_bufs.index(2 * t + 1))
+            for j in gl.static_range(SPLIT):
+                k = kb * BLOCK_K + j * SUB_K
+                tma.async_copy_global_to_shared(a_desc, [m0, k], bars.index(t), a_bufs.index(t * SPLIT + j))
+                tma.async_copy_global_to_shared(w_desc, [w_row, k], bars.index(t),
+                                                w_bufs.index(t * W_PER * SPLIT + j))
+                if GATED:
+                    tma.async_copy_global_to_shared(w_desc, [w_row2, k], bars.index(t),
+                                                    w_bufs.index((t * W_PER + 1) * SPLIT + j))
 
     @gluon.jit
-    def _mma_promoted(acc, a_s, w_s, zero, sa, sw, SPLIT: gl.constexpr, SUB_K: gl.constexpr):
-        """acc + the K block's product, each of its SPLIT MMAs waited for and added in fp32 with the block's
-        scales (the other CTAs' MMAs run on the tensor cores meanwhile)."""
+    def _mma_promoted(acc, a_bufs, w_bufs, a_base, w_base, zero, sa, sw, SPLIT: gl.constexpr):
+        """acc + the K block's product, each of its SPLIT MMAs (one per slice buffer) waited for and added in fp32
+        with the block's scales (the other CTAs' MMAs run on the tensor cores meanwhile)."""
         for j in gl.static_range(SPLIT):
-            part = warpgroup_mma(a_s.slice(j * SUB_K, SUB_K, dim=1), w_s.slice(j * SUB_K, SUB_K, dim=1).permute((1, 0)),
-                                 zero, use_acc=False, is_async=True)
+            part = warpgroup_mma(a_bufs.index(a_base + j), w_bufs.index(w_base + j).permute((1, 0)), zero,
+                                 use_acc=False, is_async=True)
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             acc = acc + part * (sa[:, None] * sw[None, :])
         return acc
@@ -110,9 +115,9 @@ if not _NO_GLUON:
             # unmasked: past N these read other rows' scales of the same tensor, for columns never stored
             sw_ptrs = ws_ptr + e * stride_wse + (cols // 128) * stride_wsn
             sw2_ptrs = ws_ptr + e * stride_wse + ((N + cols) // 128) * stride_wsn
-            a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+            a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * SPLIT, BLOCK_M, SUB_K], a_desc.layout)
             W_PER: gl.constexpr = 2 if GATED else 1  # W tiles a stage holds: gate and up, or one
-            w_bufs = gl.allocate_shared_memory(w_desc.dtype, [W_PER * STAGES, BN, BLOCK_K], w_desc.layout)
+            w_bufs = gl.allocate_shared_memory(w_desc.dtype, [W_PER * STAGES * SPLIT, BN, SUB_K], w_desc.layout)
             bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
                 mbarrier.init(bars.index(i), count=1)
@@ -120,7 +125,8 @@ if not _NO_GLUON:
             w_row = e * W_ROWS + n0
             w_row2 = w_row + N
             for i in gl.static_range(STAGES - 1):
-                _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, i, num_k, STAGES, BLOCK_K, GATED)
+                _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, i, num_k, STAGES, BLOCK_K, GATED,
+                        SPLIT)
             zero = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
             acc = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
             acc2 = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
@@ -128,15 +134,16 @@ if not _NO_GLUON:
                 # every warp is done with the previous block's stage: TMA may refill it
                 gl.thread_barrier()
                 _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, kb + STAGES - 1, num_k, STAGES,
-                        BLOCK_K, GATED)
+                        BLOCK_K, GATED, SPLIT)
                 s = kb % STAGES
                 mbarrier.wait(bars.index(s), (kb // STAGES) & 1)
                 sa = gl.load(sa_ptrs + kb)
                 sw = gl.load(sw_ptrs + kb)
-                acc = _mma_promoted(acc, a_bufs.index(s), w_bufs.index(W_PER * s), zero, sa, sw, SPLIT, SUB_K)
+                acc = _mma_promoted(acc, a_bufs, w_bufs, s * SPLIT, s * W_PER * SPLIT, zero, sa, sw, SPLIT)
                 if GATED:
                     sw2 = gl.load(sw2_ptrs + kb)
-                    acc2 = _mma_promoted(acc2, a_bufs.index(s), w_bufs.index(2 * s + 1), zero, sa, sw2, SPLIT, SUB_K)
+                    acc2 = _mma_promoted(acc2, a_bufs, w_bufs, s * SPLIT, (s * W_PER + 1) * SPLIT, zero, sa, sw2,
+                                         SPLIT)
             for i in gl.static_range(STAGES):
                 mbarrier.invalidate(bars.index(i))
             if GATED:  # silu(gate) * up in fp32, rounded once
@@ -163,12 +170,13 @@ def _gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torc
           st, rw: torch.Tensor, numel: int, n: int, *, gated: bool, scatter: bool, split: int) -> None:
     e, w_rows, k_dim = w.shape
     bn = BLOCK_N // 2 if gated else BLOCK_N
+    sub_k = GROUP // split  # TMA boxes one MMA deep: each MMA reads a whole buffer
     w_scale = w_scale.float().contiguous()
-    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, GROUP], gl.float8e4nv)
-    w_layout = gl.NVMMASharedLayout.get_default_for([bn, GROUP], gl.float8e4nv)
-    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [BLOCK_M, GROUP], a_layout)
+    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, sub_k], gl.float8e4nv)
+    w_layout = gl.NVMMASharedLayout.get_default_for([bn, sub_k], gl.float8e4nv)
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [BLOCK_M, sub_k], a_layout)
     w2d = w.view(e * w_rows, k_dim)
-    w_desc = TensorDescriptor(w2d, list(w2d.shape), list(w2d.stride()), [bn, GROUP], w_layout)
+    w_desc = TensorDescriptor(w2d, list(w2d.shape), list(w2d.stride()), [bn, sub_k], w_layout)
     grid = (st.max_blocks * triton.cdiv(n, bn),)
     _experts_gemm[grid](a_desc, w_desc, c, a_scale, w_scale, st.sorted_ids, st.expert_ids, st.num_post_padded, rw,
                         numel, n, k_dim, w_rows, c.stride(0), a_scale.stride(0), w_scale.stride(0),
