@@ -1,16 +1,17 @@
-"""Fused experts for fp8 G128 on sm90, both GEMMs written in Gluon (Triton's explicit dialect).
+"""Fused experts for fp8 G128 on sm90 with fast accumulation, both GEMMs written in Gluon (Triton's explicit dialect).
 
-The Triton GEMMs of kernels.fused_experts promote an fp8 MMA's result to the fp32 accumulator and wait for it
-before the next MMA starts; on Hopper that leaves the tensor cores idle during every promotion. Here each GEMM
-issues asynchronous warp-group MMAs on TMA tiles from a ring of stages, and while one warp group promotes, the
+Numerics as kernels.fused_experts(fp8_fast_accum=True) and vLLM's kernel: each 128-deep K block's fp8 products are
+summed by the tensor core in its reduced precision, then scaled and added to an fp32 accumulator. Each GEMM issues
+asynchronous warp-group MMAs (wgmma) on TMA tiles from a ring of stages; while one warp group promotes a block, the
 other CTAs on the SM keep the tensor cores busy (results/sm90/bench/2026-11-30-4342101-fp8-gluon-promotion-probe).
 TMA needs the rows of A contiguous, so x's codes are first copied into the sorted-token order.
 
 The pipeline: x quantized per token (1x128 groups) and copied into expert order; GEMM1 with the gate and up halves
 of W13 in two accumulators and silu(gate) * up in fp32 in its epilogue, rounded to x.dtype; that intermediate
 quantized by the same recipe; GEMM2 with the router weight on its fp32 accumulator, each weighted slot stored in
-x.dtype at its slot's row; the slots summed in fp32 (kernels.fused_experts.reduce_slots). Accumulation: SPLIT = 4
-promotes every 32-deep MMA (our default numerics), SPLIT = 1 every 128-deep K block (fast accumulation, vLLM's).
+x.dtype at its slot's row; the slots summed in fp32 (kernels.fused_experts.reduce_slots). (Promoting every 32-deep
+fp8 MMA instead is not our default accumulation: the tensor core's sum within one MMA is already reduced precision;
+the default path multiplies in fp16, exactly.)
 
 Gluon kernels do not run in Triton's interpreter: this path exists on sm90 GPUs only (`unavailable()` says why not).
 """
@@ -59,40 +60,32 @@ def unavailable(device: torch.device | str | None = None) -> str:
 if not _NO_GLUON:
     @gluon.jit
     def _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, kb, num_k, STAGES: gl.constexpr,
-                BLOCK_K: gl.constexpr, GATED: gl.constexpr, SPLIT: gl.constexpr):
-        """TMA loads of K block `kb` (when there is one) into its stage, in SPLIT slices along K (a buffer each, so
-        that each MMA reads a whole buffer): A's rows and W's (both halves if GATED)."""
+                BLOCK_K: gl.constexpr, GATED: gl.constexpr):
+        """TMA loads of K block `kb` (when there is one) into its stage: A's rows and W's (both halves if GATED)."""
         if kb < num_k:
             t = kb % STAGES
             W_PER: gl.constexpr = 2 if GATED else 1
-            SUB_K: gl.constexpr = BLOCK_K // SPLIT
-            nbytes: gl.constexpr = SPLIT * (a_desc.block_type.nbytes + w_desc.block_type.nbytes * W_PER)
+            nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * W_PER
             mbarrier.expect(bars.index(t), nbytes)
-            for j in gl.static_range(SPLIT):
-                k = kb * BLOCK_K + j * SUB_K
-                tma.async_copy_global_to_shared(a_desc, [m0, k], bars.index(t), a_bufs.index(t * SPLIT + j))
-                tma.async_copy_global_to_shared(w_desc, [w_row, k], bars.index(t),
-                                                w_bufs.index(t * W_PER * SPLIT + j))
-                if GATED:
-                    tma.async_copy_global_to_shared(w_desc, [w_row2, k], bars.index(t),
-                                                    w_bufs.index((t * W_PER + 1) * SPLIT + j))
+            tma.async_copy_global_to_shared(a_desc, [m0, kb * BLOCK_K], bars.index(t), a_bufs.index(t))
+            tma.async_copy_global_to_shared(w_desc, [w_row, kb * BLOCK_K], bars.index(t), w_bufs.index(W_PER * t))
+            if GATED:
+                tma.async_copy_global_to_shared(w_desc, [w_row2, kb * BLOCK_K], bars.index(t),
+                                                w_bufs.index(W_PER * t + 1))
 
     @gluon.jit
-    def _mma_promoted(acc, a_bufs, w_bufs, a_base, w_base, zero, sa, sw, SPLIT: gl.constexpr):
-        """acc + the K block's product, each of its SPLIT MMAs (one per slice buffer) waited for and added in fp32
-        with the block's scales (the other CTAs' MMAs run on the tensor cores meanwhile)."""
-        for j in gl.static_range(SPLIT):
-            part = warpgroup_mma(a_bufs.index(a_base + j), w_bufs.index(w_base + j).permute((1, 0)), zero,
-                                 use_acc=False, is_async=True)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            acc = acc + part * (sa[:, None] * sw[None, :])
-        return acc
+    def _block_promoted(acc, a_s, w_s, zero, sa, sw):
+        """acc + the K block's product: its MMAs summed by the tensor core, waited for, then scaled in fp32 (the
+        other CTAs' MMAs run on the tensor cores meanwhile)."""
+        part = warpgroup_mma(a_s, w_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+        return acc + part * (sa[:, None] * sw[None, :])
 
     @gluon.jit
     def _experts_gemm(a_desc, w_desc, c_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, rw_ptr,
                       numel, N, K, W_ROWS, stride_cm, stride_asm, stride_wse, stride_wsn,
                       GATED: gl.constexpr, SCATTER: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                      BLOCK_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
         """One output tile of a grouped GEMM over expert-ordered rows of A (fp8, 1x128 scales as_) and W (fp8,
         128x128 scales ws_; W_ROWS rows an expert). GATED (GEMM1): columns n of silu(A.Wg) * A.Wu, Wg the rows n
         and Wu the rows N + n of the expert, stored at the same row of C. SCATTER (GEMM2): the product times the
@@ -105,7 +98,6 @@ if not _NO_GLUON:
         m0 = pid_m * BLOCK_M
         n0 = (pid % tiles_n) * BN
         if m0 < num_post:
-            SUB_K: gl.constexpr = BLOCK_K // SPLIT
             mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                           instr_shape=[16, BN, 32])
             e = gl.load(expert_ids_ptr + pid_m)
@@ -115,9 +107,9 @@ if not _NO_GLUON:
             # unmasked: past N these read other rows' scales of the same tensor, for columns never stored
             sw_ptrs = ws_ptr + e * stride_wse + (cols // 128) * stride_wsn
             sw2_ptrs = ws_ptr + e * stride_wse + ((N + cols) // 128) * stride_wsn
-            a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * SPLIT, BLOCK_M, SUB_K], a_desc.layout)
+            a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
             W_PER: gl.constexpr = 2 if GATED else 1  # W tiles a stage holds: gate and up, or one
-            w_bufs = gl.allocate_shared_memory(w_desc.dtype, [W_PER * STAGES * SPLIT, BN, SUB_K], w_desc.layout)
+            w_bufs = gl.allocate_shared_memory(w_desc.dtype, [W_PER * STAGES, BN, BLOCK_K], w_desc.layout)
             bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
                 mbarrier.init(bars.index(i), count=1)
@@ -125,8 +117,7 @@ if not _NO_GLUON:
             w_row = e * W_ROWS + n0
             w_row2 = w_row + N
             for i in gl.static_range(STAGES - 1):
-                _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, i, num_k, STAGES, BLOCK_K, GATED,
-                        SPLIT)
+                _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, i, num_k, STAGES, BLOCK_K, GATED)
             zero = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
             acc = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
             acc2 = gl.zeros([BLOCK_M, BN], gl.float32, layout=mma)
@@ -134,16 +125,15 @@ if not _NO_GLUON:
                 # every warp is done with the previous block's stage: TMA may refill it
                 gl.thread_barrier()
                 _refill(a_desc, w_desc, a_bufs, w_bufs, bars, m0, w_row, w_row2, kb + STAGES - 1, num_k, STAGES,
-                        BLOCK_K, GATED, SPLIT)
+                        BLOCK_K, GATED)
                 s = kb % STAGES
                 mbarrier.wait(bars.index(s), (kb // STAGES) & 1)
                 sa = gl.load(sa_ptrs + kb)
                 sw = gl.load(sw_ptrs + kb)
-                acc = _mma_promoted(acc, a_bufs, w_bufs, s * SPLIT, s * W_PER * SPLIT, zero, sa, sw, SPLIT)
+                acc = _block_promoted(acc, a_bufs.index(s), w_bufs.index(W_PER * s), zero, sa, sw)
                 if GATED:
                     sw2 = gl.load(sw2_ptrs + kb)
-                    acc2 = _mma_promoted(acc2, a_bufs, w_bufs, s * SPLIT, (s * W_PER + 1) * SPLIT, zero, sa, sw2,
-                                         SPLIT)
+                    acc2 = _block_promoted(acc2, a_bufs.index(s), w_bufs.index(W_PER * s + 1), zero, sa, sw2)
             for i in gl.static_range(STAGES):
                 mbarrier.invalidate(bars.index(i))
             if GATED:  # silu(gate) * up in fp32, rounded once
@@ -167,30 +157,30 @@ if not _NO_GLUON:
 
 
 def _gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, c: torch.Tensor,
-          st, rw: torch.Tensor, numel: int, n: int, *, gated: bool, scatter: bool, split: int) -> None:
+          st, rw: torch.Tensor, numel: int, n: int, *, gated: bool, scatter: bool) -> None:
     e, w_rows, k_dim = w.shape
     bn = BLOCK_N // 2 if gated else BLOCK_N
-    sub_k = GROUP // split  # TMA boxes one MMA deep: each MMA reads a whole buffer
     w_scale = w_scale.float().contiguous()
-    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, sub_k], gl.float8e4nv)
-    w_layout = gl.NVMMASharedLayout.get_default_for([bn, sub_k], gl.float8e4nv)
-    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [BLOCK_M, sub_k], a_layout)
+    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, GROUP], gl.float8e4nv)
+    w_layout = gl.NVMMASharedLayout.get_default_for([bn, GROUP], gl.float8e4nv)
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [BLOCK_M, GROUP], a_layout)
     w2d = w.view(e * w_rows, k_dim)
-    w_desc = TensorDescriptor(w2d, list(w2d.shape), list(w2d.stride()), [bn, sub_k], w_layout)
+    w_desc = TensorDescriptor(w2d, list(w2d.shape), list(w2d.stride()), [bn, GROUP], w_layout)
     grid = (st.max_blocks * triton.cdiv(n, bn),)
     _experts_gemm[grid](a_desc, w_desc, c, a_scale, w_scale, st.sorted_ids, st.expert_ids, st.num_post_padded, rw,
                         numel, n, k_dim, w_rows, c.stride(0), a_scale.stride(0), w_scale.stride(0),
                         w_scale.stride(1), GATED=gated, SCATTER=scatter, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                        BLOCK_K=GROUP, STAGES=STAGES, SPLIT=split, num_warps=WARPS)
+                        BLOCK_K=GROUP, STAGES=STAGES, num_warps=WARPS)
 
 
 def gluon_fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                         topk_ids: torch.Tensor, quant: ExpertsQuant, *, out: torch.Tensor | None = None,
-                        fp8_fast_accum: bool = False, reduce: str = "fp32") -> torch.Tensor:
+                        reduce: str = "fp32") -> torch.Tensor:
     """silu_and_mul fused experts on x [M, K] (bf16 or fp16) with fp8 codes w13 [E, 2N, K], w2 [E, K, N] and
     their 128x128 scales in `quant` (fp8_w8a8 G128), topk_* [M, k]; x and the intermediate quantized by the
     scheme's activation recipe (kernels.quant_gemm). K and N multiples of 16 (TMA). Returns out [M, K] in x.dtype.
-    fp8_fast_accum: one promotion per 128-deep K block instead of one per MMA."""
+    Fast accumulation: each 128-deep K block summed by the tensor core, then promoted (matmul_precision
+    "fp8_mma_promoted")."""
     if quant.quant_type != "fp8_w8a8" or quant.quant_format != "G128":
         raise ValueError(f"quant must be fp8_w8a8 G128, got {quant.quant_type} {quant.quant_format}")
     if reduce not in REDUCES:
@@ -215,7 +205,6 @@ def gluon_fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     numel = m * top_k
     if numel == 0 or k_dim == 0:
         return out
-    split = 1 if fp8_fast_accum else 4
     ids = topk_ids.reshape(-1).contiguous()
     st = sort_tokens(ids, e, BLOCK_M)
     xq, xs = quant.quantize_activation(x)
@@ -225,8 +214,8 @@ def gluon_fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     s1 = xs.index_select(0, src)
     rw = topk_weights.reshape(-1).contiguous()
     inter = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)  # in expert order, like a1
-    _gemm(a1, s1, w13, quant.w13_scale, inter, st, rw, numel, n, gated=True, scatter=False, split=split)
+    _gemm(a1, s1, w13, quant.w13_scale, inter, st, rw, numel, n, gated=True, scatter=False)
     a2, s2 = quant.quantize_activation(inter)
     y = torch.empty(numel, k_dim, dtype=x.dtype, device=x.device)  # each weighted slot at its slot's row
-    _gemm(a2, s2, w2, quant.w2_scale, y, st, rw, numel, k_dim, gated=False, scatter=True, split=split)
+    _gemm(a2, s2, w2, quant.w2_scale, y, st, rw, numel, k_dim, gated=False, scatter=True)
     return reduce_slots(y, out, ids, None, top_k, reduce)

@@ -7,8 +7,8 @@
 - `torch-grouped-mm-experts`: kernels.torch_grouped_mm over torch._grouped_mm (CUTLASS, bf16, sm90/sm100).
 - `torch-scaled-grouped-mm-experts`: kernels.torch_grouped_mm over torch._scaled_grouped_mm (CUTLASS fp8 rowwise,
   sm90): fp8_w8a8 T/A, standard and batched; K and N multiples of 16 (the `K_multiple`/`N_multiple` limits).
-- `gluon-experts`, `gluon-experts-fp8-fast`: kernels.gluon_experts, both GEMMs in Gluon (sm90 only): fp8_w8a8
-  G128, silu, bf16/fp16; every MMA promoted to fp32 (as triton-experts) or each K block (as the fp8-fast one).
+- `gluon-experts-fp8-fast`: kernels.gluon_experts, both GEMMs in Gluon (sm90 only): fp8_w8a8 G128, silu, bf16/fp16,
+  fast accumulation (as triton-experts-fp8-fast).
 
 Each declares exactly the cells it implements; any other cell raises `Unsupported` naming the axis and value.
 """
@@ -310,30 +310,21 @@ def _gluon_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | No
     return None
 
 
-def _run_gluon_as(name: str, fast: bool):
-    def run(case: Case, inputs: Tensors, outputs: Tensors) -> None:
-        _check(name, GLUON, case.features)
-        k_dim, n = inputs["x"].shape[-1], inputs["w2"].shape[-1]
-        if k_dim % ge.ALIGN or n % ge.ALIGN:
-            raise Unsupported(f"{name} needs K and N multiples of {ge.ALIGN} (TMA rows), got K={k_dim}, N={n}")
-        ge.gluon_fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
-                               _quant(case.features, inputs), out=outputs["out"], fp8_fast_accum=fast)
-    return run
+def _run_gluon(case: Case, inputs: Tensors, outputs: Tensors) -> None:
+    name = "gluon-experts-fp8-fast"
+    _check(name, GLUON, case.features)
+    k_dim, n = inputs["x"].shape[-1], inputs["w2"].shape[-1]
+    if k_dim % ge.ALIGN or n % ge.ALIGN:
+        raise Unsupported(f"{name} needs K and N multiples of {ge.ALIGN} (TMA rows), got K={k_dim}, N={n}")
+    ge.gluon_fused_experts(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
+                           _quant(case.features, inputs), out=outputs["out"])
 
 
 GLUON_ADAPTER = register(Adapter(
-    name="gluon-experts", op="experts", source="kernels.gluon_experts", run=_run_gluon_as("gluon-experts", False),
-    support=GLUON, generations=("sm90",), conventions=TRITON_QUANT_CONVENTIONS,
+    name="gluon-experts-fp8-fast", op="experts", source="kernels.gluon_experts", run=_run_gluon, support=GLUON,
+    generations=("sm90",), conventions={**TRITON_QUANT_CONVENTIONS, "matmul_precision": "fp8_mma_promoted"},
     properties=frozenset({"deterministic"}), limits=_GLUON_LIMITS, requires=_gluon_requires,
-    description="fp8 G128 fused experts with both GEMMs in Gluon (TMA, asynchronous warp-group MMAs), every MMA "
-                "promoted to fp32; x copied into expert order first",
-), replace=True)
-
-GLUON_FAST_ADAPTER = register(Adapter(
-    name="gluon-experts-fp8-fast", op="experts", source="kernels.gluon_experts",
-    run=_run_gluon_as("gluon-experts-fp8-fast", True), support=GLUON, generations=("sm90",),
-    conventions={**TRITON_QUANT_CONVENTIONS, "matmul_precision": "fp8_mma_promoted"},
-    properties=frozenset({"deterministic"}), limits=_GLUON_LIMITS, requires=_gluon_requires,
-    description="gluon-experts with fp8 fast accumulation: each 128-deep K block summed by the tensor core, then "
-                "promoted",
+    description="fp8 G128 fused experts with fast accumulation, both GEMMs in Gluon (TMA rings, asynchronous "
+                "warp-group MMAs; sm90): x copied into expert order, silu in GEMM1's epilogue, router weight and "
+                "slot scatter in GEMM2's",
 ), replace=True)

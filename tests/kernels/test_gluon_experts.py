@@ -2,8 +2,8 @@
 
 Gluon kernels do not run in Triton's interpreter, so on a CPU these tests check what a user meets there: argument
 errors first, then a clear refusal naming why (never a silent fallback), and adapters that declare sm90 only. On an
-sm90 GPU the path is judged against the oracle: here on a few pinned cases, and by the generic property test of
-both adapters.
+sm90 GPU the path is judged against the oracle: here on a few pinned cases, and by the generic property test of its
+adapter.
 """
 
 from __future__ import annotations
@@ -54,23 +54,22 @@ def test_without_an_sm90_gpu_the_call_says_why_it_cannot_run() -> None:
 
 def test_the_adapters_are_for_sm90_only() -> None:
     base = detect("cpu")
-    for name in ("gluon-experts", "gluon-experts-fp8-fast"):
-        adapter = registry.resolve(name)
-        assert adapter.generations == ("sm90",)
-        f = {"quant_type": "fp8_w8a8", "quant_format": "G128"}
-        assert adapter.requires(dataclasses.replace(base, capability=(8, 9)), f)
-        assert adapter.requires(dataclasses.replace(base, capability=(10, 0)), f)
-        assert adapter.requires(dataclasses.replace(base, capability=(9, 0)), f) == (ge.missing_api() or None)
+    adapter = registry.resolve("gluon-experts-fp8-fast")
+    assert adapter.generations == ("sm90",)
+    f = {"quant_type": "fp8_w8a8", "quant_format": "G128"}
+    assert adapter.requires(dataclasses.replace(base, capability=(8, 9)), f)
+    assert adapter.requires(dataclasses.replace(base, capability=(10, 0)), f)
+    assert adapter.requires(dataclasses.replace(base, capability=(9, 0)), f) == (ge.missing_api() or None)
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernels run on sm90 GPUs only (not in Triton's interpreter)")
-@pytest.mark.parametrize("name", ["gluon-experts", "gluon-experts-fp8-fast"])
 @pytest.mark.parametrize("shapes", [
     {"M": 1, "E": 4, "k": 1, "K": 128, "N": 128},
     {"M": 33, "E": 257, "k": 8, "K": 512, "N": 256},  # more experts than rows, tiles mostly padding
     {"M": 130, "E": 8, "k": 2, "K": 384, "N": 640},  # GEMM1's 64-column tiles end inside a 128-wide scale group
 ])
-def test_pinned_cases_pass_on_sm90(name: str, shapes: dict) -> None:
+def test_pinned_cases_pass_on_sm90(shapes: dict) -> None:
+    name = "gluon-experts-fp8-fast"
     features = {"format": "standard", "quant_type": "fp8_w8a8", "quant_format": "G128", "activation": "silu",
                 "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
     case = Case(op="experts", adapter=name, features=features, seed=7, shapes=shapes, dtypes={"x": "bfloat16"})
@@ -84,7 +83,7 @@ def test_off_sm90_every_case_is_unsupported_never_failed() -> None:
         pytest.skip("an sm90 GPU runs the cases (test_pinned_cases_pass_on_sm90)")
     features = {"format": "standard", "quant_type": "fp8_w8a8", "quant_format": "G128", "activation": "silu",
                 "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
-    case = Case(op="experts", adapter="gluon-experts", features=features, seed=0,
+    case = Case(op="experts", adapter="gluon-experts-fp8-fast", features=features, seed=0,
                 shapes={"M": 4, "E": 4, "k": 2, "K": 128, "N": 128}, dtypes={"x": "bfloat16"})
-    r = runner.judge(case, registry.resolve("gluon-experts"), device)
+    r = runner.judge(case, registry.resolve("gluon-experts-fp8-fast"), device)
     assert r.verdict == "unsupported", f"{r.verdict}: {r.reason}"
