@@ -30,7 +30,7 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     _NO_GLUON = ""
-except ImportError as e:  # an older Triton: the path is unavailable, the module still imports
+except (ImportError, AttributeError) as e:  # a Triton without it: the path is unavailable, the module imports
     _NO_GLUON = f"Triton {triton.__version__} has no Gluon Hopper API ({e})"
 
 #: (rows, columns of the output tile, warps, stages): a warp group of 4 warps per 64 rows, 2 CTAs per SM
