@@ -35,10 +35,6 @@ except (ImportError, AttributeError) as e:  # a Triton without it: the path is u
 
 #: (rows, columns of the output tile, warps, stages): a warp group of 4 warps per 64 rows, 2 CTAs per SM
 BLOCK_M, BLOCK_N, WARPS, STAGES = 64, 128, 4, 4
-#: from this many rows per expert on, 128-row tiles (two warp groups, one CTA per SM): each expert's weight tiles
-#: are read half as often, which pays once few rows are padding (on an H200: Mixtral's GEMMs at M = 4096, 1,024
-#: rows per expert, 13% and 10% faster; 64-row tiles faster at 128 and 256 rows per expert on the other shapes)
-LARGE_ROWS = 512
 GROUP = 128
 #: TMA: every row of a global operand starts 16-byte aligned
 ALIGN = 16
@@ -160,27 +156,21 @@ if not _NO_GLUON:
                      mask=sok[:, None] & (scols < N)[None, :])
 
 
-def block_m(slots: int, experts: int) -> int:
-    """The tile rows (and sorted-token block) for `slots` routed slots over `experts` local experts."""
-    return 2 * BLOCK_M if slots >= LARGE_ROWS * min(experts, slots) else BLOCK_M
-
-
 def _gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, c: torch.Tensor,
           st, rw: torch.Tensor, numel: int, n: int, *, gated: bool, scatter: bool) -> None:
-    bm = st.block_m
     e, w_rows, k_dim = w.shape
     bn = BLOCK_N // 2 if gated else BLOCK_N
     w_scale = w_scale.float().contiguous()
-    a_layout = gl.NVMMASharedLayout.get_default_for([bm, GROUP], gl.float8e4nv)
+    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, GROUP], gl.float8e4nv)
     w_layout = gl.NVMMASharedLayout.get_default_for([bn, GROUP], gl.float8e4nv)
-    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [bm, GROUP], a_layout)
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [BLOCK_M, GROUP], a_layout)
     w2d = w.view(e * w_rows, k_dim)
     w_desc = TensorDescriptor(w2d, list(w2d.shape), list(w2d.stride()), [bn, GROUP], w_layout)
     grid = (st.max_blocks * triton.cdiv(n, bn),)
     _experts_gemm[grid](a_desc, w_desc, c, a_scale, w_scale, st.sorted_ids, st.expert_ids, st.num_post_padded, rw,
                         numel, n, k_dim, w_rows, c.stride(0), a_scale.stride(0), w_scale.stride(0),
-                        w_scale.stride(1), GATED=gated, SCATTER=scatter, BLOCK_M=bm, BLOCK_N=BLOCK_N,
-                        BLOCK_K=GROUP, STAGES=STAGES, num_warps=WARPS * bm // BLOCK_M)
+                        w_scale.stride(1), GATED=gated, SCATTER=scatter, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                        BLOCK_K=GROUP, STAGES=STAGES, num_warps=WARPS)
 
 
 def gluon_fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -216,7 +206,7 @@ def gluon_fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     if numel == 0 or k_dim == 0:
         return out
     ids = topk_ids.reshape(-1).contiguous()
-    st = sort_tokens(ids, e, block_m(numel, e))
+    st = sort_tokens(ids, e, BLOCK_M)
     xq, xs = quant.quantize_activation(x)
     rows = st.sorted_ids.long()
     src = torch.where(rows < numel, rows // top_k, 0)  # padding rows read token 0: finite, and never stored
