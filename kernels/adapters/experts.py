@@ -303,11 +303,9 @@ _GLUON_LIMITS = {"block_M": ge.BLOCK_M, "max_E": 512, "K_multiple": ge.ALIGN, "N
 
 
 def _gluon_requires(device: DeviceInfo, features: Mapping[str, str]) -> str | None:
-    if ge.missing_api():
-        return ge.missing_api()
     if device.capability is None or tuple(device.capability) != (9, 0):
         return "Gluon's warp-group MMAs (wgmma) exist on sm90 (compute capability 9.0) only"
-    return None
+    return ge.missing_api() or None
 
 
 def _run_gluon(case: Case, inputs: Tensors, outputs: Tensors) -> None:
