@@ -6,7 +6,8 @@ Per (shape, scheme, M in 1..4096): our Triton path (`triton-experts`), torch's g
 `fused_moe_kernel` loaded from that wheel or source tree (`harness/commands/bench/_vllm.py`; its tuned config for this
 device, or its default, named in the `config` column; `vs ours` = its time over ours), and for fp8 G128 on sm90 with
 DeepGEMM built (`scripts/deepgemm.sh`) its two grouped GEMMs (`harness/commands/bench/_deepgemm.py`: the GEMMs
-only, a lower bound on a DeepGEMM pipeline).
+only, a lower bound on a DeepGEMM pipeline); for fp8 G128 on sm90 also our Gluon pipeline (`gluon-experts-fp8-fast`,
+kernels.gluon_experts).
 
 Roofline floor, in the case name: max(FLOPs / measured matmul rate, bytes / measured copy bandwidth), and `floor`
 says which one bounds the row. FLOPs = 6 M k N K (both GEMMs); the rate is measured here, once per run, for the
