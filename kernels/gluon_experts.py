@@ -23,7 +23,7 @@ import functools
 import torch
 import triton
 
-from kernels.fused_experts import REDUCES, reduce_slots, sort_tokens
+from kernels.fused_experts import REDUCES, _act_code, _check_weights, reduce_slots, sort_tokens
 from kernels.quant_gemm import ExpertsQuant
 
 #: (rows, columns of the output tile, warps, stages): a warp group of 4 warps per 64 rows, 2 CTAs per SM
@@ -90,11 +90,8 @@ def gluon_fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
         raise ValueError(f"x must be [M, K] and topk_ids/topk_weights [M, k], got {list(x.shape)}, "
                          f"{list(topk_ids.shape)}, {list(topk_weights.shape)}")
     m, k_dim = x.shape
-    e, n2, _ = w13.shape
-    n = n2 // 2
-    if w13.shape[2] != k_dim or w2.shape != (e, k_dim, n):
-        raise ValueError(f"w13 must be [E, 2N, K] and w2 [E, K, N] for x [M, {k_dim}], got {list(w13.shape)}, "
-                         f"{list(w2.shape)}")
+    e = w13.shape[0]
+    n = _check_weights(x.dtype, k_dim, w13, w2, _act_code("silu_and_mul"), quant)
     if k_dim % ALIGN or n % ALIGN:
         raise ValueError(f"K and N must be multiples of {ALIGN} (TMA rows), got K={k_dim}, N={n}")
     why = unavailable(x.device)

@@ -40,8 +40,10 @@ def test_bad_arguments_are_named_before_the_device_is_asked() -> None:
         ge.gluon_fused_experts(x, w13, w2, tw, ids, dataclasses.replace(q, quant_format="A"))
     with pytest.raises(ValueError, match="multiples of 16"):
         ge.gluon_fused_experts(x[:, :200], w13[:, :, :200], w2[:, :200], tw, ids, q)
-    with pytest.raises(ValueError, match=r"w13 must be \[E, 2N, K\]"):
+    with pytest.raises(ValueError, match="do not agree on E and N"):
         ge.gluon_fused_experts(x, w13, w2[:, :, :64], tw, ids, q)
+    with pytest.raises(ValueError, match="w13 and w2 must have dtype"):
+        ge.gluon_fused_experts(x, w13.to(torch.bfloat16), w2, tw, ids, q)
 
 
 @pytest.mark.skipif(SM90, reason="checks the refusal where the path cannot run; this is an sm90 GPU")

@@ -44,7 +44,8 @@ from harness.core.compare import compare_bounded
 M_VALUES = (1, 16, 64, 256, 1024, 4096)
 #: our kernel with fp8 fast accumulation (fused_experts(fp8_fast_accum=True)), timed beside the default for fp8
 FAST = "triton-experts-fp8-fast"
-#: our Gluon pipeline for fp8 G128 on sm90 (kernels.gluon_experts; fast accumulation)
+#: our Gluon pipeline for fp8 G128 on sm90 (kernels.gluon_experts; fast accumulation); a `vs` column against it
+#: appears only where it was timed
 GLUON = ("gluon-experts-fp8-fast",)
 _FEATURES = {"format": "standard", "quant_type": "none", "quant_format": "-", "activation": "silu",
              "apply_weight_on_input": "N", "expert_map": "N", "dtype": "bfloat16", "bias": "N"}
@@ -280,7 +281,7 @@ def _gluon(p: _Point) -> Iterator[BenchCase]:
                  compare_to=("triton-experts", FAST))
 
 
-def _vllm_rows(p: _Point, moe: Any, gluon: bool = False) -> Iterator[BenchCase]:
+def _vllm_rows(p: _Point, moe: Any) -> Iterator[BenchCase]:
     from harness.commands.bench import _vllm
 
     (qt, qf), s = p.scheme, p.s
@@ -298,8 +299,7 @@ def _vllm_rows(p: _Point, moe: Any, gluon: bool = False) -> Iterator[BenchCase]:
                         conventions=vllm_conventions(qt), rerun=run_on if qf == "T" and p.m > 1 else None)
     yield p.case(f"vllm-{moe.version} fused_moe_kernel", lambda: run_on(p.inp), check,
                  columns={"config": source.removesuffix(".json")},
-                 compare_to=(("triton-experts", FAST) + (GLUON if gluon and qf == "G128" else ()) if qt == "fp8_w8a8"
-                             else ("triton-experts",)))
+                 compare_to=("triton-experts", FAST, *GLUON) if qt == "fp8_w8a8" else ("triton-experts",))
 
 
 def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None = None,
@@ -343,11 +343,10 @@ def cases(device: str, shapes: list[str], schemes: list[tuple[str, str]] | None 
                     yield p.case("torch-grouped-mm-experts", grouped,
                                  verify_rows(p.inp, grouped, "torch-grouped-mm-experts"))
                 if moe is not None:
-                    yield from _vllm_rows(p, moe, gluon_ok)
+                    yield from _vllm_rows(p, moe)
                 if deepgemm_ok and scheme == ("fp8_w8a8", "G128"):
                     features = {**_FEATURES, "quant_type": "fp8_w8a8", "quant_format": "G128"}
-                    yield from _deepgemm.rows(p, features, verify_rows,
-                                              ("triton-experts", FAST) + (GLUON if gluon_ok else ()))
+                    yield from _deepgemm.rows(p, features, verify_rows, ("triton-experts", FAST, *GLUON))
             del qw
         del weights
         if cuda:
