@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from harness.core.device import threads_for
-from harness.engine import compile_once_env, family_cache, fork_server, namespaces, sandbox
+from harness.engine import compile_once_env, family_cache, fork_server, host_gpu, namespaces, sandbox
 
 if TYPE_CHECKING:
     from harness.engine.arena import Arena
@@ -115,17 +115,17 @@ def _watch_judge(judge: int) -> None:
 
 
 def _host_start(plan: sandbox.Launch, conn: Any, device: str, threads: int, env: dict[str, str], path: list[str],
-                cwd: str, judge: int, preload: bool = False) -> None:
+                cwd: str, judge: int, preload: bool = False, named: str | None = None) -> None:
     """A new host process: its output to its log, its namespaces where it is sandboxed, then the host's loop."""
     inside = sandbox.enter(plan, judge, env)  # sandboxed: returns in the namespace's host process only
-    _host_main(conn, device, threads, env, path, cwd, None if inside else judge, preload)
+    _host_main(conn, device, threads, env, path, cwd, None if inside else judge, preload, named)
 
 
 def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: list[str], cwd: str,
-               judge: int | None, preload: bool = False) -> None:
+               judge: int | None, preload: bool = False, named: str | None = None) -> None:
     """The host's loop: answer the judge's requests until it says stop or goes away. judge: the pid to watch (None:
     a sandboxed host cannot see it; the process outside its namespace watches it). preload: import the adapters
-    (`Served.preload`) before the first request."""
+    (`Served.preload`) before the first request. named: what the judge calls `device` (`host_gpu.confine`)."""
     with contextlib.suppress(OSError):
         os.setsid()  # a group of its own: what it starts is found and ended with it
     _die_with_parent()
@@ -153,7 +153,7 @@ def _host_main(conn: Any, device: str, threads: int, env: dict[str, str], path: 
     torch.set_num_threads(max(1, threads))
     from harness.engine import hosted
 
-    served = hosted.Served(device)
+    served = hosted.Served(device, named=named)
     served.conn = conn  # an arena's file descriptor comes through it (`do_arena`)
     if preload:
         served.preload()
@@ -266,6 +266,7 @@ class Host:
             weakref.finalize(self, sandbox.remove_log, self.log)
         env = dict(os.environ)
         family_cache.assign(env, self.family)
+        local = host_gpu.confine(env, self.device)  # the host sees its own GPU only
         try:
             self.plan = sandbox.launch(env, self.log)
         except sandbox.SandboxUnavailable as e:
@@ -274,8 +275,8 @@ class Host:
         mine, theirs = ctx.Pipe(duplex=True)
         self._inner = None
         self.proc = ctx.Process(target=_host_start, name="moe-harness-kernel-host",
-                                args=(self.plan, theirs, self.device, self.threads, env, list(sys.path), os.getcwd(),
-                                      os.getpid(), self.preload))
+                                args=(self.plan, theirs, local, self.threads, env, list(sys.path), os.getcwd(),
+                                      os.getpid(), self.preload, self.device))
         config = mp.current_process()._config  # type: ignore[attr-defined]
         daemon = config.get("daemon")
         config["daemon"] = False  # a sweep worker is daemonic; its host dies with it anyway (PR_SET_PDEATHSIG)

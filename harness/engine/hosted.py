@@ -23,6 +23,7 @@ from harness import registry
 from harness.core import isolation, paths
 from harness.core.case import Case
 from harness.core.device import DeviceInfo, interpreter_enabled, prepare_interpreter, release_cached_memory
+from harness.engine import host_gpu
 from harness.engine.arena import Slot, _dense, _dtype, _span, _spread, device_view, view
 from harness.engine.interpreter_faults import interpreter_fault
 from harness.registry import Adapter, SupportRuleError, Unsupported
@@ -140,10 +141,12 @@ def manifest(adapter: Adapter) -> dict[str, Any]:
 
 
 class Served:
-    """The host's state: its device, the adapters it resolved, the arena it mapped."""
+    """The host's state: its device, the adapters it resolved, the arena it mapped. named: what the judge calls
+    `device` (a host that sees only its own GPU calls it cuda:0: `host_gpu`)."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, named: str | None = None):
         self.device = device
+        self.named = named or device
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
             from harness.engine import compile_log
@@ -320,7 +323,7 @@ class Served:
         t0 = time.perf_counter()
         try:
             returned = contained_call(adapter, Case.from_dict(case), ins, outs, self.device)
-            reply["returned"] = _take_returned(returned, outs)
+            reply["returned"] = _take_returned(returned, outs, self.device, self.named)
         except BaseException as e:  # a BaseException of its own: reported, this host goes on
             reply = {"status": "raised", "exception": exception_info(e)}
         finally:
@@ -393,9 +396,10 @@ def _to(t: torch.Tensor, device: str) -> torch.Tensor:
     return out.copy_(t)
 
 
-def _take_returned(returned: Any, outs: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _take_returned(returned: Any, outs: dict[str, torch.Tensor], device: str, named: str) -> dict[str, Any]:
     """Outputs the kernel returned instead of writing them: copied into their buffers where they fit, each
-    described (type, layout, device, shape, dtype, strides) for the judge's structure checks."""
+    described (type, layout, device as the judge names it, shape, dtype, strides) for the judge's structure
+    checks."""
     if returned is None:
         return {}
     if not isinstance(returned, Mapping):
@@ -406,7 +410,8 @@ def _take_returned(returned: Any, outs: dict[str, torch.Tensor]) -> dict[str, An
             found[str(name)] = {"type": type(t).__name__}
             continue
         meta = {"type": "Tensor" if type(t) is torch.Tensor else type(t).__name__, "layout": str(t.layout),
-                "device": str(t.device), "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                "device": host_gpu.judge_name(str(t.device), device, named), "shape": list(t.shape),
+                "dtype": str(t.dtype).removeprefix("torch."),
                 "stride": list(t.stride()) if t.layout == torch.strided else None}
         target = outs.get(name)
         if (target is not None and type(t) is torch.Tensor and t.layout == torch.strided
