@@ -4,10 +4,12 @@ feeds workers as they finish).
 
 The times come from a file of measured durations (`--moe-durations FILE`, written by `--moe-record-durations FILE`
 on a run of the same suite on the same kind of machine): a JSON object of node ids to seconds. A test it does not
-know counts as the median of those it knows; a property-test shard as its adapter's recorded property test (its
-shards summed) over the shards it is split into now (one of an adapter the file does not know: the median recorded
-property-test item); without such a file the generic property tests go first (on a GPU they are the longest), in
-their collected order otherwise.
+know (one added since) counts as the longest it knows of the test's module, or of all where it knows none there: a
+new test starts early, where a long one cannot end the run alone (counted as the median, new process tests of 20 to
+37 s started 240 s into a GPU suite and ended it 50 s later with one to four workers busy). A property-test shard
+counts as its adapter's recorded property test (its shards summed) over the shards it is split into now (one of an
+adapter the file does not know: the median recorded property-test item); without such a file the generic property
+tests go first (on a GPU they are the longest), in their collected order otherwise.
 
 The same file sets how many shards each adapter's property test is split into where a session splits them
 (`shards_for`): an adapter whose recorded property test is long gets more, so that no item, the heaviest share
@@ -101,9 +103,8 @@ def read_durations(path: str | Path) -> dict[str, float]:
 def order_longest_first(items: list[pytest.Item], durations: Mapping[str, float]) -> None:
     """Sort `items` in place, longest expected first (a stable sort: ties keep the collected order)."""
     if durations:
-        default = statistics.median(durations.values())
         expected = Expected(durations, [item.nodeid for item in items])
-        items.sort(key=lambda item: -expected.seconds(item.nodeid, default))
+        items.sort(key=lambda item: -expected.seconds(item.nodeid))
     else:
         items.sort(key=lambda item: getattr(item, "originalname", item.name) != PROPERTY_TEST)
 
@@ -117,12 +118,18 @@ class Expected:
         self.shards = shard_counts(nodeids)
         recorded = [s for nodeid, s in durations.items() if _PROPERTY_ITEM.search(nodeid)]
         self.new_property_item = statistics.median(recorded) if recorded else None
+        self.longest_in: dict[str, float] = {}
+        for nodeid, seconds in durations.items():
+            module = _module(nodeid)
+            self.longest_in[module] = max(self.longest_in.get(module, 0.0), seconds)
+        self.longest = max(durations.values(), default=0.0)
 
-    def seconds(self, nodeid: str, default: float) -> float:
+    def seconds(self, nodeid: str, default: float | None = None) -> float:
         """A property-test item's: its adapter's recorded property test over the shards it is split into now, of an
         adapter the file does not know the median recorded property-test item (not the median of all tests, mostly
         short: a new kernel's items would start last); any other test's: its measured time, a shard's not measured
-        that of its first (`-shard0`), else `default`."""
+        that of its first (`-shard0`), else `default`, or where none is given the longest recorded of its module (of
+        all tests where none of its module is recorded)."""
         m = _PROPERTY_ITEM.search(nodeid)
         if m is not None and m["name"] in self.totals and self.shards.get(m["name"]):
             return self.totals[m["name"]] / self.shards[m["name"]]
@@ -130,7 +137,16 @@ class Expected:
             return self.new_property_item
         if nodeid in self.durations:
             return self.durations[nodeid]
-        return self.durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid), default)
+        first = self.durations.get(re.sub(r"-shard\d+\]$", "-shard0]", nodeid))
+        if first is not None:
+            return first
+        if default is not None:
+            return default
+        return self.longest_in.get(_module(nodeid), self.longest)
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 #: a report's user property: the CPU seconds its test took (`CpuMeter`)

@@ -141,3 +141,23 @@ def test_items_are_ordered_by_their_share_of_the_recorded_time() -> None:
     schedule.order_longest_first(items, durations)  # type: ignore[arg-type]
     # slow: 700 s / 12 = 58 s each, mid: 100 s / 2 = 50 s each, then the rest
     assert [i.nodeid.rsplit("[", 1)[-1][:4] for i in items[:14]] == ["slow"] * 12 + ["mid-"] * 2
+
+
+def test_a_test_the_file_does_not_know_goes_out_as_the_longest_of_its_module() -> None:
+    """A test added since the durations were recorded must not wait behind the short ones: counted as the median, new
+    process tests of 20 to 37 s started 240 s into a GPU suite and ended it alone."""
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    durations = {"tests/a.py::test_long": 30.0, "tests/a.py::test_short": 0.1, "tests/b.py::test_mid": 10.0,
+                 **{f"tests/c.py::test_{i}": 0.2 for i in range(20)}}
+    items = [Item(n) for n in [*durations, "tests/a.py::test_new", "tests/new.py::test_new"]]
+    schedule.order_longest_first(items, durations)  # type: ignore[arg-type]
+    order = [i.nodeid for i in items]
+    assert order[:4] == ["tests/a.py::test_long", "tests/a.py::test_new", "tests/new.py::test_new",
+                         "tests/b.py::test_mid"]
+    expected = Expected(durations, order)
+    assert expected.seconds("tests/a.py::test_new") == 30.0
+    assert expected.seconds("tests/new.py::test_new") == 30.0  # no test of its module recorded: the longest of all
+    assert expected.seconds("tests/a.py::test_new", 1.0) == 1.0  # a default given is kept (the expected-time line)
