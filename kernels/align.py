@@ -13,12 +13,10 @@ Design (no atomics, so deterministic): the flattened ids are cut into chunks of 
   2. `_scan_kernel` (one program per tile of experts; only when there are many chunks): exclusive prefix of
      counts over chunks -> prefix[chunk, bin], and per-expert totals. With few chunks the scatter kernel sums
      the earlier chunks' rows itself (FUSED) and this launch is skipped.
-  3. `_scatter_kernel` (one program per chunk): expert base offsets = exclusive scan of the padded totals; the
-     entry at index i of the chunk, of expert e, goes to base[e] + prefix[chunk, e] + (the number of entries of
-     e before i in the chunk), counted a sub-block of SUB entries at a time (a SUB x SUB comparison each, in a
-     loop: its compile does not grow with CHUNK, unlike a sorting network). It also writes expert_ids of the
-     blocks it fills, and a share of the padding sentinels, of the tail past num_tokens_post_padded and of the
-     -1 tail of expert_ids.
+  3. `_scatter_kernel` (one program per chunk): expert base offsets = exclusive scan of the padded totals; sorts
+     its chunk by (expert, index); entry p of the sorted chunk goes to base[e] + prefix[chunk, e] + (p - first
+     position of e in the sorted chunk). It also writes expert_ids of the blocks it fills, and a share of the
+     padding sentinels, of the tail past num_tokens_post_padded and of the -1 tail of expert_ids.
 Entries routed to a non-local expert under the `exclude` convention fall into a dummy bin (index E) and are
 dropped; ids outside [0, E) are dropped the same way (the contract requires valid ids).
 """
@@ -33,10 +31,8 @@ __all__ = ["EP_CONVENTIONS", "MAX_BLOCK_SIZE", "MAX_EXPERTS", "default_chunk", "
            "sorted_layout_capacity"]
 
 EP_CONVENTIONS = ("keep_invalid_blocks", "exclude")
-MAX_EXPERTS = 1024  # histogram bins (and each chunk's row of counts) stay small
+MAX_EXPERTS = 1024  # keys (bin << log2(CHUNK)) | local index must fit in int32; histogram bins stay small
 MAX_BLOCK_SIZE = 1024
-#: entries the scatter kernel places at once (a SUB x SUB comparison of their experts)
-SUB_BLOCK = 64
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -50,6 +46,36 @@ def _bins(ids_ptr, emap_ptr, offs, numel, E, HAS_MAP: tl.constexpr, EXCLUDE: tl.
         local = tl.load(emap_ptr + e, mask=valid, other=-1).to(tl.int32)
         valid = valid & (local >= 0)
     return tl.where(valid, e, E)
+
+
+@triton.jit
+def _bitonic_sort(x, LOG: tl.constexpr):
+    """Ascending sort of a [2**LOG] int tensor (bitonic network). Partners i and i ^ 2**t meet as the halves
+    of a [A, B, 2] view (split/join are single ops in the interpreter too, unlike tl.sort's xor reduction,
+    which it runs element by element)."""
+    for s in tl.static_range(1, LOG + 1):
+        for u in tl.static_range(s):
+            # one step per call: Triton 3.6 refuses to re-bind a constexpr inside a loop body
+            x = _bitonic_step(x, s, s - 1 - u, LOG)
+    return x
+
+
+@triton.jit
+def _bitonic_step(x, S: tl.constexpr, T: tl.constexpr, LOG: tl.constexpr):
+    C: tl.constexpr = 1 << LOG
+    A: tl.constexpr = C >> (T + 1)
+    B: tl.constexpr = 1 << T
+    left, right = tl.split(tl.permute(tl.reshape(x, [A, 2, B]), (0, 2, 1)))
+    lo = tl.minimum(left, right)
+    hi = tl.maximum(left, right)
+    if S < LOG:  # runs of 2**s alternate direction, so that pairs of runs form bitonic sequences
+        desc = ((tl.arange(0, A) >> (S - T - 1)) & 1)[:, None] == 1
+        first = tl.where(desc, hi, lo)
+        second = tl.where(desc, lo, hi)
+    else:
+        first = lo
+        second = hi
+    return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), [C])
 
 
 # Sizes and counts other than numel (the bound of the id loads) are not specialized (divisible by 16, equal to 1):
@@ -86,7 +112,7 @@ def _scan_kernel(counts_ptr, prefix_ptr, totals_ptr, num_chunks, NB: tl.constexp
 def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_ptr, sorted_ptr, eids_ptr,
                     ntpp_ptr, numel, E, block_size, capacity, num_blocks_cap, num_chunks,
                     HAS_MAP: tl.constexpr, EXCLUDE: tl.constexpr, FUSED: tl.constexpr, CHUNK: tl.constexpr,
-                    SUB: tl.constexpr, NB: tl.constexpr, FILL: tl.constexpr):
+                    LOG_CHUNK: tl.constexpr, NB: tl.constexpr, FILL: tl.constexpr):
     chunk = tl.program_id(0)
     nprog = tl.num_programs(0)
     bins = tl.arange(0, NB)
@@ -108,32 +134,27 @@ def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_
     base = tl.cumsum(padded, axis=0) - padded
     used = tl.sum(padded, axis=0)
 
-    # Each expert's next free place for this chunk's entries, kept in this chunk's row of offs as the sub-blocks
-    # below take places in index order: an entry goes to the cursor of its expert plus the number of entries of that
-    # expert before it in its sub-block, so every expert's entries keep their ascending order (stable, no atomics).
-    cursor = offs_ptr + chunk * NB
-    tl.store(cursor + bins, base + prefix)
-    tl.debug_barrier()  # the gathers below read what other threads of this program just stored
+    # Where entry p of the sorted chunk goes: off[e] + p, with off = base + prefix - first position of e.
+    own = tl.load(counts_ptr + chunk * NB + bins)
+    first = tl.cumsum(own, axis=0) - own
+    tl.store(offs_ptr + chunk * NB + bins, base + prefix - first)
+    tl.debug_barrier()  # the gather below reads what other threads of this program just stored
 
-    lane = tl.arange(0, SUB)
-    for s0 in range(0, CHUNK, SUB):
-        src = chunk * CHUNK + s0 + lane
-        b = _bins(ids_ptr, emap_ptr, src, numel, E, HAS_MAP, EXCLUDE)
-        keep = b < E
-        same = b[:, None] == b[None, :]
-        rank = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
-        last = tl.sum((same & (lane[None, :] > lane[:, None])).to(tl.int32), axis=1) == 0
-        dest = tl.load(cursor + b, mask=keep, other=0) + rank
-        tl.store(sorted_ptr + dest, src, mask=keep)
-        if HAS_MAP:
-            wid = tl.load(emap_ptr + b, mask=keep, other=-1).to(tl.int32)
-        else:
-            wid = b
-        # Every used block holds at least one real entry, so these (same-valued) stores cover all used blocks.
-        tl.store(eids_ptr + dest // block_size, wid, mask=keep)
-        tl.debug_barrier()  # every cursor read before the last entry of each expert moves it
-        tl.store(cursor + b, dest + 1, mask=keep & last)
-        tl.debug_barrier()
+    local = tl.arange(0, CHUNK)
+    b = _bins(ids_ptr, emap_ptr, chunk * CHUNK + local, numel, E, HAS_MAP, EXCLUDE)
+    # Keys are unique (they carry the local index), so the sort is stable by construction.
+    keys = _bitonic_sort((b << LOG_CHUNK) | local, LOG_CHUNK)
+    e = keys >> LOG_CHUNK
+    keep = e < E
+    src = chunk * CHUNK + (keys & (CHUNK - 1))
+    dest = tl.load(offs_ptr + chunk * NB + e, mask=keep, other=0) + local
+    tl.store(sorted_ptr + dest, src, mask=keep)
+    if HAS_MAP:
+        wid = tl.load(emap_ptr + e, mask=keep, other=-1).to(tl.int32)
+    else:
+        wid = e
+    # Every used block holds at least one real entry, so these (same-valued) stores cover all used blocks.
+    tl.store(eids_ptr + dest // block_size, wid, mask=keep)
 
     # Padding sentinels after each expert's entries: column jj of every expert's padding, columns shared out
     # over the programs (plain vector stores: no gathers, no reductions).
@@ -268,6 +289,6 @@ def moe_align_block_size(
     _scatter_kernel[(num_chunks,)](
         flat, emap, counts, prefix, totals, offs, sorted_token_ids, expert_ids, num_tokens_post_padded,
         numel, num_experts, block_size, capacity, num_blocks_cap, num_chunks,
-        HAS_MAP=has_map, EXCLUDE=exclude, FUSED=fused, CHUNK=chunk, SUB=min(chunk, SUB_BLOCK), NB=nb,
-        FILL=1024, num_warps=warps, num_stages=1)
+        HAS_MAP=has_map, EXCLUDE=exclude, FUSED=fused, CHUNK=chunk, LOG_CHUNK=chunk.bit_length() - 1, NB=nb,
+        FILL=1024, num_warps=warps)
     return sorted_token_ids, expert_ids, num_tokens_post_padded

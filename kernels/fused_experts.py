@@ -593,7 +593,7 @@ def sort_tokens(topk_ids: torch.Tensor, num_local: int, block_m: int,
     ids = topk_ids.reshape(1, -1)
     numel = ids.shape[1]
     num_experts = num_local if expert_map is None else expert_map.shape[0]
-    # interpreter: one chunk just covering the ids (the in-chunk placement's numpy cost grows with the chunk)
+    # interpreter: one chunk just covering the ids (the bitonic sort's numpy cost grows with the chunk)
     chunk = _pow2(numel, 16, 1024) if interpreting() else None
     sorted_ids, expert_ids, num_post = moe_align_block_size(
         ids, block_m, num_experts, expert_map=expert_map, ep_convention="exclude", chunk=chunk)
