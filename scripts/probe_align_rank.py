@@ -1,0 +1,156 @@
+"""Can align's in-chunk placement compile cheaply and still run as fast as its sorting network? (GPU probe)
+
+`kernels.align`'s scatter kernel places each chunk's entries by sorting the chunk's (expert, index) keys with an
+unrolled bitonic network: fast, but its compile grows with the chunk (about 1.3 s of worker time per align case of a
+cold quick matrix, 63 s of its 548 case-seconds on an H200). What differs between placements is one number per
+entry: its stable rank, the count of entries of the same expert before it in its chunk. This probe computes it two
+ways, over the same ids, each in a kernel of its own:
+- `network`: the product's `_bitonic_sort` of the keys, the rank read off the sorted chunk (what the product does);
+- `count`: for every entry, the entries before it of the same expert counted a tile of TILE at a time in a runtime
+  loop (all pairs, no sort: the loop body compiles once whatever the chunk).
+Both are checked against a torch reference (and so against each other) before they are timed; each variant's first
+call in a fresh Triton cache is its compile. `--plant` adds one to every `count` rank: every check must then fail.
+
+    python scripts/probe_align_rank.py [--ids 32768 4194304] [--chunk 256 1024 4096] [--out probe.jsonl]
+    python scripts/probe_align_rank.py --smoke [--plant]   # tiny sizes in Triton's interpreter (no timing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.align import _bins, _bitonic_sort
+
+E = 256  # DeepSeek-V3's experts; bins are expert ids (no map)
+
+
+@triton.jit
+def _rank_network(ids_ptr, rank_ptr, first_ptr, numel, E, CHUNK: tl.constexpr, LOG_CHUNK: tl.constexpr,
+                  NB: tl.constexpr):
+    chunk = tl.program_id(0)
+    local = tl.arange(0, CHUNK)
+    b = _bins(ids_ptr, ids_ptr, chunk * CHUNK + local, numel, E, False, False)
+    # each expert's first place in the sorted chunk, as the product finds it: its chunk histogram's exclusive scan
+    own = tl.histogram(b, NB)
+    tl.store(first_ptr + chunk * NB + tl.arange(0, NB), tl.cumsum(own, axis=0) - own)
+    tl.debug_barrier()
+    keys = _bitonic_sort((b << LOG_CHUNK) | local, LOG_CHUNK)
+    e = keys >> LOG_CHUNK
+    first = tl.load(first_ptr + chunk * NB + e)
+    src = chunk * CHUNK + (keys & (CHUNK - 1))
+    tl.store(rank_ptr + src, local - first, mask=(e < E) & (src < numel))
+
+
+@triton.jit
+def _rank_count(ids_ptr, rank_ptr, numel, E, CHUNK: tl.constexpr, TILE: tl.constexpr, PLANT: tl.constexpr):
+    chunk = tl.program_id(0)
+    local = tl.arange(0, CHUNK)
+    b = _bins(ids_ptr, ids_ptr, chunk * CHUNK + local, numel, E, False, False)
+    rank = tl.zeros([CHUNK], dtype=tl.int32)
+    for t in range(0, CHUNK, TILE):
+        j = t + tl.arange(0, TILE)
+        bj = _bins(ids_ptr, ids_ptr, chunk * CHUNK + j, numel, E, False, False)
+        before = (b[:, None] == bj[None, :]) & (j[None, :] < local[:, None])
+        rank += tl.sum(before.to(tl.int32), axis=1)
+    keep = (b < E) & (chunk * CHUNK + local < numel)
+    tl.store(rank_ptr + chunk * CHUNK + local, rank + PLANT, mask=keep)
+
+
+def reference_rank(ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Each id's count of equal ids before it in its chunk (stable rank), on the CPU."""
+    flat = ids.reshape(-1).cpu().long()
+    out = torch.empty_like(flat)
+    for c0 in range(0, flat.numel(), chunk):
+        part = flat[c0:c0 + chunk]
+        order = torch.argsort(part * part.numel() + torch.arange(part.numel()))  # stable by (id, index)
+        sorted_ids = part[order]
+        first = torch.searchsorted(sorted_ids, sorted_ids, right=False)
+        rank = torch.empty_like(part)
+        rank[order] = torch.arange(part.numel()) - first
+        out[c0:c0 + chunk] = rank
+    return out.to(torch.int32)
+
+
+def run(way: str, ids: torch.Tensor, chunk: int, plant: int) -> torch.Tensor:
+    numel = ids.numel()
+    rank = torch.full((numel,), -1, dtype=torch.int32, device=ids.device)
+    grid = (triton.cdiv(numel, chunk),)
+    warps = 4 if chunk <= 1024 else 8
+    if way == "network":
+        nb = max(32, triton.next_power_of_2(E + 1))
+        first = torch.empty((grid[0], nb), dtype=torch.int32, device=ids.device)
+        _rank_network[grid](ids, rank, first, numel, E, CHUNK=chunk, LOG_CHUNK=chunk.bit_length() - 1, NB=nb,
+                            num_warps=warps)
+    else:
+        _rank_count[grid](ids, rank, numel, E, CHUNK=chunk, TILE=min(chunk, 32), PLANT=plant, num_warps=warps,
+                          num_stages=1)
+    return rank
+
+
+def _time_us(fn, reps: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / reps
+
+
+def probe(numel: int, chunk: int, device: str, plant: int) -> list[dict]:
+    g = torch.Generator(device=device).manual_seed(numel)
+    rows = max(1, numel // 8)
+    ids = torch.rand((rows, E), generator=g, device=device).topk(8, dim=1).indices.to(torch.int32).reshape(-1)
+    want = reference_rank(ids, chunk)
+    rows_out = []
+    for way in ("network", "count"):
+        t0 = time.perf_counter()
+        got = run(way, ids, chunk, plant if way == "count" else 0)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        wrong = int((got.cpu() != want).sum())
+        row = {"ids": ids.numel(), "chunk": chunk, "way": way, "first_call_s": round(first_s, 3),
+               "verified": "yes" if wrong == 0 else f"no: {wrong} ranks differ"}
+        if wrong == 0 and device.startswith("cuda"):
+            row["us"] = round(_time_us(lambda w=way: run(w, ids, chunk, 0)), 2)
+        rows_out.append(row)
+        print(json.dumps(row), flush=True)
+    return rows_out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ids", type=int, nargs="+", default=[32768, 4194304])
+    ap.add_argument("--chunk", type=int, nargs="+", default=[256, 1024, 4096])
+    ap.add_argument("--out", default=None, help="append the rows as JSON lines to this file")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes in the interpreter, no timing")
+    ap.add_argument("--plant", action="store_true", help="add one to every `count` rank (its checks must fail)")
+    a = ap.parse_args()
+    device = "cpu" if a.smoke else "cuda"
+    sizes = [(200, 64), (77, 16)] if a.smoke else [(n, c) for n in a.ids for c in a.chunk]
+    rows = [r for n, c in sizes for r in probe(n, c, device, int(a.plant))]
+    if a.out:
+        with open(a.out, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0 if all(r["verified"] == "yes" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
