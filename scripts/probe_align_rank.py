@@ -8,8 +8,9 @@ ways, over the same ids, each in a kernel of its own:
 - `network`: the product's `_bitonic_sort` of the keys, the rank read off the sorted chunk (what the product does);
 - `count`: for every entry, the entries before it of the same expert counted a tile of TILE at a time in a runtime
   loop (all pairs, no sort: the loop body compiles once whatever the chunk).
-Both are checked against a torch reference (and so against each other) before they are timed; each variant's first
-call in a fresh Triton cache is its compile. `--plant` adds one to every `count` rank: every check must then fail.
+Both are checked against a torch reference (and so against each other) before they are timed (CUDA-graph
+replays, L2 flushed); each variant's first call in a fresh Triton cache is its compile. `--plant` adds one to every
+`count` rank: every check must then fail.
 
     python scripts/probe_align_rank.py [--ids 32768 4194304] [--chunk 256 1024 4096] [--out probe.jsonl]
     python scripts/probe_align_rank.py --smoke [--plant]   # tiny sizes in Triton's interpreter (no timing)
@@ -18,7 +19,6 @@ call in a fresh Triton cache is its compile. `--plant` adds one to every `count`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,7 +32,9 @@ if "--smoke" in sys.argv:
 import torch
 import triton
 import triton.language as tl
+from probe_fp8_contiguous import recorder
 
+from harness.commands.bench import do_bench_graph
 from kernels.align import _bins, _bitonic_sort
 
 E = 256  # DeepSeek-V3's experts; bins are expert ids (no map)
@@ -101,19 +103,7 @@ def run(way: str, ids: torch.Tensor, chunk: int, plant: int) -> torch.Tensor:
     return rank
 
 
-def _time_us(fn, reps: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / reps
-
-
-def probe(numel: int, chunk: int, device: str, plant: int) -> list[dict]:
+def probe(numel: int, chunk: int, device: str, plant: int, record) -> list[dict]:
     g = torch.Generator(device=device).manual_seed(numel)
     rows = max(1, numel // 8)
     ids = torch.rand((rows, E), generator=g, device=device).topk(8, dim=1).indices.to(torch.int32).reshape(-1)
@@ -129,9 +119,9 @@ def probe(numel: int, chunk: int, device: str, plant: int) -> list[dict]:
         row = {"ids": ids.numel(), "chunk": chunk, "way": way, "first_call_s": round(first_s, 3),
                "verified": "yes" if wrong == 0 else f"no: {wrong} ranks differ"}
         if wrong == 0 and device.startswith("cuda"):
-            row["us"] = round(_time_us(lambda w=way: run(w, ids, chunk, 0)), 2)
+            row["us"] = round(do_bench_graph(lambda w=way: run(w, ids, chunk, 0)) * 1e6, 2)
         rows_out.append(row)
-        print(json.dumps(row), flush=True)
+        record(row)
     return rows_out
 
 
@@ -139,16 +129,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ids", type=int, nargs="+", default=[32768, 4194304])
     ap.add_argument("--chunk", type=int, nargs="+", default=[256, 1024, 4096])
-    ap.add_argument("--out", default=None, help="append the rows as JSON lines to this file")
+    ap.add_argument("--out", default=None, help="write the rows as JSON lines to this file as they come")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes in the interpreter, no timing")
     ap.add_argument("--plant", action="store_true", help="add one to every `count` rank (its checks must fail)")
     a = ap.parse_args()
     device = "cpu" if a.smoke else "cuda"
     sizes = [(200, 64), (77, 16)] if a.smoke else [(n, c) for n in a.ids for c in a.chunk]
-    rows = [r for n, c in sizes for r in probe(n, c, device, int(a.plant))]
-    if a.out:
-        with open(a.out, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    record = recorder(a.out)
+    rows = [r for n, c in sizes for r in probe(n, c, device, int(a.plant), record)]
     return 0 if all(r["verified"] == "yes" for r in rows) else 1
 
 

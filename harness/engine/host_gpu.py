@@ -46,4 +46,4 @@ def confine(env: MutableMapping[str, str], device: str) -> str:
 def judge_name(device: str, local: str, judged: str) -> str:
     """`device` (a tensor's, inside the host) as the judge names it: the host's `local` device is the judge's
     `judged` one; any other name is kept."""
-    return judged if device == local and local != judged else device
+    return judged if device == local else device
