@@ -13,10 +13,13 @@ Design (no atomics, so deterministic): the flattened ids are cut into chunks of 
   2. `_scan_kernel` (one program per tile of experts; only when there are many chunks): exclusive prefix of
      counts over chunks -> prefix[chunk, bin], and per-expert totals. With few chunks the scatter kernel sums
      the earlier chunks' rows itself (FUSED) and this launch is skipped.
-  3. `_scatter_kernel` (one program per chunk): expert base offsets = exclusive scan of the padded totals; sorts
-     its chunk by (expert, index); entry p of the sorted chunk goes to base[e] + prefix[chunk, e] + (p - first
-     position of e in the sorted chunk). It also writes expert_ids of the blocks it fills, and a share of the
-     padding sentinels, of the tail past num_tokens_post_padded and of the -1 tail of expert_ids.
+  3. `_scatter_kernel` (one program per chunk): expert base offsets = exclusive scan of the padded totals; entry
+     i of the chunk goes to base[e] + prefix[chunk, e] + its rank, the count of entries of expert e before it in
+     the chunk. Small chunks (<= RANK_BY_COUNT_CHUNK) count that rank over all pairs in a runtime loop; larger
+     ones sort the chunk by (expert, index) with a bitonic network and read the rank off the sorted chunk (fast
+     at any size, but unrolled: its compile grows with the chunk). It also writes expert_ids of the blocks it
+     fills, and a share of the padding sentinels, of the tail past num_tokens_post_padded and of the -1 tail of
+     expert_ids.
 Entries routed to a non-local expert under the `exclude` convention fall into a dummy bin (index E) and are
 dropped; ids outside [0, E) are dropped the same way (the contract requires valid ids).
 """
@@ -33,6 +36,10 @@ __all__ = ["EP_CONVENTIONS", "MAX_BLOCK_SIZE", "MAX_EXPERTS", "default_chunk", "
 EP_CONVENTIONS = ("keep_invalid_blocks", "exclude")
 MAX_EXPERTS = 1024  # keys (bin << log2(CHUNK)) | local index must fit in int32; histogram bins stay small
 MAX_BLOCK_SIZE = 1024
+#: chunks of at most this many entries rank them by counting pairs instead of sorting (see default_chunk)
+RANK_BY_COUNT_CHUNK = 64
+#: the most ids the default chunk leaves to the counting rank
+COUNT_UP_TO = 65536
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -78,6 +85,22 @@ def _bitonic_step(x, S: tl.constexpr, T: tl.constexpr, LOG: tl.constexpr):
     return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), [C])
 
 
+@triton.jit
+def _rank_by_count(ids_ptr, emap_ptr, b, chunk, numel, E, HAS_MAP: tl.constexpr, EXCLUDE: tl.constexpr,
+                   CHUNK: tl.constexpr):
+    """Each entry's count of entries of its bin before it in the chunk, all pairs compared TILE at a time in a
+    runtime loop: its code does not grow with the chunk, so it compiles in a fraction of the network's time."""
+    TILE: tl.constexpr = 32 if CHUNK > 32 else CHUNK
+    local = tl.arange(0, CHUNK)
+    rank = tl.zeros([CHUNK], dtype=tl.int32)
+    for t in range(0, CHUNK, TILE):
+        j = t + tl.arange(0, TILE)
+        bj = _bins(ids_ptr, emap_ptr, chunk * CHUNK + j, numel, E, HAS_MAP, EXCLUDE)
+        before = (b[:, None] == bj[None, :]) & (j[None, :] < local[:, None])
+        rank += tl.sum(before.to(tl.int32), axis=1)
+    return rank
+
+
 # Sizes and counts other than numel (the bound of the id loads) are not specialized (divisible by 16, equal to 1):
 # each drawn size was otherwise a new compile of the in-chunk sort, for a few integer comparisons.
 @triton.jit(do_not_specialize=["E"])
@@ -112,7 +135,7 @@ def _scan_kernel(counts_ptr, prefix_ptr, totals_ptr, num_chunks, NB: tl.constexp
 def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_ptr, sorted_ptr, eids_ptr,
                     ntpp_ptr, numel, E, block_size, capacity, num_blocks_cap, num_chunks,
                     HAS_MAP: tl.constexpr, EXCLUDE: tl.constexpr, FUSED: tl.constexpr, CHUNK: tl.constexpr,
-                    LOG_CHUNK: tl.constexpr, NB: tl.constexpr, FILL: tl.constexpr):
+                    LOG_CHUNK: tl.constexpr, NB: tl.constexpr, FILL: tl.constexpr, SORT: tl.constexpr):
     chunk = tl.program_id(0)
     nprog = tl.num_programs(0)
     bins = tl.arange(0, NB)
@@ -134,20 +157,25 @@ def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_
     base = tl.cumsum(padded, axis=0) - padded
     used = tl.sum(padded, axis=0)
 
-    # Where entry p of the sorted chunk goes: off[e] + p, with off = base + prefix - first position of e.
-    own = tl.load(counts_ptr + chunk * NB + bins)
-    first = tl.cumsum(own, axis=0) - own
-    tl.store(offs_ptr + chunk * NB + bins, base + prefix - first)
-    tl.debug_barrier()  # the gather below reads what other threads of this program just stored
-
     local = tl.arange(0, CHUNK)
     b = _bins(ids_ptr, emap_ptr, chunk * CHUNK + local, numel, E, HAS_MAP, EXCLUDE)
-    # Keys are unique (they carry the local index), so the sort is stable by construction.
-    keys = _bitonic_sort((b << LOG_CHUNK) | local, LOG_CHUNK)
-    e = keys >> LOG_CHUNK
+    if SORT:
+        # Entry p of the sorted chunk goes to off[e] + p, with off = base + prefix - first position of e.
+        own = tl.load(counts_ptr + chunk * NB + bins)
+        tl.store(offs_ptr + chunk * NB + bins, base + prefix - (tl.cumsum(own, axis=0) - own))
+        # Keys are unique (they carry the local index), so the sort is stable by construction.
+        keys = _bitonic_sort((b << LOG_CHUNK) | local, LOG_CHUNK)
+        e = keys >> LOG_CHUNK
+        src = chunk * CHUNK + (keys & (CHUNK - 1))
+        rank = local
+    else:
+        tl.store(offs_ptr + chunk * NB + bins, base + prefix)
+        e = b
+        src = chunk * CHUNK + local
+        rank = _rank_by_count(ids_ptr, emap_ptr, b, chunk, numel, E, HAS_MAP, EXCLUDE, CHUNK)
+    tl.debug_barrier()  # the gather below reads what other threads of this program just stored
     keep = e < E
-    src = chunk * CHUNK + (keys & (CHUNK - 1))
-    dest = tl.load(offs_ptr + chunk * NB + e, mask=keep, other=0) + local
+    dest = tl.load(offs_ptr + chunk * NB + e, mask=keep, other=0) + rank
     tl.store(sorted_ptr + dest, src, mask=keep)
     if HAS_MAP:
         wid = tl.load(emap_ptr + e, mask=keep, other=-1).to(tl.int32)
@@ -180,11 +208,13 @@ def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_
 
 
 def default_chunk(numel: int) -> int:
-    """Entries per program for `numel` ids: the in-chunk sort is an unrolled network of log2(CHUNK)**2 / 2 steps,
-    so a chunk sized to a small input compiles in a fraction of the time (H100: 0.4-1.2 s at 16-256 entries
-    against 2.4-4.8 s at 1024) and runs faster (8 ids: 7.4 against 10.5 us); four sizes, so that few variants
-    are compiled."""
-    return 64 if numel <= 64 else 256 if numel <= 256 else 1024 if numel <= 65536 else 4096
+    """Entries per program for `numel` ids: RANK_BY_COUNT_CHUNK up to COUNT_UP_TO ids, 4096 above. Ranking 64
+    entries by counting pairs compiles in a fifth of the time the network of 64 takes (0.47 against 2.6 s on an
+    H200; the network of 1024, the earlier default from 257 ids on, took 2.4 s) and ran faster than the network at
+    its best chunk up to 65536 ids (rank alone: 7.4 against 8.1 us at 32768 ids, 8.2 against 8.5 at 65536), but
+    counting is quadratic in the chunk and at millions of ids the network's 4096-entry chunks win
+    (scripts/probe_align_rank.py; results/sm90/bench/*-align-rank-probe/)."""
+    return RANK_BY_COUNT_CHUNK if numel <= COUNT_UP_TO else 4096
 
 
 def sorted_layout_capacity(numel: int, num_experts: int, block_size: int) -> int:
@@ -226,7 +256,8 @@ def moe_align_block_size(
             (their entries are left out); only read with an expert map.
         sorted_token_ids, expert_ids, num_tokens_post_padded: optional int32 outputs to write into
             (shapes [capacity], [ceil(capacity / block_size)], [1]); allocated when None.
-        chunk: entries per program (a power of two, 16..4096); default `default_chunk(numel)`.
+        chunk: entries per program (a power of two, 16..4096; up to RANK_BY_COUNT_CHUNK they are ranked by
+            counting, larger chunks are sorted); default `default_chunk(numel)`.
         fuse_scan: sum the earlier chunks in the scatter kernel instead of launching the scan kernel; default when
             there are <= 32 chunks.
 
@@ -290,5 +321,5 @@ def moe_align_block_size(
         flat, emap, counts, prefix, totals, offs, sorted_token_ids, expert_ids, num_tokens_post_padded,
         numel, num_experts, block_size, capacity, num_blocks_cap, num_chunks,
         HAS_MAP=has_map, EXCLUDE=exclude, FUSED=fused, CHUNK=chunk, LOG_CHUNK=chunk.bit_length() - 1, NB=nb,
-        FILL=1024, num_warps=warps)
+        FILL=1024, SORT=chunk > RANK_BY_COUNT_CHUNK, num_warps=warps)
     return sorted_token_ids, expert_ids, num_tokens_post_padded

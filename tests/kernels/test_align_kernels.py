@@ -69,11 +69,12 @@ def test_medium_size_expert_map(conv, device_info) -> None:  # type: ignore[no-u
     _check(ids, 64, 512, device_info.device, emap=_emap(512, 170, seed=2), conv=conv)
 
 
-@pytest.mark.parametrize("fuse_scan, chunk", [(True, 64), (False, 16)])
+@pytest.mark.parametrize("fuse_scan, chunk", [(True, 64), (False, 16), (True, 256), (False, 128)])
 @pytest.mark.parametrize("pattern", ["skewed", "one_expert"])
 def test_many_chunks_both_scan_paths(fuse_scan, chunk, pattern, device_info) -> None:  # type: ignore[no-untyped-def]
     """Small chunks: an expert's entries spread over many programs. 1080 ids / 16 = 68 chunks, more than the
-    scan kernel's tile of 64 chunks, so its carry between tiles counts too."""
+    scan kernel's tile of 64 chunks, so its carry between tiles counts too. Chunks of 16 and 64 rank their entries
+    by counting, of 128 and 256 by the sorting network."""
     ids = _routing(180, 6, 37, pattern, seed=3)
     _check(ids, 32, 37, device_info.device, chunk=chunk, fuse_scan=fuse_scan)
     _check(ids, 128, 37, device_info.device, emap=_emap(37, 12, seed=4), conv="exclude", chunk=chunk,
