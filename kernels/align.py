@@ -38,8 +38,8 @@ MAX_EXPERTS = 1024  # keys (bin << log2(CHUNK)) | local index must fit in int32;
 MAX_BLOCK_SIZE = 1024
 #: chunks of at most this many entries rank them by counting pairs instead of sorting (see default_chunk)
 RANK_BY_COUNT_CHUNK = 64
-#: the most ids the default chunk leaves to the counting rank
-COUNT_UP_TO = 65536
+#: the most ids the default chunk leaves to the counting rank (up to 32 chunks: one launch fewer, the scan fused)
+COUNT_UP_TO = 2048
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -208,13 +208,16 @@ def _scatter_kernel(ids_ptr, emap_ptr, counts_ptr, prefix_ptr, totals_ptr, offs_
 
 
 def default_chunk(numel: int) -> int:
-    """Entries per program for `numel` ids: RANK_BY_COUNT_CHUNK up to COUNT_UP_TO ids, 4096 above. Ranking 64
-    entries by counting pairs compiles in a fifth of the time the network of 64 takes (0.47 against 2.6 s on an
-    H200; the network of 1024, the earlier default from 257 ids on, took 2.4 s) and ran faster than the network at
-    its best chunk up to 65536 ids (rank alone: 7.4 against 8.1 us at 32768 ids, 8.2 against 8.5 at 65536), but
-    counting is quadratic in the chunk and at millions of ids the network's 4096-entry chunks win
-    (scripts/probe_align_rank.py; results/sm90/bench/*-align-rank-probe/)."""
-    return RANK_BY_COUNT_CHUNK if numel <= COUNT_UP_TO else 4096
+    """Entries per program for `numel` ids: RANK_BY_COUNT_CHUNK up to COUNT_UP_TO ids, then 1024 and, above 65536
+    ids, 4096 (sorted). Ranking 64 entries by counting pairs compiles in a fifth of the time the sorting network
+    of 64 takes (0.47 against 2.6 s on an H200; the network of 1024, the default from 257 ids on before, 2.4 s).
+    The whole op on an H200 (CUDA-graph replays, block sizes 16 / 64): 256 ids 9.0 / 11.2 us against 11.4 / 19.9
+    with the network of 256, 2048 ids 10.6 / 11.0 against 13.3 / 19.7 with that of 1024; but at 8192 ids 11.4 against
+    10.5 and at 32768 24 against 14 us: counting is quadratic in the chunk, and with chunks of 64 a large input is
+    hundreds of programs, each with its experts' offsets to build (results/sm90/bench/*-align-count-rank/)."""
+    if numel <= COUNT_UP_TO:
+        return RANK_BY_COUNT_CHUNK
+    return 1024 if numel <= 65536 else 4096
 
 
 def sorted_layout_capacity(numel: int, num_experts: int, block_size: int) -> int:

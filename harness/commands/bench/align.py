@@ -1,7 +1,9 @@
 """Benchmarks of op `align`: the Triton `moe_align_block_size` against the torch oracle.
 
 DeepSeek-V3 routing: E = 256, k = 8; M = 4096 tokens (32768 ids: latency bound, read the microseconds) and
-M = 524288 (4M ids: throughput). Other model shapes given with --shape add their M*k with their E. Block sizes
+M = 524288 (4M ids: throughput), timed by CUDA-graph replays too (an eager call of these microsecond kernels is
+mostly Python's launch of two or three of them: 60 to 160 us on an H200 where the GPU took 9 to 26). Other model
+shapes given with --shape add their M*k with their E. Block sizes
 16 and 64. bytes_moved = ids read once + sorted_token_ids, expert_ids and the count written once (the kernel's
 own workspace is not counted). `verify` compares the kernel's layout with the oracle's bitwise (the kernel claims
 the oracle's stable order, which also implies every invariant of the op's contract); the invariants themselves are
@@ -67,6 +69,7 @@ def cases(device: str, shapes: list[str]) -> list[BenchCase]:
             found.append(BenchCase(
                 name=f"{label} M={m} k={k} E={e} ids={m * k} bs={bs}" + (" EP 1/8 exclude" if mapped else ""),
                 adapter="triton-align", kernel=kernel, reference=None if big else reference, bytes_moved=nbytes,
+                graph=True,
                 verify=None if big and n else (
                     lambda ids=ids, bs=bs, e=e, em=em, conv=conv: _verify(ids, bs, e, em, conv))))
     return found
