@@ -1,13 +1,12 @@
-"""Can align's in-chunk placement compile cheaply and still run as fast as its sorting network? (GPU probe)
+"""Ranking align's in-chunk entries by its sorting network or by counting pairs: compile and run times (GPU probe)
 
-`kernels.align`'s scatter kernel places each chunk's entries by sorting the chunk's (expert, index) keys with an
-unrolled bitonic network: fast, but its compile grows with the chunk (about 1.3 s of worker time per align case of a
-cold quick matrix, 63 s of its 548 case-seconds on an H200). What differs between placements is one number per
-entry: its stable rank, the count of entries of the same expert before it in its chunk. This probe computes it two
-ways, over the same ids, each in a kernel of its own:
-- `network`: the product's `_bitonic_sort` of the keys, the rank read off the sorted chunk (what the product does);
-- `count`: for every entry, the entries before it of the same expert counted a tile of TILE at a time in a runtime
-  loop (all pairs, no sort: the loop body compiles once whatever the chunk).
+`kernels.align`'s scatter kernel places each chunk's entries by their stable rank, the count of entries of the same
+expert before them in the chunk. It gets that rank two ways, and this probe times each in a kernel of its own over
+the same ids:
+- `network`: `_bitonic_sort` of the (expert, index) keys, the rank read off the sorted chunk: fast at any chunk, but
+  unrolled, so its compile grows with the chunk (the product's way for chunks over 64);
+- `count`: `_rank_by_count`, all pairs of the chunk compared 32 columns at a time in a runtime loop: its code does
+  not grow with the chunk, its work grows with the chunk's square (the product's way for chunks up to 64).
 Both are checked against a torch reference (and so against each other) before they are timed (CUDA-graph
 replays, L2 flushed); each variant's first call in a fresh Triton cache is its compile. `--plant` adds one to every
 `count` rank: every check must then fail.
@@ -35,7 +34,7 @@ import triton.language as tl
 from probe_fp8_contiguous import recorder
 
 from harness.commands.bench import do_bench_graph
-from kernels.align import _bins, _bitonic_sort
+from kernels.align import _bins, _bitonic_sort, _rank_by_count
 
 E = 256  # DeepSeek-V3's experts; bins are expert ids (no map)
 
@@ -58,16 +57,11 @@ def _rank_network(ids_ptr, rank_ptr, first_ptr, numel, E, CHUNK: tl.constexpr, L
 
 
 @triton.jit
-def _rank_count(ids_ptr, rank_ptr, numel, E, CHUNK: tl.constexpr, TILE: tl.constexpr, PLANT: tl.constexpr):
+def _rank_count(ids_ptr, rank_ptr, numel, E, CHUNK: tl.constexpr, PLANT: tl.constexpr):
     chunk = tl.program_id(0)
     local = tl.arange(0, CHUNK)
     b = _bins(ids_ptr, ids_ptr, chunk * CHUNK + local, numel, E, False, False)
-    rank = tl.zeros([CHUNK], dtype=tl.int32)
-    for t in range(0, CHUNK, TILE):
-        j = t + tl.arange(0, TILE)
-        bj = _bins(ids_ptr, ids_ptr, chunk * CHUNK + j, numel, E, False, False)
-        before = (b[:, None] == bj[None, :]) & (j[None, :] < local[:, None])
-        rank += tl.sum(before.to(tl.int32), axis=1)
+    rank = _rank_by_count(ids_ptr, ids_ptr, b, chunk, numel, E, False, False, CHUNK)
     keep = (b < E) & (chunk * CHUNK + local < numel)
     tl.store(rank_ptr + chunk * CHUNK + local, rank + PLANT, mask=keep)
 
@@ -98,8 +92,7 @@ def run(way: str, ids: torch.Tensor, chunk: int, plant: int) -> torch.Tensor:
         _rank_network[grid](ids, rank, first, numel, E, CHUNK=chunk, LOG_CHUNK=chunk.bit_length() - 1, NB=nb,
                             num_warps=warps)
     else:
-        _rank_count[grid](ids, rank, numel, E, CHUNK=chunk, TILE=min(chunk, 32), PLANT=plant, num_warps=warps,
-                          num_stages=1)
+        _rank_count[grid](ids, rank, numel, E, CHUNK=chunk, PLANT=plant, num_warps=warps, num_stages=1)
     return rank
 
 
