@@ -4,7 +4,7 @@ A case past 2**31 elements (`harness.ops.large`) holds tens of gigabytes on the 
 16 pytest-xdist workers that each reach theirs at once would run the GPU out of memory. Every judging of a case
 whose inputs hold more than `LOCKED_ABOVE` elements takes an exclusive `fcntl` lock on one file in the temp
 directory first (`HARNESS_LOCK_DIR` to choose another), which every process of the machine shares; smaller cases
-never wait.
+never wait. `free()` asks whether another process holds it now, so that a judge with other work can do that first.
 """
 
 from __future__ import annotations
@@ -37,3 +37,14 @@ def one_at_a_time(elements: int, above: int = LOCKED_ABOVE, path: str | None = N
             yield True
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def free(path: str | None = None) -> bool:
+    """Whether no process holds the lock at this moment (another may take it right after: a hint, not a hold)."""
+    with open(path or lock_path(), "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return True

@@ -31,7 +31,7 @@ from harness.core.causes import ran_without, what_failed
 from harness.core.known import KnownFinding, finding_of
 from harness.core.result import Result
 from harness.core.text import one_line
-from harness.engine import fitting, runner
+from harness.engine import fitting, large_lock, runner
 from harness.engine import strategies as hs
 from harness.engine.fixed import explicit_examples
 from harness.engine.fixed import vacuous_boundary_cases as _vacuous_boundary_cases  # noqa: F401 (tests use it)
@@ -113,16 +113,17 @@ def test_declared_cases_pass(moe_adapter_name, moe_shard, moe_device, moe_result
     deliberate: set[str] = set()
     # judged here, not as hypothesis @example: hypothesis would stop at the first that fails; each shard takes its
     # share of the explicit examples of every cell (on a GPU their large threshold shapes are the slow ones)
-    # the GPU profiles' cases past 2**31 elements, on a GPU only: judged after the draws, so that the suite's large
-    # cases (one at a time on the machine) come at the ends of items of many lengths, not all in its first minute
+    # the GPU profiles' cases past 2**31 elements, on a GPU only: one at a time on the machine, so each is judged
+    # between two draws when no other process judges one (`_Search.large_if_free`), after the draws otherwise
     mine = explicit_examples(adapter, all_cells, name_of(moe_profile) if moe_device.is_cuda else None)[index::count]
     deliberate.update(c.case_id for c in mine)
     for pinned in (c for c in mine if not large.holds(c)):
         search.example(pinned)
 
+    search.large = [c for c in mine if large.holds(c)]
     search.run(hs.property_test(adapter, cells, moe_device, moe_profile, search, moe_shard, moe_adapter_name))
-    for pinned in (c for c in mine if large.holds(c)):
-        search.example(pinned)
+    while search.large:  # those the lock never let through between the draws
+        search.example(search.large.pop(0))
     if report := search.report():
         pytest.fail(report, pytrace=False)
     _fail_on_vacuous_cells(search.judged, deliberate)
@@ -180,6 +181,7 @@ class _Search:
         self.excluded = 0  # draws inside a known finding's region, not judged
         self.deaths: dict[tuple[tuple[str, str], ...], int] = {}  # cell -> its cases that ended their kernel host
         self.unjudged = 0  # cases of such cells not judged (`DEATHS_PER_CELL`)
+        self.large: list[Case] = []  # cases past 2**31 elements still to judge (`large_if_free`)
 
     def given_up(self, case: Case) -> bool:
         """Whether `case` is not judged: a new case of a cell whose cases ended their kernel host DEATHS_PER_CELL
@@ -219,9 +221,18 @@ class _Search:
         if (key := self.cause(self.judge(case))) is not None:
             self.causes.setdefault(key, self.seen[case.case_id])
 
+    def large_if_free(self) -> None:
+        """Judge the large cases still to judge now if no process of the machine judges one (they take a machine-wide
+        lock). Left for after the draws, the large cases of the items that start together (the longest, first) met
+        at the lock: on an H200 the item holding one took 20 to 70 s longer than its adapter's other shards."""
+        while self.large and large_lock.free():
+            self.example(self.large.pop(0))
+
     def prop(self, case: Case) -> None:
         """hypothesis' test. A case of a cause not found yet raises that cause's own exception type (hypothesis tells
-        distinct types apart and never shrinks one into another); a found cause passes, so the search goes on."""
+        distinct types apart and never shrinks one into another); a found cause passes, so the search goes on. A
+        large case still to judge goes first when the machine's lock for them is free (`large_if_free`)."""
+        self.large_if_free()
         if finding_of(self.adapter.known, case) is not None:
             self.excluded += 1  # the finding's region: its own case is judged every run instead
             return
