@@ -224,7 +224,7 @@ class _Search:
     def large_if_free(self) -> None:
         """Judge the large cases still to judge now if no process of the machine judges one (they take a machine-wide
         lock). Left for after the draws, the large cases of the items that start together (the longest, first) met
-        at the lock: on an H200 the item holding one took 20 to 70 s longer than its adapter's other shards."""
+        at the lock: on an H200 the item holding one took up to 69 s longer than its adapter's other shards."""
         while self.large and large_lock.free():
             self.example(self.large.pop(0))
 
