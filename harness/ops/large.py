@@ -151,15 +151,18 @@ def last_local_expert_routed(inputs: Mapping[str, Any], local: int) -> bool:
 
 def _reaching_seed(op: str, adapter: Any, fields: Mapping[str, Any]) -> int:
     """The first seed from the case's own with which the small case's routed tokens reach its last local expert
-    (the routing and the map depend on the seed, M, E and k only, which the grown case keeps)."""
+    (the routing and the map depend on the seed, M, E and k only, which the grown case keeps). Only the routing is
+    read: the op's `class_inputs` where it has them (the experts' skip quantizing every expert's weights, most of
+    the cost of a seed)."""
     from harness import ops
     from harness.core.case import Case
 
     spec, first = ops.get(op), int(fields.get("seed", 0))
+    build = spec.class_inputs or spec.make_inputs
     rest = {k: v for k, v in fields.items() if k not in ("features", "seed")}
     for seed in range(first, first + ROUTING_SEEDS):
         small = Case(op=op, adapter=adapter.name, features=dict(fields["features"]), seed=seed, **rest)
-        if last_local_expert_routed(spec.make_inputs(small, "cpu"), _local_experts(fields)):
+        if last_local_expert_routed(build(small, "cpu"), _local_experts(fields)):
             return seed
     raise ValueError(f"{op}: no seed of {first}..{first + ROUTING_SEEDS - 1} routes a token to the last local "
                      f"expert of {dict(fields['shapes'])}")

@@ -79,12 +79,14 @@ def test_one_case_per_op_whose_last_rows_start_past_2_31(op: str) -> None:
     assert not vc.present(fewer, {}), fewer.shapes
 
 
-def test_an_experts_case_takes_a_seed_that_routes_to_the_last_local_expert() -> None:
+@pytest.mark.parametrize("quant", ["none", "fp8_w8a8"])
+def test_an_experts_case_takes_a_seed_that_routes_to_the_last_local_expert(quant: str) -> None:
     """The grown experts case keeps the small case's tokens and experts and takes the first seed whose routing
     reaches the last local expert, counting from the case's own: with one token of k = 1 over 8 experts, seed 1
-    does not, a later seed does."""
+    does not, a later seed does. The seeds are checked with the op's whole input builder, quantized weights
+    included (the search reads a cheaper one)."""
     adapter = _reference("experts")
-    cell = hs.declared_cells(adapter, device_for("sm90"))[0]
+    cell = next(c for c in hs.declared_cells(adapter, device_for("sm90")) if c["quant_type"] == quant)
     base = {"features": dict(cell), "shapes": {"M": 1, "E": 8, "k": 1, "K": 32, "N": 16},
             "dtypes": {"x": cell["dtype"]}, "routing": "random", "params": {}, "seed": 1}
     seed = large.grow("experts", adapter, base)["seed"]
