@@ -142,8 +142,16 @@ def test_kernels_right_only_when_they_think_they_are_judged_fail(name: str) -> N
     drawn = {"seed": secrets.randbits(31), "order": ["fresh", "repeat"]}  # the extra runs, as one judging in eight
     r = runner.judge(case, adapter, detect("cpu"), extra_runs=drawn)
     assert r.verdict == "fail", (r.verdict, r.reason)
-    want = "fresh_inputs:out" if name.endswith("cache") else "out"
-    assert want in r.metrics["failed_checks"], r.metrics["failed_checks"]
+    if name.endswith("cache"):
+        assert "fresh_inputs:out" in r.metrics["failed_checks"], r.metrics["failed_checks"]
+    else:
+        assert _out_failed(r.metrics["failed_checks"]), r.metrics["failed_checks"]
+
+
+def _out_failed(failed: list[str]) -> bool:
+    """Whether a check of the output failed: its own, or the comparison of two runs (a placement-aware kernel whose
+    first run landed, 1 time in `PLACE_STEPS`, where it thinks it is judged is caught by the second run)."""
+    return any(c == "out" or c.endswith(":out") for c in failed)
 
 
 def test_a_kernel_right_only_at_the_fixed_output_placement_fails_in_process() -> None:
@@ -155,7 +163,7 @@ def test_a_kernel_right_only_at_the_fixed_output_placement_fails_in_process() ->
     case = Case(op="activation", adapter=adapter.name, features={"activation": "silu_and_mul", "dtype": "float32"},
                 shapes={"T": 4, "N": 24}, dtypes={"x": "float32"}, seed=1)
     r = runner.judge(case, adapter, detect("cpu"), extra_runs={})
-    assert r.verdict == "fail" and "out" in r.metrics["failed_checks"], (r.verdict, r.reason)
+    assert r.verdict == "fail" and _out_failed(r.metrics["failed_checks"]), (r.verdict, r.reason)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float64])
