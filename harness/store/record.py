@@ -30,6 +30,8 @@ RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
 BENCH = "bench"
 #: git-ignored runs of this machine (harness.commands.matrix skips them too)
 LOCAL = "local"
+#: the largest committed results file kept as plain text; larger ones are gzipped (sealed verdict files excepted)
+PLAIN_LIMIT_BYTES = 256 * 1024
 #: matrix options whose values are paths of the machine that ran it, not what was run
 _PATH_OPTIONS = ("--out", "--results-dir")
 
@@ -55,6 +57,8 @@ Layout:
 - `<generation>/bench/<date>-<commit>-<what>/`: timings and tile probes (`python -m harness bench`,
   `scripts/probe_experts.py`, `scripts/tune_experts.py`); JSONL files there hold no verdicts and the matrix skips
   them.
+- Any other file over `PLAIN_LIMIT_BYTES` (256 KiB) is committed gzipped (`.gz`): a lent GPU machine takes a copy
+  of the whole checkout, up to 64 MiB with what a run carries, and a run's logs and timing files are most of it.
 
 Verdict files are JSONL, one `harness.core.result.Result` per line (large ones gzipped, `.jsonl.gz`). A
 `python -m harness matrix` sweep writes one file, its parent's (`<run id>-main.jsonl`): metadata records (`run`:

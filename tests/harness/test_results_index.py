@@ -126,3 +126,17 @@ def test_a_differential_run_is_listed_as_such(tmp_path: Path) -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:] == ["2026-11-28", "sm90", "NVIDIA H200", "torch 2.11.0+cu130, Triton 3.6.0", "d405659 (dirty)",
                          f"`{rid}`", str(len({r["adapter"] for r in records})), f"{len(records)}: {classes}"], cells
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="reads git's list of committed files")
+def test_large_results_files_are_committed_gzipped() -> None:
+    """A lent GPU machine copies the whole checkout (64 MiB with what a run carries): every committed results file
+    over the limit is gzipped, except sealed verdict files (their manifest hashes the plain lines)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "results"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    plain = [name for name in listed if not name.endswith((".gz", ".manifest"))
+             and (ROOT / name).is_file() and (ROOT / name).stat().st_size > record.PLAIN_LIMIT_BYTES
+             and not (ROOT / (name + ".manifest")).exists()]
+    assert not plain, f"gzip these (gzip -n): {plain}"
