@@ -268,3 +268,14 @@ def test_bad_arguments() -> None:
         formats.pack_nibbles(torch.zeros(3, dtype=torch.uint8))
     with pytest.raises(ValueError, match="e8m0_rounding must be one of"):
         encode(torch.ones(1), "e8m0", e8m0_rounding="sideways")
+
+
+def test_powers_of_two_are_exact_over_the_whole_exponent_range() -> None:
+    """The encoder's 2**e helper, against Python's own ldexp: the normal range (built from exponent bits), the
+    subnormal results below it and the overflow above it (both through torch.ldexp)."""
+    from reference.formats import _pow2
+
+    e = torch.arange(-1100, 1100)
+    want = torch.tensor([math.ldexp(1.0, k) if k <= 1023 else math.inf for k in e.tolist()], dtype=torch.float64)
+    assert torch.equal(_pow2(e), want)
+    assert torch.equal(_pow2(e[100:1500].to(torch.int32)), want[100:1500])  # all normal, int32 exponents
