@@ -298,10 +298,13 @@ def as_known(known: tuple[KnownFinding, ...], r: Result) -> KnownFinding | None:
 def _record_not_installed(adapter: registry.Adapter, cells: list[dict[str, str]], device, results) -> None:  # type: ignore[no-untyped-def]
     """One `not-installed` verdict per declared cell: the runner's gate answers it without running anything, so
     without the judging's snapshot and restore of the process state (`runner.gated_verdict`, as a sweep's planning
-    gives it; 7 ms a case on a CPU core, hundreds of cells for one library's adapter)."""
+    gives it; 7 ms a case on a CPU core, hundreds of cells for one library's adapter). Each cell's case is its
+    first boundary case that fits, and only that one is fitted (fitting a moved case builds its inputs and oracle on
+    the CPU: fitting every one, to keep the first, was 74 s of a GPU suite's workers)."""
     fitting.ask_rules_at_once(adapter, None, cells)  # a hosted adapter's rule for every cell in one request
     for cell in cells:
-        case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **fitting.boundary(adapter, cell)[0])
+        first = fitting.boundary(adapter, cell, most=1)[0]
+        case = Case(op=adapter.op, adapter=adapter.name, features=dict(cell), **first)
         results.append(runner.gated_verdict(case, adapter, device) or runner.judge(case, adapter, device))
 
 

@@ -115,3 +115,23 @@ def test_pytest_names_the_missing_libraries_in_its_header(tmp_path: Path) -> Non
     header = [line for line in done.stdout.splitlines() if line.startswith("moe-harness: not installed")]
     assert len(header) == 1 and fx.MISSING.name in header[0] and fx.NATIVE.name not in header[0]
     assert "pip install moe-harness-no-such-library==1.2.3" in header[0]
+
+
+def test_the_generic_test_of_a_missing_library_fits_one_case_per_cell(device_info, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Its cells are recorded not-installed with their first boundary case that fits, the same case as fitting every
+    boundary case gives first, and only that one is fitted (a moved case costs its inputs and oracle)."""
+    from harness.engine import fitting
+    from harness.engine import strategies as hs
+    from harness.plugin import generic
+
+    cells = hs.declared_cells(fx.MISSING, device_info)[:3]
+    want = [fitting.boundary(fx.MISSING, cell)[0] for cell in cells]
+    fitted: list[object] = []
+    real = fitting.fitted
+    monkeypatch.setattr(fitting, "fitted", lambda *a, **k: fitted.append(a[1]) or real(*a, **k))
+    results: list = []  # type: ignore[type-arg]
+    generic._record_not_installed(fx.MISSING, cells, device_info, results)
+    assert [r.verdict for r in results] == ["not-installed"] * len(cells), [r.reason for r in results]
+    assert [{k: getattr(r.case, k) for k in ("shapes", "seed")} for r in results] == \
+        [{"shapes": w["shapes"], "seed": w.get("seed", 0)} for w in want]
+    assert len(fitted) == len(cells), len(fitted)
