@@ -130,12 +130,12 @@ def test_a_differential_run_is_listed_as_such(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="reads git's list of committed files")
 def test_large_results_files_are_committed_gzipped() -> None:
-    """A lent GPU machine copies the whole checkout (64 MiB with what a run carries): every committed results file
-    over the limit is gzipped, except sealed verdict files (their manifest hashes the plain lines)."""
+    """A lent GPU machine copies the whole checkout (64 MiB with what a run carries): every results file git would
+    commit over the limit is gzipped, except sealed verdict files (their manifest hashes the plain lines)."""
     import subprocess
 
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "results"], capture_output=True, text=True,
-                            check=True).stdout.splitlines()
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard",
+                             "results"], capture_output=True, text=True, check=True).stdout.splitlines()
     plain = [name for name in listed if not name.endswith((".gz", ".manifest"))
              and (ROOT / name).is_file() and (ROOT / name).stat().st_size > record.PLAIN_LIMIT_BYTES
              and not (ROOT / (name + ".manifest")).exists()]
