@@ -217,11 +217,13 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
         if notice := version_notice():
             print(notice, file=sys.stderr)
     command = _matrix_command(args)
+    ahead = _committed_ahead(args) if out else None
     sweep_started = time.monotonic()
     try:
         totals = run_sweep(specs, dev, args.results_dir, profile=args.profile, run_id=run_id, jobs=args.jobs,
                            case_timeout=args.case_timeout, command=command, resume=bool(args.resume), shard=shard,
-                           planner=planner, pool=pool, drop_bad_lines=args.drop_bad_lines)
+                           planner=planner, pool=pool, drop_bad_lines=args.drop_bad_lines,
+                           on_planned=ahead.start if ahead is not None else None)
     except ValueError as e:  # --resume of a run that has no results here
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -236,7 +238,7 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     print(f"results: {len(run_files)} file(s) {args.results_dir}/{run_id}-*.jsonl ({judged} verdicts)")
     rendered = time.monotonic()
     if out and run_files:
-        _render_run(args, run_id, run_files, out, command)
+        _render_run(args, run_id, run_files, out, command, ahead)
     elif shard:
         print(f"shard {shard}: merge the shards' result folders with `python -m harness matrix --from DIR ...`")
     rendered = time.monotonic() - rendered
@@ -254,10 +256,20 @@ def _sweep_with(args: argparse.Namespace, shard: Any, out: str, started: float, 
     return 1 if bad or unplanned else 0
 
 
-def _render_run(args: argparse.Namespace, run_id: str, run_files: list[Path], out: str, command: str) -> None:
+def _committed_ahead(args: argparse.Namespace) -> Any:
+    """A read of the committed results the render will add, to start once the sweep is planned (None: none)."""
+    from harness.store.read_ahead import ReadAhead
+
+    others = [] if args.only_this_run else committed_results(args.results_dir)
+    return ReadAhead(others, history=args.history) if others else None
+
+
+def _render_run(args: argparse.Namespace, run_id: str, run_files: list[Path], out: str, command: str,
+                ahead: Any = None) -> None:
     """Render this run with every committed result (the same files `--from` reads in the committed matrix's
     command): a run on one device never drops another's columns, and on its own generation it is the latest run of
-    the kernels it swept, so their cells show it (a verdict judged on another Triton interpreter is shown apart)."""
+    the kernels it swept, so their cells show it (a verdict judged on another Triton interpreter is shown apart).
+    `ahead`: those files read while the sweep judged (`harness.store.read_ahead`), used while they are unchanged."""
     from harness.store.render import render_files
 
     others = [] if args.only_this_run else committed_results(args.results_dir)
@@ -265,7 +277,8 @@ def _render_run(args: argparse.Namespace, run_id: str, run_files: list[Path], ou
     folders = committed_folders(others)
     md_path, json_path, _ = render_files(run_files + others, out, command=command, on_skip=skipped,
                                          on_kept=_note_kept, history=args.history, on_left_out=_left_out,
-                                         shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders])
+                                         shown_sources=[f"{args.results_dir}/{run_id}-*.jsonl", *folders],
+                                         ahead=ahead)
     skipped.report()
     print(f"matrix: {md_path} and {json_path}" + (f" (with the committed results of {', '.join(folders)})"
                                                   if folders else ""))

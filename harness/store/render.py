@@ -44,7 +44,7 @@ from harness.core.causes import Fact, ran_without, separate, what_failed
 from harness.core.device import GENERATIONS
 from harness.core.paths import public_record
 from harness.core.text import one_line
-from harness.store import differential, manifest, seed_table
+from harness.store import differential, manifest, read_ahead, seed_table
 from harness.store.results import (
     FIDELITY,
     VERIFIED,
@@ -53,6 +53,7 @@ from harness.store.results import (
     lineage,
     lineage_labels,
     load,
+    result_files,
     select_runs,
 )
 
@@ -1036,18 +1037,23 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
                  strict: bool = True, shown_sources: Sequence[str] | None = None,
                  on_skip: Callable[[Path, str], None] | None = None,
                  on_kept: Callable[[list[Path]], None] | None = None, history: bool = False,
-                 on_left_out: Callable[[str], None] | None = None) -> tuple[Path, Path, int]:
+                 on_left_out: Callable[[str], None] | None = None,
+                 ahead: read_ahead.ReadAhead | None = None) -> tuple[Path, Path, int]:
     """Render result files into `out` (markdown), `out` with .json, and the failing cases' files; returns
     (markdown path, JSON path, number of verdicts shown). JSONL files of other data under the given folders are
     skipped (`on_skip(path, why)`, default a warning). Only results files whose manifest matches are read
     (`harness.store.manifest.Gate`): each file or part left out is named in one line to `on_left_out` (default a
     warning). Case files the previous render into `out` wrote and this one does not are removed, unless git tracks
-    them: those are kept and passed to `on_kept`. `history`: render every run, not only the current ones."""
+    them: those are kept and passed to `on_kept`. `history`: render every run, not only the current ones. `ahead`:
+    a read of some of `paths` made beforehand with the same `strict` and `history`, used while it holds
+    (`harness.store.read_ahead`)."""
     found: list[Path] = []
     gate = manifest.Gate()
     try:
-        results, meta = load(paths, strict=strict, on_skip=_diverted(on_skip, found), gate=gate,
-                             skip_older=not history)
+        loaded = _read_with(ahead, paths, strict, _diverted(on_skip, found), gate, history)
+        if loaded is None:
+            loaded = load(paths, strict=strict, on_skip=_diverted(on_skip, found), gate=gate, skip_older=not history)
+        results, meta = loaded
         runs = differential.find_runs(found, gate)  # their manifests checked by the same gate
     finally:
         for note in gate.notes:
@@ -1083,6 +1089,32 @@ def render_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     if kept and on_kept is not None:
         on_kept(kept)
     return md_path, json_path, model["verdicts"]
+
+
+def _read_with(ahead: read_ahead.ReadAhead | None, paths: Sequence[str | os.PathLike], strict: bool,
+               on_skip: Callable[[Path, str], None], gate: manifest.Gate,
+               history: bool) -> tuple[list[Result], list[dict[str, Any]]] | None:
+    """(results, metadata) of `paths`: the files `ahead` did not read, read now, before what it read, as one read of
+    all of them would give; None (nothing told, nothing noted) when its read does not hold or cannot be added."""
+    pre = ahead.take() if ahead is not None and ahead.strict == strict and ahead.history == history else None
+    if pre is None:
+        return None
+    theirs = {str(p) for p in pre.paths}
+    own = [p for p in paths if str(p) not in theirs]
+    if len(own) + len(theirs) != len(paths):
+        return None
+    own_files = result_files(own)
+    told: list[tuple[Path, str]] = []
+    notes = manifest.Gate(gate.key)
+    results, meta = load(own_files, strict=strict, on_skip=lambda path, why: told.append((path, why)), gate=notes,
+                         skip_older=not history)
+    ids = {r.run_id for r in results} | {str(m.get("run_id") or "") for m in meta}
+    if not pre.takes(own_files, ids):
+        return None
+    for path, why in told + pre.skipped:
+        on_skip(path, why)
+    gate.notes += notes.notes + pre.notes
+    return results + pre.results, meta + pre.meta
 
 
 def _diverted(on_skip: Callable[[Path, str], None] | None, found: list[Path]) -> Callable[[Path, str], None]:

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.core import files
 from harness.store import manifest
 
-__all__ = ["INDEX_NAME", "SCHEMA", "Skips", "digest", "skips", "text"]
+__all__ = ["INDEX_NAME", "SCHEMA", "Skips", "digest", "older_runs", "roots", "skips", "text"]
 
 INDEX_NAME = "render-index.json"
 SCHEMA = 1
@@ -77,7 +78,7 @@ def _load(root: Path) -> dict[str, Any] | None:
     return index
 
 
-def _roots(listed: list[Path]) -> list[Path]:
+def roots(listed: Sequence[Path]) -> list[Path]:
     """The folders holding an index among the listed files' ancestors."""
     found: dict[Path, bool] = {}
     for f in listed:
@@ -92,7 +93,7 @@ def skips(listed: list[Path]) -> Skips:
     (in a folder above them), unless a file the index names is not listed, or changed (then none of its)."""
     found = Skips()
     present = set(listed)
-    for root in _roots(listed):
+    for root in roots(listed):
         index = _load(root)
         if index is None:
             continue
@@ -109,4 +110,16 @@ def skips(listed: list[Path]) -> Skips:
                 found.older[f] = set(e.get("runs", []))
             else:
                 found.shown.add(f)
+    return found
+
+
+def older_runs(listed: Sequence[Path]) -> set[str]:
+    """Every run id that an index above the files `listed` names for an older file, whether or not the index still
+    holds (what a read of them may skip, at most)."""
+    found: set[str] = set()
+    for root in roots(listed):
+        index = _load(root)
+        for e in (index or {}).get("files", {}).values():
+            if e.get("older"):
+                found.update(e.get("runs", []))
     return found

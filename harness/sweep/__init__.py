@@ -282,7 +282,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
               command: str = "", out: IO[str] | None = sys.stderr,
               on_plan: Callable[[str, Plan], None] | None = None, resume: bool = False,
               shard: Shard | None = None, planner: Host | None = None,
-              pool: WorkerPool | None = None, drop_bad_lines: bool = False) -> dict[str, Counter]:
+              pool: WorkerPool | None = None, drop_bad_lines: bool = False,
+              on_planned: Callable[[], None] | None = None) -> dict[str, Counter]:
     """Plan every adapter's cases, judge them in worker processes, and return verdict counts per adapter (an adapter
     that could not be planned counts one `UNPLANNED`).
 
@@ -295,6 +296,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
     shard: judge only this shard of the cells (the metadata still describes the whole plan, so shards merge).
     planner: a CPU host that has the adapters imported (remote.expand's), to plan in; closed once the plan is made.
     pool: workers started for this run before it was planned (`worker_pool(..., start=n)`); stopped at the end.
+    on_planned: called once every adapter is planned (the judging goes on).
     Ctrl-C or SIGTERM raises `SweepInterrupted` (a KeyboardInterrupt) once the workers are stopped: the cases they
     were running get no verdict (the user stopped them, not their kernels) and `resume` judges them later.
     """
@@ -313,7 +315,7 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
         for note in notes if out is not None else ():
             print(note, file=out, flush=True)
         return _sweep_locked(adapter_specs, device, results_dir, run_id, profile, jobs, case_timeout, command, out,
-                             on_plan, resume, done, shard, planner, pool)
+                             on_plan, resume, done, shard, planner, pool, on_planned)
     finally:
         if pool is not None:  # started early: stopped here even when planning failed (a no-op after its run)
             pool.stop(kill=True)
@@ -325,7 +327,8 @@ def run_sweep(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str
 def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir: str, run_id: str, profile: str,
                   jobs: int | None, case_timeout: float, command: str, out: IO[str] | None,
                   on_plan: Callable[[str, Plan], None] | None, resume: bool, done: dict[str, Result],
-                  shard: Shard | None, planner: Host | None, pool: WorkerPool | None) -> dict[str, Counter]:
+                  shard: Shard | None, planner: Host | None, pool: WorkerPool | None,
+                  on_planned: Callable[[], None] | None = None) -> dict[str, Counter]:
     run = _Run(device, ResultStore(results_dir, run_id=run_id, worker="main"))
     run.main.append_meta("run", run_record(device, profile, command, shard))
     n_jobs = max(1, jobs or default_jobs(device))
@@ -350,6 +353,8 @@ def _sweep_locked(adapter_specs: Sequence[str], device: DeviceInfo, results_dir:
         resumed = f"resuming {run_id}: {before} of {len(run.cases)} cases already judged" if resume else ""
         adapters = sum(1 for c in run.totals.values() if not c[UNPLANNED])
         _announce(out, run, adapters, profile, n_jobs, case_timeout, shard, time.monotonic() - started, resumed)
+        if on_planned is not None:
+            on_planned()
         return False, False
 
     warned = WorkerWarnings(warnings_log(results_dir, run_id))
