@@ -89,15 +89,17 @@ def dedupe(results: Iterable[Result]) -> list[Result]:
     verified nothing of, a not-installed one only an adapter its lineage ran nothing of."""
     best: dict[tuple[str, str, str], Result] = {}
     for r in results:
-        old = best.get(_key(r))
+        key = _key(r)  # once per result: a case's canonical JSON is most of the time of a dedupe
+        old = best.get(key)
         # the run id breaks a tie of equal ranks, so that the order the files are read in never matters
         if old is None or (_rank(r), r.run_id) >= (_rank(old), old.run_id):
-            best[_key(r)] = r
-    ran = {_cell_key(r)[:3] for r in best.values() if r.verdict != "not-installed"}
-    verified = {_cell_key(r) for r in best.values() if r.verdict in VERIFIED}
-    kept = [r for r in best.values() if not (r.verdict == "not-installed" and _cell_key(r)[:3] in ran)
-            and not (r.verdict == "not-verifiable" and _cell_key(r) in verified)]
-    return sorted(kept, key=lambda r: (r.adapter, r.generation, _key(r)))
+            best[key] = r
+    cells = {key: _cell_key(r) for key, r in best.items()}
+    ran = {cells[key][:3] for key, r in best.items() if r.verdict != "not-installed"}
+    verified = {cells[key] for key, r in best.items() if r.verdict in VERIFIED}
+    kept = [(key, r) for key, r in best.items() if not (r.verdict == "not-installed" and cells[key][:3] in ran)
+            and not (r.verdict == "not-verifiable" and cells[key] in verified)]
+    return [r for key, r in sorted(kept, key=lambda kr: (kr[1].adapter, kr[1].generation, kr[0]))]
 
 
 def _by_lineage(rs: Sequence[Result]) -> list[Result]:
