@@ -1,6 +1,7 @@
 """Which Triton variants judged cases compile, and what compiling them costs, on a machine without a GPU.
 
     python scripts/compile_census.py VERDICTS.jsonl[.gz] ... [--adapter NAME ...] [--compile N] [--arch 90]
+    python scripts/compile_census.py --variants SAVED.jsonl --compile N [--processes P]
 
 Replays the judged cases (pass and fail verdicts) of a results or verdict log with every Triton launch intercepted:
 inputs are built on the CPU, the adapter runs as on a GPU (no interpreter: the GPU's tile choices), and each launch
@@ -13,7 +14,9 @@ buffers are).
 Prints the distinct variants per kernel and, for every axis that varies, how many variants would remain if that
 axis did not split them (what making it a runtime value would save). `--compile N` compiles N variants of each
 kernel for the target (`triton.compile` on this machine's CPU, with the Triton wheel's ptxas) and sums the seconds
-by compiler stage. `--save FILE` writes the variants as JSON lines.
+by compiler stage. `--save FILE` writes the variants as JSON lines; `--variants FILE` compiles such a file's variants
+instead of a census. `--processes P` runs P copies of the compiles at once, each in a Triton cache of its own, and
+says how long each took: whether this machine's cores compile side by side as fast as one alone.
 """
 
 from __future__ import annotations
@@ -191,17 +194,9 @@ def compile_variant(kernel: str, key: Key, arch: int) -> dict[str, float]:
     return stages
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("logs", nargs="+", help="verdict or results logs (JSON lines, .gz or not)")
-    p.add_argument("--adapter", action="append", default=[], help="only these adapters' cases (repeatable)")
-    p.add_argument("--compile", type=int, default=0, metavar="N", help="compile N variants of each kernel")
-    p.add_argument("--arch", type=int, default=90, help="compile target, sm<ARCH> (default 90)")
-    p.add_argument("--save", default="", help="write the variants here as JSON lines")
-    args = p.parse_args(argv)
-    os.environ.pop("TRITON_INTERPRET", None)  # the GPU's code paths and tiles, before a kernel module is imported
-    records = judged(args.logs)
-    launches, errors = census(records, set(args.adapter) or None)
+def _census_of(logs: Sequence[str], adapters: set[str] | None) -> dict[str, set[Key]]:
+    records = judged(logs)
+    launches, errors = census(records, adapters)
     by_kernel: dict[str, set[Key]] = collections.defaultdict(set)
     for _, kernel, key in launches:
         by_kernel[kernel].add(key)
@@ -209,6 +204,80 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{sum(len(k) for k in by_kernel.values())} distinct variants")
     for message, n in errors.most_common(10):
         print(f"  not run ({n}): {message}")
+    return by_kernel
+
+
+def saved(path: str) -> dict[str, set[Key]]:
+    """The variants of a `--save` file, by kernel."""
+    by_kernel: dict[str, set[Key]] = collections.defaultdict(set)
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                by_kernel[rec["kernel"]].add(tuple((name, v) for name, v in rec["key"]))
+    return by_kernel
+
+
+def _saved(args: argparse.Namespace) -> str:
+    """A census of the logs saved to a file (`--save`, else a temporary one) for the processes to read."""
+    path = args.save or tempfile.mkstemp(prefix="compile-census-", suffix=".jsonl")[1]
+    main([*args.logs, *(a for n in args.adapter for a in ("--adapter", n)), "--save", path])
+    return path
+
+
+def side_by_side(variants: str, n: int, arch: int, processes: int) -> int:
+    """`processes` copies of `--variants variants --compile n` at once; the seconds each spent compiling (its
+    imports left out) and when the last ended."""
+    import re
+    import subprocess
+    import threading
+
+    command = [sys.executable, __file__, "--variants", variants, "--compile", str(n), "--arch", str(arch)]
+    start = time.perf_counter()
+    ended: list[tuple[float, int, str]] = []
+
+    def wait(proc: subprocess.Popen) -> None:
+        out, _ = proc.communicate()
+        ended.append((time.perf_counter() - start, proc.returncode, out))
+
+    threads = [threading.Thread(target=wait, args=(subprocess.Popen(command, stdout=subprocess.PIPE,
+                                                                    stderr=subprocess.STDOUT, text=True),))
+               for _ in range(processes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [out for _, rc, out in ended if rc != 0]
+    for out in failed:
+        print(out[-2000:])
+    compiling = sorted(sum(float(x) for x in re.findall(r"compiled in ([0-9.]+) s", out)) for _, _, out in ended)
+    last = max(t for t, _, _ in ended)
+    print(f"{processes} processes at once, each compiling up to {n} variants of each kernel of {variants}: the last "
+          f"ended after {last:.1f} s; seconds compiling per process: {compiling[0]:.1f} (least), "
+          f"{compiling[len(compiling) // 2]:.1f} (median), {compiling[-1]:.1f} (most)"
+          + (f"; {len(failed)} failed" if failed else ""))
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("logs", nargs="*", help="verdict or results logs (JSON lines, .gz or not)")
+    p.add_argument("--adapter", action="append", default=[], help="only these adapters' cases (repeatable)")
+    p.add_argument("--compile", type=int, default=0, metavar="N", help="compile N variants of each kernel")
+    p.add_argument("--arch", type=int, default=90, help="compile target, sm<ARCH> (default 90)")
+    p.add_argument("--save", default="", help="write the variants here as JSON lines")
+    p.add_argument("--variants", default="", help="the variants of a --save file instead of a census of logs")
+    p.add_argument("--processes", type=int, default=1, metavar="P",
+                   help="with --compile: P processes compile at once, each in a Triton cache of its own")
+    args = p.parse_args(argv)
+    if bool(args.logs) == bool(args.variants):
+        p.error("give verdict logs or --variants FILE, not both")
+    if args.processes < 1 or (args.processes > 1 and not args.compile):
+        p.error("--processes P takes P >= 1, and more than one only with --compile N")
+    os.environ.pop("TRITON_INTERPRET", None)  # the GPU's code paths and tiles, before a kernel module is imported
+    if args.processes > 1:
+        return side_by_side(args.variants or _saved(args), args.compile, args.arch, args.processes)
+    by_kernel = saved(args.variants) if args.variants else _census_of(args.logs, set(args.adapter) or None)
     for kernel, keys in sorted(by_kernel.items(), key=lambda kv: -len(kv[1])):
         print(f"{len(keys):6d}  {kernel}")
         for axis, left, counts in axis_report(keys)[:6]:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,15 +108,30 @@ def test_a_variant_key_follows_tritons_integer_specialization_and_constexprs() -
     assert key(2**32, 2**31, 8)["n"] == "d16:i64" and key(1, 2**31, 8)["m"] == "i:i64"  # an int64 argument
 
 
+def _census(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # the script leaves the interpreter off itself
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_census.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
 def test_the_census_replays_committed_cases_without_running_a_kernel(tmp_path: Path) -> None:
     saved = tmp_path / "variants.jsonl"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}  # the script leaves the interpreter off itself
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_census.py"), str(COMMITTED_LOG), "--adapter",
-                        "triton-reduce", "--save", str(saved)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+    p = _census(str(COMMITTED_LOG), "--adapter", "triton-reduce", "--save", str(saved))
     assert p.returncode == 0 and "not run" not in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     variants = [json.loads(line) for line in saved.read_text().splitlines()]
     assert {v["kernel"] for v in variants} == {"kernels.reduce._reduce_kernel"} and len(variants) > 1
+    # a saved census compiles in several processes at once, each in a cache of its own (so each compiles)
+    p = _census("--variants", str(saved), "--compile", "1", "--processes", "2")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    found = re.search(r"^2 processes at once.*per process: ([0-9.]+) \(least\)", p.stdout, re.M)
+    assert found and float(found.group(1)) > 0, p.stdout
+
+
+@pytest.mark.parametrize("args", [["--variants", "v.jsonl", "x.log"], [], ["x.log", "--processes", "2"],
+                                  ["--variants", "v.jsonl", "--compile", "1", "--processes", "0"]])
+def test_the_census_refuses_what_it_cannot_do(args: list[str]) -> None:
+    p = _census(*args)
+    assert p.returncode == 2 and "error:" in p.stderr, p.stderr
 
 
 def test_importing_the_census_leaves_the_process_as_it_was(monkeypatch) -> None:  # type: ignore[no-untyped-def]
