@@ -57,6 +57,18 @@ def _loads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return calls
 
 
+def _both(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, bytes], list[list[str]]]:
+    """The render of the sweep's and the committed files with a read ahead of the committed ones, checked against
+    the render without one; and the files of each `load` the render with it made itself."""
+    committed = result_files([tree])
+    paths = _own(tree) + committed
+    want = _render(paths, tmp_path / "want")
+    calls = _loads(monkeypatch)
+    got = _render(paths, tmp_path / "got", _ahead(committed))
+    assert got == want
+    return got, calls
+
+
 def _ahead(committed: list[Path]) -> ReadAhead:
     ahead = ReadAhead(committed)
     ahead.start()
@@ -68,12 +80,7 @@ def test_the_read_ahead_is_used_and_renders_the_same(tree: Path, tmp_path: Path,
     (tree / "bench" / "probe.jsonl").write_text('{"shape": "x", "us": 1.0}\n')  # other data: told, as before
     edited = tree / "a" / "matrix-sm90-a-w1.jsonl"  # no longer what its manifest vouches for: left out, and told
     edited.write_text(edited.read_text().replace("boom", "bang"))
-    committed = result_files([tree])
-    paths = _own(tree) + committed
-    want = _render(paths, tmp_path / "want")
-    calls = _loads(monkeypatch)
-    got = _render(paths, tmp_path / "got", _ahead(committed))
-    assert got == want
+    got, calls = _both(tree, tmp_path, monkeypatch)
     assert calls == [sorted(p.name for p in _own(tree))]  # the render read only the sweep's own files
     assert b"probe.jsonl" in got["told"] and b"left out" in got["told"]
 
@@ -117,13 +124,8 @@ def test_the_sweeps_files_holding_a_skipped_run_make_the_render_read_everything(
     with ResultStore(local, run_id="matrix-sm90-c", worker="w2") as store:
         store.append(Result(case=_case("k", 2), verdict="pass", generation="sm90",
                             device={**DEVICE, "commit": "ccccccc"}, timestamp=310))
-    committed = result_files([tree])
-    paths = _own(tree) + committed
-    want = _render(paths, tmp_path / "want")
-    calls = _loads(monkeypatch)
-    got = _render(paths, tmp_path / "got", _ahead(committed))
-    assert got == want
-    assert len(calls) == 2 and len(calls[-1]) == len(paths)
+    _, calls = _both(tree, tmp_path, monkeypatch)
+    assert len(calls) == 2 and len(calls[-1]) == len(_own(tree)) + len(result_files([tree]))
 
 
 def test_a_read_ahead_never_started_or_of_other_paths_is_not_used(tree: Path, tmp_path: Path, monkeypatch) -> None:
