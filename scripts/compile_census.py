@@ -267,15 +267,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--arch", type=int, default=90, help="compile target, sm<ARCH> (default 90)")
     p.add_argument("--save", default="", help="write the variants here as JSON lines")
     p.add_argument("--variants", default="", help="the variants of a --save file instead of a census of logs")
-    p.add_argument("--processes", type=int, default=1, metavar="P",
-                   help="with --compile: P processes compile at once, each in a Triton cache of its own")
+    p.add_argument("--processes", type=int, default=0, metavar="P",
+                   help="with --compile: P processes (1 or more) compile at once, each in a Triton cache of its "
+                        "own (default: this process compiles)")
     args = p.parse_args(argv)
     if bool(args.logs) == bool(args.variants):
         p.error("give verdict logs or --variants FILE, not both")
-    if args.processes < 1 or (args.processes > 1 and not args.compile):
-        p.error("--processes P takes P >= 1, and more than one only with --compile N")
+    if args.processes < 0 or (args.processes and not args.compile):
+        p.error("--processes P takes P >= 1, with --compile N")
     os.environ.pop("TRITON_INTERPRET", None)  # the GPU's code paths and tiles, before a kernel module is imported
-    if args.processes > 1:
+    if args.processes:
         return side_by_side(args.variants or _saved(args), args.compile, args.arch, args.processes)
     by_kernel = saved(args.variants) if args.variants else _census_of(args.logs, set(args.adapter) or None)
     for kernel, keys in sorted(by_kernel.items(), key=lambda kv: -len(kv[1])):

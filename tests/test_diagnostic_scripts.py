@@ -128,7 +128,7 @@ def test_the_census_replays_committed_cases_without_running_a_kernel(tmp_path: P
 
 
 @pytest.mark.parametrize("args", [["--variants", "v.jsonl", "x.log"], [], ["x.log", "--processes", "2"],
-                                  ["--variants", "v.jsonl", "--compile", "1", "--processes", "0"]])
+                                  ["--variants", "v.jsonl", "--compile", "1", "--processes", "-1"]])
 def test_the_census_refuses_what_it_cannot_do(args: list[str]) -> None:
     p = _census(*args)
     assert p.returncode == 2 and "error:" in p.stderr, p.stderr
